@@ -1,0 +1,180 @@
+"""The local Apache Kafka broker: one KRaft node acting as broker and controller, bound to loopback.
+
+Mirrors what Kafka's own scripts do: ``kafka.tools.StorageTool format`` once, then ``kafka.Kafka
+server.properties``, with the jars from Maven Central (see :mod:`eventide.jars`) and data under
+``<data_dir>/kafka``. Topics are created with explicit configs by :func:`ensure_topics`.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import time
+import uuid
+from importlib import resources
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from eventide import jars, services
+from eventide.config import Config
+
+SERVICE = "kafka"
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be formatted, started or reached; the message includes its log tail."""
+
+
+def _kafka_dir(config: Config) -> Path:
+    return config.data_dir / "kafka"
+
+
+def server_properties(config: Config) -> str:
+    k = config.kafka
+    log_dirs = _kafka_dir(config) / "data"
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@{k.host}:{k.controller_port}",
+        f"listeners=PLAINTEXT://{k.host}:{k.port},CONTROLLER://{k.host}:{k.controller_port}",
+        f"advertised.listeners=PLAINTEXT://{k.host}:{k.port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name=PLAINTEXT",
+        f"log.dirs={log_dirs}",
+        "num.partitions=1",
+        "auto.create.topics.enable=false",
+        "offsets.topic.replication.factor=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        f"message.max.bytes={k.max_message_bytes}",
+        "",
+    ])
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if not java:
+        raise BrokerError("java not found on PATH: Kafka 4 needs a Java 17+ runtime")
+    return java
+
+
+def _classpath(config: Config) -> str:
+    return ":".join(str(j) for j in jars.kafka_broker_jars(config))
+
+
+def _jvm_args(config: Config) -> list[str]:
+    log4j = resources.files("eventide") / "kafka-log4j2.xml"
+    return [
+        _java(), f"-Xmx{config.kafka.heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}", "-cp", _classpath(config),
+    ]
+
+
+def _random_cluster_id() -> str:
+    # Kafka's Uuid text form: URL-safe base64 of 16 bytes without padding, never starting with '-'.
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def _format_storage(config: Config, properties: Path) -> None:
+    if (_kafka_dir(config) / "data" / "meta.properties").exists():
+        return
+    cmd = [*_jvm_args(config), "kafka.tools.StorageTool", "format",
+           "-t", _random_cluster_id(), "-c", str(properties), "--ignore-formatted"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BrokerError(f"kafka storage format failed:\n{done.stdout}\n{done.stderr}")
+
+
+def admin(config: Config, timeout_s: float = 5.0, quiet: bool = False) -> AdminClient:
+    settings: dict[str, object] = {"bootstrap.servers": config.kafka.bootstrap,
+                                   "socket.timeout.ms": int(timeout_s * 1000)}
+    if quiet:  # readiness probes expect "connection refused" while the broker boots
+        settings["log_level"] = 0
+    return AdminClient(settings)
+
+
+def is_reachable(config: Config, timeout_s: float = 2.0) -> bool:
+    """True once the broker answers a metadata request with at least one broker."""
+    try:
+        meta = admin(config, timeout_s, quiet=True).list_topics(timeout=timeout_s)
+    except KafkaException:
+        return False
+    return bool(meta.brokers)
+
+
+def start(config: Config) -> None:
+    """Format (first time) and start the local broker, returning once it accepts clients. Idempotent."""
+    if not config.kafka.managed:
+        raise BrokerError(f"kafka.bootstrap_servers={config.kafka.bootstrap_servers!r}: broker is external")
+    if services.state(config, SERVICE).running and is_reachable(config):
+        return
+    kdir = _kafka_dir(config)
+    kdir.mkdir(parents=True, exist_ok=True)
+    properties = kdir / "server.properties"
+    properties.write_text(server_properties(config))
+    _format_storage(config, properties)
+    proc = services.start(config, SERVICE, [*_jvm_args(config), "kafka.Kafka", str(properties)])
+    deadline = time.monotonic() + config.kafka.start_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BrokerError(f"kafka exited with {proc.returncode}:\n"
+                              f"{services.tail(services.log_file(config, SERVICE))}")
+        if is_reachable(config, timeout_s=1.0):
+            return
+        time.sleep(0.5)
+    services.stop(config, SERVICE)
+    raise BrokerError(f"kafka did not accept clients on {config.kafka.bootstrap} within "
+                      f"{config.kafka.start_timeout_s}s:\n{services.tail(services.log_file(config, SERVICE))}")
+
+
+def stop(config: Config) -> bool:
+    return services.stop(config, SERVICE, timeout_s=30.0)
+
+
+def topic_specs(config: Config) -> list[NewTopic]:
+    k = config.kafka
+    return [
+        NewTopic(k.events_topic, num_partitions=k.events_partitions, replication_factor=k.replication_factor,
+                 config={
+                     # received_time of records produced straight to Kafka = broker clock (BRIEF §1).
+                     "message.timestamp.type": "LogAppendTime",
+                     "retention.ms": str(k.events_retention_ms),
+                     "max.message.bytes": str(k.max_message_bytes),
+                     "cleanup.policy": "delete",
+                 }),
+        NewTopic(k.dead_letter_topic, num_partitions=1, replication_factor=k.replication_factor,
+                 config={
+                     "message.timestamp.type": "CreateTime",
+                     "retention.ms": str(k.dead_letter_retention_ms),
+                     "max.message.bytes": str(k.max_message_bytes * 2),
+                     "cleanup.policy": "delete",
+                 }),
+    ]
+
+
+def ensure_topics(config: Config, timeout_s: float = 30.0) -> list[str]:
+    """Create the events and dead-letter topics if missing. Returns the names it created."""
+    client = admin(config)
+    existing = set(client.list_topics(timeout=timeout_s).topics)
+    wanted = [t for t in topic_specs(config) if t.topic not in existing]
+    if not wanted:
+        return []
+    created = []
+    for name, future in client.create_topics(wanted, request_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                raise
+    return created

@@ -1,0 +1,247 @@
+"""The one typed configuration model shared by every component.
+
+Loaded from one TOML file (``$EVENTIDE_CONFIG``, else ``./eventide.toml`` when present, else built-in defaults)
+and then overridden by environment variables named ``EVENTIDE_<SECTION>__<FIELD>``, e.g.
+``EVENTIDE_KAFKA__PORT=29092`` or ``EVENTIDE_STORE__URL=http://clickhouse:8123``. Override values are parsed as
+JSON when they parse (numbers, lists, booleans) and taken as plain strings otherwise.
+
+Relative paths are resolved against the directory of the config file (or the working directory when there is
+no file), so a checkout is self-contained: broker data, chDB data, checkpoints and the jar cache live inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "EVENTIDE_"
+CONFIG_ENV = "EVENTIDE_CONFIG"
+DEFAULT_CONFIG_FILE = "eventide.toml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathsConfig(_Section):
+    data_dir: Path = Path("var")
+    """Broker logs, chDB data, Spark checkpoints, process logs and pid files."""
+    cache_dir: Path = Path(".cache")
+    """Downloaded jars (Kafka broker, Spark-Kafka connector). Safe to keep across clean clones."""
+
+
+class MavenConfig(_Section):
+    repository: str = "https://repo1.maven.org/maven2/"
+    """Maven repository the broker and connector jars are resolved from (a mirror URL works too)."""
+    token_provider_fallback: str = "4.1.0-preview1"
+    """Version of spark-token-provider-kafka-0-10 used only if the one matching pyspark is missing."""
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str = ""
+    """An existing cluster (production). Empty: the CLI manages a local single-node KRaft broker."""
+    version: str = "4.1.2"
+    scala_version: str = "2.13"
+    host: str = "127.0.0.1"
+    port: int = Field(19092, ge=1, le=65535)
+    controller_port: int = Field(19093, ge=1, le=65535)
+    heap: str = "512m"
+    start_timeout_s: float = Field(90.0, gt=0)
+    events_topic: str = "eventide.events"
+    dead_letter_topic: str = "eventide.events.dead-letter"
+    events_partitions: int = Field(4, ge=1)
+    replication_factor: int = Field(1, ge=1)
+    events_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
+    dead_letter_retention_ms: int = Field(14 * 24 * 3600 * 1000, ge=-1)
+    max_message_bytes: int = Field(1024 * 1024, ge=1024)
+    """Broker-side limit; larger than the envelope limit so oversize records reach the job and are dead-lettered."""
+
+    @property
+    def bootstrap(self) -> str:
+        return self.bootstrap_servers or f"{self.host}:{self.port}"
+
+    @property
+    def managed(self) -> bool:
+        """True when the project runs its own local broker."""
+        return not self.bootstrap_servers
+
+
+class StoreConfig(_Section):
+    url: str = ""
+    """``chdb:///abs/path`` (embedded) or ``http(s)://user:pass@host:port`` (server). Empty: chDB under data_dir."""
+    database: str = "eventide"
+    lock_timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        if url and not url.startswith(("chdb://", "http://", "https://")):
+            raise ValueError("must start with chdb://, http:// or https://")
+        return url
+
+
+class EnvelopeConfig(_Section):
+    max_record_bytes: int = Field(64 * 1024, ge=256)
+
+
+class StreamConfig(_Section):
+    master: str = "local[*]"
+    driver_memory: str = "2g"
+    shuffle_partitions: int = Field(4, ge=1)
+    allowed_lateness_s: float = Field(30.0, ge=0)
+    """Watermark delay D: watermark = max corrected_event_time of earlier batches - D."""
+    tumbling_windows_s: list[int] = Field(default_factory=lambda: [10, 60])
+    series_tag_keys: list[str] = Field(default_factory=list)
+    """Tag keys that, with (app, kind, name), identify a series."""
+    trigger_interval_s: float = Field(5.0, gt=0)
+    max_offsets_per_trigger: int = Field(200_000, ge=1)
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    kll_k: int = Field(200, ge=8, le=65535)
+    hll_lg_k: int = Field(12, ge=4, le=21)
+    checkpoint_dir: Path | None = None
+    """Default: <data_dir>/checkpoints."""
+
+    @field_validator("tumbling_windows_s")
+    @classmethod
+    def _positive_unique(cls, lengths: list[int]) -> list[int]:
+        if not lengths or any(n <= 0 for n in lengths) or len(set(lengths)) != len(lengths):
+            raise ValueError("must be a non-empty list of distinct positive window lengths in seconds")
+        return lengths
+
+
+class DashboardConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8501, ge=1, le=65535)
+    refresh_s: float = Field(5.0, gt=0)
+    default_range_minutes: int = Field(15, ge=1)
+
+
+class DemoConfig(_Section):
+    events_per_second: float = Field(200.0, gt=0)
+    apps: list[str] = Field(default_factory=lambda: ["checkout", "search", "mobile"])
+    devices_per_app: int = Field(5, ge=1)
+    users: int = Field(300, ge=1)
+    skewed_device_fraction: float = Field(0.2, ge=0, le=1)
+    max_clock_skew_s: float = Field(3600.0, ge=0)
+    late_event_fraction: float = Field(0.02, ge=0, le=1)
+    max_lateness_s: float = Field(120.0, ge=0)
+    malformed_fraction: float = Field(0.002, ge=0, le=1)
+
+
+class Config(_Section):
+    """Everything every component needs to know. Build with :func:`load_config`."""
+
+    root: Path = Path(".")
+    """Directory relative paths are resolved against (the config file's directory)."""
+    paths: PathsConfig = PathsConfig()
+    maven: MavenConfig = MavenConfig()
+    kafka: KafkaConfig = KafkaConfig()
+    store: StoreConfig = StoreConfig()
+    envelope: EnvelopeConfig = EnvelopeConfig()
+    stream: StreamConfig = StreamConfig()
+    dashboard: DashboardConfig = DashboardConfig()
+    demo: DemoConfig = DemoConfig()
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> Config:
+        if self.kafka.managed and self.kafka.port == self.kafka.controller_port:
+            raise ValueError("kafka.port and kafka.controller_port must differ")
+        return self
+
+    # Derived locations -------------------------------------------------------------------------------------
+    def _abs(self, p: Path) -> Path:
+        return p if p.is_absolute() else (self.root / p).resolve()
+
+    @property
+    def data_dir(self) -> Path:
+        return self._abs(self.paths.data_dir)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self._abs(self.paths.cache_dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self._abs(self.stream.checkpoint_dir) if self.stream.checkpoint_dir else self.data_dir / "checkpoints"
+
+    @property
+    def store_url(self) -> str:
+        return self.store.url or f"chdb://{self.data_dir / 'clickhouse'}"
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key == CONFIG_ENV or "__" not in key:
+            continue
+        path = key[len(ENV_PREFIX):].lower().split("__")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = overrides
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return overrides
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "(root)"
+        lines.append(f"  {field}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None,
+    environ: dict[str, str] | None = None,
+    **overrides: Any,
+) -> Config:
+    """Load the configuration file, apply ``EVENTIDE_*`` env overrides, then keyword overrides (tests).
+
+    Raises :class:`ConfigError` naming the field when anything is invalid.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    file = Path(path) if path else Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None
+    if file is None and Path(DEFAULT_CONFIG_FILE).exists():
+        file = Path(DEFAULT_CONFIG_FILE)
+    data: dict[str, Any] = {}
+    source = "built-in defaults"
+    if file is not None:
+        if not file.exists():
+            raise ConfigError(f"config file {file} does not exist")
+        try:
+            data = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
+        source = str(file)
+        data.setdefault("root", str(file.resolve().parent))
+    else:
+        data.setdefault("root", str(Path.cwd()))
+    data = _deep_merge(data, _env_overrides(environ))
+    data = _deep_merge(data, overrides)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None

@@ -1,0 +1,114 @@
+"""Detached local processes (broker, stream job, load generator, dashboard) with pid and log files.
+
+Each service runs in its own session (so ``stack down`` can signal its whole process group), writes its output to
+``<data_dir>/logs/<name>.log`` and records its pid in ``<data_dir>/run/<name>.pid``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from eventide.config import Config
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    name: str
+    pid: int | None
+    running: bool
+    log: Path
+
+
+def _pid_file(config: Config, name: str) -> Path:
+    return config.data_dir / "run" / f"{name}.pid"
+
+
+def log_file(config: Config, name: str) -> Path:
+    return config.data_dir / "logs" / f"{name}.log"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child (we started it and nobody reaped it) is not running.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1].split(" ", 1)[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def state(config: Config, name: str) -> ServiceState:
+    pid_path = _pid_file(config, name)
+    pid = int(pid_path.read_text()) if pid_path.exists() else None
+    return ServiceState(name, pid, pid is not None and _alive(pid), log_file(config, name))
+
+
+def start(config: Config, name: str, argv: list[str], env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` detached; refuses when a live process is already recorded for ``name``."""
+    current = state(config, name)
+    if current.running:
+        raise RuntimeError(f"{name} already running (pid {current.pid})")
+    log = log_file(config, name)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    _pid_file(config, name).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, cwd=cwd or config.root, start_new_session=True,
+        )
+    _pid_file(config, name).write_text(str(proc.pid))
+    return proc
+
+
+def stop(config: Config, name: str, timeout_s: float = 30.0) -> bool:
+    """SIGTERM the service's process group, SIGKILL after ``timeout_s``. Returns True if something was stopped."""
+    current = state(config, name)
+    pid_path = _pid_file(config, name)
+    if not current.running or current.pid is None:
+        pid_path.unlink(missing_ok=True)
+        return False
+    _signal_group(current.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(current.pid):
+        _reap(current.pid)
+        time.sleep(0.2)
+    if _alive(current.pid):
+        _signal_group(current.pid, signal.SIGKILL)
+        time.sleep(0.5)
+        _reap(current.pid)
+    pid_path.unlink(missing_ok=True)
+    return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
