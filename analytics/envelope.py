@@ -1,0 +1,165 @@
+"""Parse and validate Kafka records as v1 envelopes, in Spark's JVM (no Python per record).
+
+Each record is parsed with ``try_parse_json`` into a VARIANT, so the JSON type of every field is known exactly
+(``schema_of_variant``): ``"5"`` is not an integer and ``5`` is not a string. The first failing rule gives the
+``dead_letter_reason``; records without one are accepted and get ``corrected_event_time``:
+
+    corrected_event_time = event_time + (received_time - sent_time)
+
+where ``received_time`` is the gateway's stamp if present, else the Kafka record timestamp (the events topic
+uses LogAppendTime, i.e. the broker's clock).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from eventide.config import Config
+from ingest.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS
+
+_INTEGER_TYPES = ("BIGINT", "INT", "SMALLINT", "TINYINT")
+_NUMBER_PATTERN = r"^(BIGINT|INT|SMALLINT|TINYINT|DOUBLE|FLOAT|DECIMAL\(.*\))$"
+
+
+
+def _json_type(field: str) -> Column:
+    """The JSON type of a top-level field: 'STRING', 'BIGINT', 'DOUBLE', 'OBJECT<…>', 'VOID' (null), NULL (absent)."""
+    return F.expr(f"schema_of_variant(variant_get(_json, '$.{field}', 'variant'))")
+
+
+def _absent(field: str) -> Column:
+    t = _json_type(field)
+    return t.isNull() | (t == "VOID")
+
+
+def _get(field: str, spark_type: str) -> Column:
+    return F.expr(f"try_variant_get(_json, '$.{field}', '{spark_type}')")
+
+
+def _required(field: str, expected: str, ok: Column) -> list[tuple[Column, Column]]:
+    """Rules for a required field: present, then of the expected JSON type."""
+    return [
+        (_absent(field), F.lit(f"missing field: {field}")),
+        (~ok, F.concat(F.lit(f"mistyped field: {field} (expected {expected}, got "), _json_type(field), F.lit(")"))),
+    ]
+
+
+def _optional(field: str, expected: str, ok: Column) -> list[tuple[Column, Column]]:
+    return [(~_absent(field) & ~ok,
+             F.concat(F.lit(f"mistyped field: {field} (expected {expected}, got "), _json_type(field), F.lit(")")))]
+
+
+def _is_string(field: str) -> Column:
+    return _json_type(field) == "STRING"
+
+
+def _is_integer(field: str) -> Column:
+    return _json_type(field).isin(*_INTEGER_TYPES)
+
+
+def _length_between(field: str, low: int, high: int) -> tuple[Column, Column]:
+    n = F.char_length(_get(field, "string"))
+    return (~n.between(low, high), F.lit(f"invalid field: {field} must be {low}-{high} characters"))
+
+
+def _rules(config: Config) -> list[tuple[Column, Column]]:
+    """(broken-when, reason) in evaluation order; the first match is the reason."""
+    limit = config.envelope.max_record_bytes
+    size = F.octet_length(F.col("value"))
+    kind = _get("kind", "string")
+    value = _get("value", "double")
+    tags_type = _json_type("tags")
+    return [
+        (F.col("value").isNull(), F.lit("empty record")),
+        (size > limit, F.concat(F.lit("record too large: "), size.cast("string"), F.lit(f" bytes > {limit}"))),
+        (F.col("_json").isNull(), F.lit("unparseable JSON")),
+        (~F.expr("schema_of_variant(_json)").startswith("OBJECT"), F.lit("not a JSON object")),
+        *_required("v", "integer", _is_integer("v")),
+        (_get("v", "bigint") != ENVELOPE_VERSION,
+         F.concat(F.lit("unsupported envelope version: "), _get("v", "string"))),
+        *_required("id", "string", _is_string("id")),
+        (F.char_length(_get("id", "string")) == 0, F.lit("invalid field: id must not be empty")),
+        *_required("kind", "string", _is_string("kind")),
+        (~kind.isin(*KINDS), F.lit(f"invalid field: kind must be one of {', '.join(KINDS)}")),
+        *_required("app", "string", _is_string("app")),
+        _length_between("app", 1, MAX_APP_CHARS),
+        *_required("device", "string", _is_string("device")),
+        _length_between("device", 1, MAX_DEVICE_CHARS),
+        *_required("name", "string", _is_string("name")),
+        _length_between("name", 1, MAX_NAME_CHARS),
+        *_required("event_time", "integer ms", _is_integer("event_time")),
+        *_required("sent_time", "integer ms", _is_integer("sent_time")),
+        *_optional("received_time", "integer ms", _is_integer("received_time")),
+        *_optional("user", "string", _is_string("user")),
+        *_optional("tags", "object of strings",
+                   tags_type.startswith("OBJECT<") & ~tags_type.rlike(r": (?!STRING[,>])")),
+        ((kind == "metric") & _absent("value"), F.lit("missing field: value")),
+        ((kind == "metric") & ~_json_type("value").rlike(_NUMBER_PATTERN),
+         F.concat(F.lit("mistyped field: value (expected number, got "), _json_type("value"), F.lit(")"))),
+        ((kind == "metric") & (F.isnan(value) | (F.abs(value) == float("inf"))),
+         F.lit("invalid field: value must be finite")),
+        ((kind == "log") & _absent("level"), F.lit("missing field: level")),
+        ((kind == "log") & ~_get("level", "string").isin(*LEVELS),
+         F.lit(f"invalid field: level must be one of {', '.join(LEVELS)}")),
+        ((kind == "log") & _absent("message"), F.lit("missing field: message")),
+        ((kind == "log") & ~_is_string("message"),
+         F.concat(F.lit("mistyped field: message (expected string, got "), _json_type("message"), F.lit(")"))),
+        (_get("event_time", "bigint") > _get("sent_time", "bigint"), F.lit("event_time is after sent_time")),
+    ]
+
+
+def _first_failure(rules: list[tuple[Column, Column]]) -> Column:
+    reason = F.when(rules[0][0], rules[0][1])
+    for broken, why in rules[1:]:
+        reason = reason.when(broken, why)
+    return reason
+
+
+def parse(records: DataFrame, config: Config) -> DataFrame:
+    """Kafka source rows -> one row per record with typed envelope fields and ``dead_letter_reason``.
+
+    ``dead_letter_reason`` is NULL for accepted records. Kafka coordinates are kept for dead letters.
+    """
+    limit = config.envelope.max_record_bytes
+    tag_keys = sorted(config.stream.series_tag_keys)
+    with_json = records.select(
+        "topic", "partition", "offset", F.col("timestamp").alias("kafka_timestamp"), "value",
+        # Oversize records are never parsed: the size rule rejects them first.
+        F.when(F.octet_length("value") <= limit, F.expr("try_parse_json(CAST(value AS STRING))")).alias("_json"),
+    )
+    tags = _get("tags", "map<string,string>")
+    received = F.coalesce(_get("received_time", "bigint"), F.unix_millis("kafka_timestamp"))
+    event_time = _get("event_time", "bigint")
+    sent_time = _get("sent_time", "bigint")
+    series_tags = (F.concat_ws(",", *[F.concat(F.lit(f"{k}="), F.coalesce(tags[k], F.lit(""))) for k in tag_keys])
+                   if tag_keys else F.lit(""))
+    parsed = with_json.select(
+        "topic", "partition", "offset", "kafka_timestamp", "value",
+        _first_failure(_rules(config)).alias("dead_letter_reason"),
+        _get("id", "string").alias("id"),
+        _get("kind", "string").alias("kind"),
+        _get("app", "string").alias("app"),
+        _get("device", "string").alias("device"),
+        _get("name", "string").alias("name"),
+        _get("value", "double").alias("metric_value"),
+        _get("level", "string").alias("level"),
+        _get("user", "string").alias("user"),
+        tags.alias("tags"),
+        series_tags.alias("series_tags"),
+        event_time.alias("event_time"),
+        sent_time.alias("sent_time"),
+        received.alias("received_time"),
+        (received - sent_time).alias("clock_offset_ms"),
+        F.timestamp_millis(event_time + (received - sent_time)).alias("corrected_event_time"),
+    )
+    return parsed
+
+
+def accepted(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.col("dead_letter_reason").isNull()).drop("dead_letter_reason", "value")
+
+
+def dead_letters(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.col("dead_letter_reason").isNotNull()).select(
+        "topic", "partition", "offset", "kafka_timestamp", "value", F.col("dead_letter_reason").alias("reason"))

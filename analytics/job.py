@@ -1,0 +1,136 @@
+"""The stream job: Kafka (official spark-sql-kafka-0-10 connector) -> validate -> windows -> ClickHouse.
+
+One Spark session runs one streaming query per window spec plus one for dead letters, each with its own
+checkpoint under ``<checkpoint_dir>/<query name>``. Locally it runs ``local[*]``; on a cluster the same module
+runs under ``spark-submit`` (``python -m analytics.job``) with ``stream.master`` pointing at the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from analytics import envelope, sinks, windows
+from eventide import jars
+from eventide.config import Config, load_config
+
+log = logging.getLogger(__name__)
+DEAD_LETTER_QUERY = "dead_letters"
+
+
+def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSession:
+    """A Spark session with the Kafka connector on the classpath and settings sized for streaming."""
+    # Python workers (pandas-based operators) must use this interpreter, which has pandas and pyarrow.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    connector = ",".join(str(j) for j in jars.spark_kafka_connector_jars(config))
+    local_dir = config.data_dir / "spark-tmp"
+    local_dir.mkdir(parents=True, exist_ok=True)
+    spark = (
+        SparkSession.builder.appName(app_name)
+        .master(config.stream.master)
+        .config("spark.jars", connector)
+        .config("spark.driver.memory", config.stream.driver_memory)
+        .config("spark.local.dir", str(local_dir))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(config.stream.shuffle_partitions))
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        .config("spark.sql.warehouse.dir", str(config.data_dir / "spark-warehouse"))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def kafka_records(spark: SparkSession, config: Config) -> DataFrame:
+    return (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", config.kafka.bootstrap)
+        .option("subscribe", config.kafka.events_topic)
+        .option("startingOffsets", config.stream.starting_offsets)
+        .option("maxOffsetsPerTrigger", config.stream.max_offsets_per_trigger)
+        # Retention may delete records an idle job never read; report it, keep running.
+        .option("failOnDataLoss", "false")
+        .load()
+    )
+
+
+def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] | None = None) -> list[StreamingQuery]:
+    """Start every query of the job. ``trigger`` defaults to the configured processing-time interval;
+    tests pass ``{"availableNow": True}`` to process what is in Kafka and stop."""
+    trigger = trigger or {"processingTime": f"{config.stream.trigger_interval_s} seconds"}
+    parsed = envelope.parse(kafka_records(spark, config), config)
+    events = envelope.accepted(parsed)
+    queries = []
+    for spec in windows.window_specs(config):
+        query = (
+            windows.aggregate(events, spec, config).writeStream
+            .queryName(spec.query_name)
+            .outputMode("update")
+            .foreachBatch(sinks.window_writer(config))
+            .option("checkpointLocation", str(config.checkpoint_dir / spec.query_name))
+            .trigger(**trigger)
+            .start()
+        )
+        queries.append(query)
+    queries.append(
+        envelope.dead_letters(parsed).writeStream
+        .queryName(DEAD_LETTER_QUERY)
+        .foreachBatch(sinks.dead_letter_writer(config))
+        .option("checkpointLocation", str(config.checkpoint_dir / DEAD_LETTER_QUERY))
+        .trigger(**trigger)
+        .start()
+    )
+    return queries
+
+
+def run_until_idle(spark: SparkSession, config: Config) -> list[StreamingQuery]:
+    """Process everything currently in Kafka (in as many micro-batches as the rate limit needs), then stop."""
+    queries = start_queries(spark, config, {"availableNow": True})
+    for query in queries:
+        query.awaitTermination()
+        if query.exception() is not None:
+            raise RuntimeError(f"query {query.name} failed: {query.exception()}")
+    return queries
+
+
+def run(config: Config) -> None:
+    """Run the job until one of its queries fails or the process is stopped."""
+    spark = spark_session(config)
+    queries = start_queries(spark, config)
+    log.info("started queries %s", [q.name for q in queries])
+    try:
+        spark.streams.awaitAnyTermination()
+    finally:
+        for query in queries:
+            if query.isActive:
+                query.stop()
+    failed = [q for q in queries if q.exception() is not None]
+    if failed:
+        raise SystemExit(f"query {failed[0].name} failed: {failed[0].exception()}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", help="config file (default: $EVENTIDE_CONFIG or ./eventide.toml)")
+    parser.add_argument("--until-idle", action="store_true", help="process what is in Kafka, then exit")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = load_config(args.config)
+    if args.until_idle:
+        run_until_idle(spark_session(config), config)
+    else:
+        run(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""ClickHouse access shared by the stream job, the dashboard and the tests."""

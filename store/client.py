@@ -1,0 +1,102 @@
+"""One way to talk to ClickHouse for every component: an embedded chDB directory or a ClickHouse server.
+
+Both go through clickhouse-connect (``chdb:///path`` or ``http(s)://…``), so the SQL and the calling code are the
+same. chDB locks its data directory per process, so a chDB client is opened for one unit of work at a time under
+an inter-process file lock (``<dir>.lock``) and closed afterwards; other processes (the job, the dashboard, a test)
+take turns. A server client needs no lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+
+from eventide.config import Config
+
+
+class StoreUnavailable(RuntimeError):
+    """The store could not be opened; the message names the URL that was tried."""
+
+
+# flock() locks belong to an open file description, so two threads of one process opening the lock file
+# separately already exclude each other; the thread lock just avoids busy-polling between them.
+_in_process = threading.Lock()
+
+
+def is_embedded(url: str) -> bool:
+    return url.startswith("chdb:")
+
+
+def _chdb_path(url: str) -> Path:
+    return Path(urlparse(url).path)
+
+
+@contextmanager
+def _chdb_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    if not _in_process.acquire(timeout=timeout_s):
+        raise StoreUnavailable(f"timed out after {timeout_s}s waiting for chDB at {path} (this process)")
+    try:
+        with open(path.with_name(path.name + ".lock"), "a+") as fh:
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreUnavailable(
+                            f"timed out after {timeout_s}s waiting for the chDB lock on {path}") from None
+                    time.sleep(0.01)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+    finally:
+        _in_process.release()
+
+
+@contextmanager
+def connect(config: Config, database: str | None = "", url: str | None = None) -> Iterator[Client]:
+    """A clickhouse-connect client for one unit of work.
+
+    ``database=""`` means the configured database; ``None`` means no default database (for ``CREATE DATABASE``).
+    """
+    url = url or config.store_url
+    db = config.store.database if database == "" else database
+    if is_embedded(url):
+        path = _chdb_path(url)
+        with _chdb_lock(path, config.store.lock_timeout_s):
+            path.mkdir(parents=True, exist_ok=True)
+            try:
+                client = clickhouse_connect.get_client(dsn=url, database=db)
+            except Exception as exc:
+                raise StoreUnavailable(f"cannot open chDB store {url}: {exc}") from exc
+            try:
+                yield client
+            finally:
+                client.close()
+        return
+    try:
+        client = clickhouse_connect.get_client(dsn=url, database=db)
+    except Exception as exc:
+        raise StoreUnavailable(f"cannot reach ClickHouse at {_redact(url)}: {exc}") from exc
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _redact(url: str) -> str:
+    parsed = urlparse(url)
+    if parsed.password:
+        return url.replace(f":{parsed.password}@", ":***@")
+    return url
