@@ -1,0 +1,157 @@
+"""``eventide``: the project's one command.
+
+    eventide stack up        fetch jars, start the local Kafka broker, create topics, migrate the store
+    eventide stack down      stop everything this checkout started (load, dashboard, job, broker)
+    eventide stack status    what runs where
+    eventide demo            stack up + stream job + demo load + dashboard, in the background
+    eventide migrate         apply sql/ migrations to the configured store
+    eventide job             run the stream job in the foreground (--until-idle: drain Kafka and exit)
+    eventide load            run the demo load generator in the foreground
+    eventide dashboard       run the Streamlit dashboard in the foreground
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from eventide import broker, jars, services
+from eventide.config import Config, ConfigError, load_config
+
+JOB, LOAD, DASHBOARD = "stream-job", "demo-load", "dashboard"
+_BACKGROUND = (LOAD, DASHBOARD, JOB)  # stopped in this order, before the broker
+
+
+def _python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def dashboard_argv(config: Config) -> list[str]:
+    app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    return _python_module("streamlit", "run", str(app), "--server.headless", "true",
+                          "--server.address", config.dashboard.host, "--server.port", str(config.dashboard.port),
+                          "--browser.gatherUsageStats", "false")
+
+
+def dashboard_url(config: Config) -> str:
+    return f"http://{config.dashboard.host}:{config.dashboard.port}"
+
+
+def stack_up(config: Config) -> None:
+    print("resolving jars (Maven Central, cached under", config.cache_dir, ")")
+    jars.kafka_broker_jars(config)
+    jars.spark_kafka_connector_jars(config)
+    if config.kafka.managed:
+        print(f"starting Kafka {config.kafka.version} (KRaft) on {config.kafka.bootstrap}")
+        broker.start(config)
+    created = broker.ensure_topics(config)
+    print("topics:", ", ".join(created) if created else "already present")
+    from store.migrations import apply_migrations
+
+    applied = apply_migrations(config)
+    print(f"store {config.store_url}: {len(applied)} migration(s) applied")
+
+
+def stack_down(config: Config) -> None:
+    for name in _BACKGROUND:
+        if services.stop(config, name):
+            print(f"stopped {name}")
+    if config.kafka.managed and broker.stop(config):
+        print("stopped kafka")
+
+
+def stack_status(config: Config) -> int:
+    print(f"data dir:  {config.data_dir}")
+    print(f"store:     {config.store_url}")
+    print(f"kafka:     {config.kafka.bootstrap} ({'managed here' if config.kafka.managed else 'external'}) "
+          f"{'reachable' if broker.is_reachable(config) else 'NOT reachable'}")
+    for name in (broker.SERVICE, JOB, LOAD, DASHBOARD):
+        st = services.state(config, name)
+        where = f" {dashboard_url(config)}" if name == DASHBOARD and st.running else ""
+        print(f"  {name:<12} {'running' if st.running else 'stopped':<8} pid={st.pid or '-':<8} log={st.log}{where}")
+    return 0
+
+
+def _wait_http(url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
+def demo(config: Config) -> None:
+    stack_up(config)
+    for name, argv in ((JOB, _python_module("analytics.job")), (LOAD, _python_module("ingest.demo_load")),
+                       (DASHBOARD, dashboard_argv(config))):
+        if services.state(config, name).running:
+            print(f"{name} already running")
+            continue
+        services.start(config, name, argv)
+        print(f"started {name} (log: {services.log_file(config, name)})")
+    url = dashboard_url(config)
+    if not _wait_http(f"{url}/_stcore/health", 60):
+        raise SystemExit(f"dashboard did not come up; see {services.log_file(config, DASHBOARD)}")
+    print(f"\ndashboard: {url}\n(first windows appear within a minute; stop everything with: ./run down)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eventide", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="config file (default: $EVENTIDE_CONFIG or ./eventide.toml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    stack = sub.add_parser("stack", help="local stack lifecycle")
+    stack.add_argument("action", choices=("up", "down", "status"))
+    sub.add_parser("demo", help="stack up + job + demo load + dashboard")
+    sub.add_parser("migrate", help="apply sql/ migrations")
+    job = sub.add_parser("job", help="run the stream job (foreground)")
+    job.add_argument("--until-idle", action="store_true")
+    load = sub.add_parser("load", help="run the demo load (foreground)")
+    load.add_argument("--rate", type=float)
+    load.add_argument("--duration", type=float)
+    sub.add_parser("dashboard", help="run the dashboard (foreground)")
+    args = parser.parse_args(argv)
+    if args.config:  # background services and child processes load the same file
+        os.environ["EVENTIDE_CONFIG"] = str(Path(args.config).resolve())
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.command == "stack":
+        if args.action == "up":
+            stack_up(config)
+            return stack_status(config)
+        if args.action == "down":
+            stack_down(config)
+            return 0
+        return stack_status(config)
+    if args.command == "demo":
+        demo(config)
+    elif args.command == "migrate":
+        from store.migrations import apply_migrations
+
+        print("applied:", apply_migrations(config) or "nothing (up to date)")
+    elif args.command == "job":
+        from analytics import job as stream_job
+
+        stream_job.main(["--until-idle"] if args.until_idle else [])
+    elif args.command == "load":
+        from ingest import demo_load
+
+        demo_load.run(config, args.rate, args.duration)
+    elif args.command == "dashboard":
+        os.execv(sys.executable, dashboard_argv(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Demo load: several apps and devices emitting metrics and logs, some with skewed clocks, some late, a few bad.
+
+Every device gets a fixed clock offset (most 0; ``demo.skewed_device_fraction`` of them up to
+``±demo.max_clock_skew_s``), so the job's clock correction has something to correct. A fraction of events is sent
+late (as if buffered offline: ``event_time`` in the past), and a small fraction is malformed on purpose so the
+dead-letter path shows up on the dashboard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from eventide.config import Config, load_config
+from ingest.envelope import LEVELS, now_ms
+from ingest.sdk import Client
+
+log = logging.getLogger(__name__)
+
+_MALFORMED = (b"{not json", b'{"v":1,"kind":"metric"}', b'{"v":2,"id":"x"}', b"[]")
+_LEVEL_WEIGHTS = (0.2, 0.6, 0.12, 0.07, 0.01)
+
+
+@dataclass
+class DemoDevice:
+    client: Client
+    clock_offset_ms: int
+
+
+def _device_clock(offset_ms: int) -> Callable[[], int]:
+    return lambda: now_ms() + offset_ms
+
+
+def make_devices(config: Config, rng: random.Random) -> list[DemoDevice]:
+    demo = config.demo
+    devices = []
+    for app in demo.apps:
+        for n in range(demo.devices_per_app):
+            skewed = rng.random() < demo.skewed_device_fraction
+            offset = int(rng.uniform(-1, 1) * demo.max_clock_skew_s * 1000) if skewed else 0
+            client = Client(app, f"{app}-device-{n}", config=config, clock=_device_clock(offset))
+            devices.append(DemoDevice(client, offset))
+    return devices
+
+
+def emit_one(device: DemoDevice, config: Config, rng: random.Random) -> None:
+    demo = config.demo
+    client = device.client
+    if rng.random() < demo.malformed_fraction:
+        client.send_raw(rng.choice(_MALFORMED))
+        return
+    event_time = client.clock()
+    if rng.random() < demo.late_event_fraction:
+        event_time -= int(rng.uniform(0, demo.max_lateness_s) * 1000)
+    user = f"user-{rng.randrange(demo.users)}"
+    tags = {"region": rng.choice(("eu", "us", "ap"))}
+    roll = rng.random()
+    if roll < 0.55:
+        # Heavy-tailed latency: what p99 is for.
+        client.metric("latency_ms", round(rng.lognormvariate(3.5, 0.6), 3), user=user, tags=tags,
+                      event_time=event_time)
+    elif roll < 0.8:
+        client.metric("cart_value", round(rng.uniform(5, 250), 2), user=user, tags=tags, event_time=event_time)
+    else:
+        level = rng.choices(LEVELS, weights=_LEVEL_WEIGHTS)[0]
+        client.log(level, f"demo {level} message", name="app.server", user=user, tags=tags, event_time=event_time)
+
+
+def run(config: Config, rate: float | None = None, duration_s: float | None = None, seed: int | None = None) -> int:
+    """Emit events at ``rate`` per second for ``duration_s`` seconds (forever when None). Returns events sent."""
+    rng = random.Random(seed)
+    rate = rate or config.demo.events_per_second
+    devices = make_devices(config, rng)
+    sent = 0
+    started = time.monotonic()
+    try:
+        while duration_s is None or time.monotonic() - started < duration_s:
+            due = int((time.monotonic() - started) * rate)
+            while sent < due:
+                emit_one(rng.choice(devices), config, rng)
+                sent += 1
+            time.sleep(0.01)
+            if sent and sent % max(int(rate * 30), 1) == 0:
+                log.info("sent %d events", sent)
+    finally:
+        for device in devices:
+            device.client.close()
+    return sent
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config")
+    parser.add_argument("--rate", type=float, help="events per second (default demo.events_per_second)")
+    parser.add_argument("--duration", type=float, help="seconds (default: forever)")
+    parser.add_argument("--seed", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sent = run(load_config(args.config), args.rate, args.duration, args.seed)
+    log.info("done: %d events", sent)
+
+
+if __name__ == "__main__":
+    main()
