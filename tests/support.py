@@ -1,0 +1,82 @@
+"""Small helpers that keep the integration tests readable as specifications."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from eventide.config import Config
+from ingest.envelope import now_ms
+from ingest.sdk import Client
+from store.client import connect
+
+
+def minute_in_past(minutes: int = 30) -> int:
+    """A window-aligned instant (ms) safely in the past: 10 s and 60 s windows both start there."""
+    return (now_ms() // 60_000 - minutes) * 60_000
+
+
+def ms(ts: datetime) -> int:
+    return int(ts.replace(tzinfo=UTC).timestamp() * 1000) if ts.tzinfo is None else int(ts.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric observation that really happened at ``at`` (true time, ms) on a device whose clock is
+    ``clock_offset_ms`` ahead of true time."""
+
+    at: int
+    value: float
+    app: str = "shop"
+    name: str = "latency_ms"
+    device: str = "device-1"
+    user: str | None = None
+    clock_offset_ms: int = 0
+
+
+def produce(config: Config, events: list[Metric]) -> None:
+    """Send through the real SDK: each device's clock reads true time + its offset."""
+    clients: dict[tuple[str, str, int], Client] = {}
+    for e in events:
+        key = (e.app, e.device, e.clock_offset_ms)
+        if key not in clients:
+            offset = e.clock_offset_ms
+            clients[key] = Client(e.app, e.device, config=config, clock=lambda o=offset: now_ms() + o)
+        clients[key].metric(e.name, e.value, user=e.user, event_time=e.at + e.clock_offset_ms)
+    for client in clients.values():
+        client.flush()
+
+
+def produce_raw(config: Config, values: list[bytes]) -> None:
+    client = Client("raw", "raw-device", config=config)
+    for value in values:
+        client.send_raw(value)
+    client.flush()
+
+
+def run_job(spark: Any, config: Config) -> None:
+    from analytics.job import run_until_idle
+
+    run_until_idle(spark, config)
+
+
+def window_rows(config: Config, length_s: int, where: str = "1") -> list[dict[str, Any]]:
+    """Latest version of every tumbling window of the given length, oldest first."""
+    with connect(config) as client:
+        result = client.query(
+            f"SELECT * FROM window_aggregates FINAL WHERE window_kind = 'tumbling' "
+            f"AND window_length_ms = {length_s * 1000} AND {where} ORDER BY app, name, window_start",
+            column_formats={"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"},
+        )
+        return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+
+
+def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s}s")
