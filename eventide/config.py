@@ -245,3 +245,18 @@ def load_config(
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source)) from None
+
+
+def to_environ(config: Config) -> dict[str, str]:
+    """``EVENTIDE_*`` variables that make :func:`load_config` in a child process rebuild ``config`` exactly."""
+    env: dict[str, str] = {}
+    data = config.model_dump(mode="json")
+    # Absolute locations, so the child need not share this process's working directory.
+    data["paths"].update(data_dir=str(config.data_dir), cache_dir=str(config.cache_dir))
+    data["stream"]["checkpoint_dir"] = str(config.checkpoint_dir)
+    for section, fields in data.items():
+        if not isinstance(fields, dict):
+            continue
+        for field, value in fields.items():
+            env[f"{ENV_PREFIX}{section.upper()}__{field.upper()}"] = json.dumps(value)
+    return env

@@ -1,0 +1,102 @@
+"""Exactly-once effect: a job restarted from its checkpoint yields the results of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from eventide.config import to_environ
+from store.client import connect
+from tests.support import Metric, minute_in_past, ms, produce, produce_raw, run_job, wait_until, window_rows
+
+pytestmark = pytest.mark.integration
+SECOND = 1000
+
+
+def _events(t0: int, count: int, first_value: int = 0) -> list[Metric]:
+    """``count`` events over the 10 s windows starting at t0, t0+10s, t0+20s. Each lies ≥ 1 s from a window edge,
+    since corrected time includes the network delay; all within 30 s, the allowed lateness, so none is dropped."""
+    def at(i: int) -> int:
+        window, slot = divmod(i, -(-count // 3))
+        return t0 + window * 10 * SECOND + SECOND + slot * (8 * SECOND) // -(-count // 3)
+
+    return [Metric(at(i), float(first_value + i), device=f"device-{i % 7}") for i in range(count)]
+
+
+def _expected(t0: int, events: list[Metric], length_s: int) -> dict[int, tuple[int, float]]:
+    windows: dict[int, list[float]] = defaultdict(list)
+    for e in events:
+        windows[(e.at - t0) // (length_s * SECOND) * length_s * SECOND].append(e.value)
+    return {start: (len(v), sum(v)) for start, v in sorted(windows.items())}
+
+
+def _observed(config, t0: int, length_s: int) -> dict[int, tuple[int, float]]:
+    return {ms(r["window_start"]) - t0: (r["event_count"], r["sum"]) for r in window_rows(config, length_s)}
+
+
+def _stored_rows_after_merge(config) -> int:
+    with connect(config) as client:
+        client.command("OPTIMIZE TABLE window_aggregates FINAL")
+        return int(client.query("SELECT count() FROM window_aggregates").result_rows[0][0])
+
+
+def _drop_last_commit(checkpoint: Path) -> int:
+    """Simulate a crash after the sink wrote batch N but before Spark committed it."""
+    commits = sorted((checkpoint / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    last = commits[-1]
+    last.unlink()
+    last.with_name(f".{last.name}.crc").unlink(missing_ok=True)  # the checksum goes with the file it checks
+    return int(last.name)
+
+
+def test_replayed_batch_after_crash_before_commit_changes_nothing(stack, spark):
+    stack = stack.model_copy(update={"stream": stack.stream.model_copy(update={"max_offsets_per_trigger": 40})})
+    t0 = minute_in_past()
+    first, second = _events(t0, 200), _events(t0, 100, first_value=1000)
+    produce(stack, first)
+    produce_raw(stack, [b"broken-1", b"broken-2"])
+    run_job(spark, stack)
+    replayed = {q: _drop_last_commit(stack.checkpoint_dir / q) for q in ("tumbling_10s", "tumbling_60s", "dead_letters")}
+    assert all(batch >= 3 for batch in replayed.values()), replayed  # several micro-batches really ran
+
+    produce(stack, second)
+    run_job(spark, stack)
+
+    for q, batch in replayed.items():
+        assert (stack.checkpoint_dir / q / "commits" / str(batch)).exists()  # the batch was run again
+    assert _observed(stack, t0, 10) == _expected(t0, first + second, 10)
+    assert _observed(stack, t0, 60) == _expected(t0, first + second, 60)
+    assert _stored_rows_after_merge(stack) == len(_expected(t0, first + second, 10)) + 1
+    with connect(stack) as client:
+        assert client.query("SELECT count() FROM dead_letters FINAL").result_rows[0][0] == 2
+
+
+def test_job_killed_mid_stream_resumes_from_checkpoint_without_duplicates_or_gaps(stack, spark):
+    stack = stack.model_copy(update={"stream": stack.stream.model_copy(
+        update={"max_offsets_per_trigger": 100, "trigger_interval_s": 0.5})})
+    t0 = minute_in_past()
+    events = _events(t0, 3000)
+    produce(stack, events)
+
+    job = subprocess.Popen([sys.executable, "-m", "analytics.job"], env={**os.environ, **to_environ(stack)},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    commits = stack.checkpoint_dir / "tumbling_10s" / "commits"
+    try:
+        wait_until(lambda: len(list(commits.glob("[0-9]*"))) >= 3, timeout_s=120)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # no shutdown hooks, no final commit
+        job.wait()
+    done_before_kill = len(list(commits.glob("[0-9]*")))
+    assert done_before_kill < 30, "the job finished before it was killed; nothing was tested"
+
+    run_job(spark, stack)  # restart from the same checkpoints
+
+    assert _observed(stack, t0, 10) == _expected(t0, events, 10)
+    assert _observed(stack, t0, 60) == _expected(t0, events, 60)
+    assert _stored_rows_after_merge(stack) == len(_expected(t0, events, 10)) + 1
