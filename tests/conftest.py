@@ -47,7 +47,7 @@ def kafka(base_config: Config) -> Iterator[Config]:
 
 
 @pytest.fixture(scope="session")
-def spark(kafka: Config):  # noqa: ANN201 - SparkSession; imported lazily so unit tests don't need a JVM
+def spark(kafka: Config):
     from analytics.job import spark_session
 
     session = spark_session(kafka, app_name="eventide-tests")

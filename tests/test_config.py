@@ -1,0 +1,57 @@
+"""The one configuration model: file + env overrides, and errors that name the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventide.config import ConfigError, load_config, to_environ
+
+
+def test_defaults_put_everything_under_the_checkout(tmp_path):
+    config = load_config(environ={}, root=str(tmp_path))
+    assert config.data_dir == tmp_path / "var"
+    assert config.store_url == f"chdb://{tmp_path / 'var' / 'clickhouse'}"
+    assert config.checkpoint_dir == tmp_path / "var" / "checkpoints"
+    assert config.kafka.bootstrap == "127.0.0.1:19092" and config.kafka.managed
+
+
+def test_file_then_environment_overrides(tmp_path):
+    file = tmp_path / "eventide.toml"
+    file.write_text('[kafka]\nport = 29092\n[stream]\ntumbling_windows_s = [5, 30]\n')
+    config = load_config(file, environ={"EVENTIDE_KAFKA__PORT": "39092",
+                                        "EVENTIDE_STORE__URL": "http://clickhouse:8123"})
+    assert config.kafka.port == 39092
+    assert config.stream.tumbling_windows_s == [5, 30]
+    assert config.store_url == "http://clickhouse:8123"
+    assert config.root == tmp_path  # relative paths resolve against the file's directory
+
+
+@pytest.mark.parametrize(("env", "field"), [
+    ({"EVENTIDE_KAFKA__PORT": "not-a-port"}, "kafka.port"),
+    ({"EVENTIDE_STREAM__TUMBLING_WINDOWS_S": "[10, 10]"}, "stream.tumbling_windows_s"),
+    ({"EVENTIDE_STORE__URL": "mysql://x"}, "store.url"),
+    ({"EVENTIDE_KAFKA__NO_SUCH_FIELD": "1"}, "kafka.no_such_field"),
+    ({"EVENTIDE_STREAM__ALLOWED_LATENESS_S": "-1"}, "stream.allowed_lateness_s"),
+])
+def test_bad_config_names_the_field(tmp_path, env, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(environ=env, root=str(tmp_path))
+    assert field in str(info.value)
+
+
+def test_invalid_toml_and_missing_file_are_reported(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[kafka\nport = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, environ={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_child_processes_rebuild_the_same_config(tmp_path):
+    config = load_config(environ={}, root=str(tmp_path), kafka={"events_topic": "t1"}, store={"database": "d1"})
+    child = load_config(environ=to_environ(config))
+    assert (child.kafka, child.store, child.envelope, child.dashboard) == (
+        config.kafka, config.store, config.envelope, config.dashboard)
+    assert (child.data_dir, child.cache_dir, child.checkpoint_dir, child.store_url) == (
+        config.data_dir, config.cache_dir, config.checkpoint_dir, config.store_url)

@@ -1,0 +1,27 @@
+"""Migrations: ordered, applied once, idempotent; same function for chDB and a server."""
+
+from __future__ import annotations
+
+from eventide.config import load_config
+from store.client import connect
+from store.migrations import apply_migrations, migration_files, statements
+
+
+def test_migration_files_are_ordered_and_numbered():
+    names = [name for name, _ in migration_files()]
+    assert names == sorted(names) and all(n[:4].isdigit() for n in names)
+
+
+def test_statements_split_on_semicolons_at_line_end_and_drop_comments():
+    sql = "-- a comment; not a statement\nCREATE TABLE a (x String DEFAULT ';');\n\nCREATE TABLE b (y UInt8);\n"
+    assert statements(sql) == ["CREATE TABLE a (x String DEFAULT ';')", "CREATE TABLE b (y UInt8)"]
+
+
+def test_apply_twice_applies_once_on_a_fresh_chdb_store(tmp_path):
+    config = load_config(environ={}, root=str(tmp_path), store={"database": "m_test"})
+    first = apply_migrations(config)
+    assert first == [name for name, _ in migration_files()]
+    assert apply_migrations(config) == []
+    with connect(config) as client:
+        tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
+    assert {"window_aggregates", "dead_letters", "schema_migrations"} <= tables
