@@ -39,6 +39,7 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         .config("spark.driver.memory", config.stream.driver_memory)
         .config("spark.local.dir", str(local_dir))
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(config.stream.shuffle_partitions))
         .config("spark.sql.streaming.stateStore.providerClass",
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--until-idle", action="store_true", help="process what is in Kafka, then exit")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # logs every callback from the JVM at INFO
     config = load_config(args.config)
     if args.until_idle:
         run_until_idle(spark_session(config), config)

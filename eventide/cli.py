@@ -43,9 +43,9 @@ def dashboard_url(config: Config) -> str:
 
 def stack_up(config: Config) -> None:
     print("resolving jars (Maven Central, cached under", config.cache_dir, ")")
-    jars.kafka_broker_jars(config)
     jars.spark_kafka_connector_jars(config)
     if config.kafka.managed:
+        jars.kafka_broker_jars(config)
         print(f"starting Kafka {config.kafka.version} (KRaft) on {config.kafka.bootstrap}")
         broker.start(config)
     created = broker.ensure_topics(config)
