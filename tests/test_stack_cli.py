@@ -1,0 +1,61 @@
+"""`eventide stack up | status | down` on a fresh data directory: real broker, real topics, migrated store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka.admin import ConfigResource
+
+from eventide import broker, services
+from eventide.config import to_environ
+from store.client import connect
+from tests.conftest import REPO, _free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(config, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "eventide.cli", *args], env={**os.environ, **to_environ(config)},
+                          capture_output=True, text=True, timeout=180, cwd=REPO)
+
+
+def test_stack_up_status_down(base_config, tmp_path):
+    config = base_config.model_copy(update={
+        "paths": base_config.paths.model_copy(update={"data_dir": tmp_path / "stack"}),
+        "kafka": base_config.kafka.model_copy(update={"port": _free_port(), "controller_port": _free_port()}),
+    })
+    up = _cli(config, "stack", "up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        assert broker.is_reachable(config)
+        admin = broker.admin(config)
+        topics = admin.list_topics(timeout=10).topics
+        assert len(topics[config.kafka.events_topic].partitions) == config.kafka.events_partitions
+        resource = ConfigResource(ConfigResource.Type.TOPIC, config.kafka.events_topic)
+        [described] = admin.describe_configs([resource]).values()
+        assert described.result(timeout=10)["message.timestamp.type"].value == "LogAppendTime"
+        with connect(config) as client:
+            tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
+        assert {"window_aggregates", "dead_letters"} <= tables
+
+        status = _cli(config, "stack", "status")
+        assert "reachable" in status.stdout and "kafka        running" in status.stdout
+
+        again = _cli(config, "stack", "up")  # idempotent: nothing restarted, nothing re-created
+        assert again.returncode == 0 and "already present" in again.stdout
+    finally:
+        down = _cli(config, "stack", "down")
+    assert down.returncode == 0 and "stopped kafka" in down.stdout
+    assert not services.state(config, broker.SERVICE).running
+    assert not broker.is_reachable(config, timeout_s=1)
+
+
+def test_bad_config_stops_the_cli_with_the_field_name():
+    done = subprocess.run([sys.executable, "-m", "eventide.cli", "stack", "status"],
+                          env={**os.environ, "EVENTIDE_KAFKA__PORT": "70000"}, capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+    assert done.returncode == 2
+    assert "kafka.port" in done.stderr
