@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -30,6 +31,7 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     connector = ",".join(str(j) for j in jars.spark_kafka_connector_jars(config))
+    log4j = Path(__file__).resolve().parent / "spark-log4j2.properties"
     local_dir = config.data_dir / "spark-tmp"
     local_dir.mkdir(parents=True, exist_ok=True)
     spark = (
@@ -37,6 +39,7 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         .master(config.stream.master)
         .config("spark.jars", connector)
         .config("spark.driver.memory", config.stream.driver_memory)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
         .config("spark.local.dir", str(local_dir))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
