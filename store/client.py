@@ -12,7 +12,7 @@ import fcntl
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -72,27 +72,21 @@ def connect(config: Config, database: str | None = "", url: str | None = None) -
     """
     url = url or config.store_url
     db = config.store.database if database == "" else database
-    if is_embedded(url):
-        path = _chdb_path(url)
-        with _chdb_lock(path, config.store.lock_timeout_s):
-            path.mkdir(parents=True, exist_ok=True)
-            try:
-                client = clickhouse_connect.get_client(dsn=url, database=db)
-            except Exception as exc:
-                raise StoreUnavailable(f"cannot open chDB store {url}: {exc}") from exc
-            try:
-                yield client
-            finally:
-                client.close()
-        return
-    try:
-        client = clickhouse_connect.get_client(dsn=url, database=db)
-    except Exception as exc:
-        raise StoreUnavailable(f"cannot reach ClickHouse at {_redact(url)}: {exc}") from exc
-    try:
-        yield client
-    finally:
-        client.close()
+    embedded = is_embedded(url)
+    # chDB: one process at a time per directory; a server needs no lock.
+    guard = _chdb_lock(_chdb_path(url), config.store.lock_timeout_s) if embedded else nullcontext()
+    with guard:
+        if embedded:
+            _chdb_path(url).mkdir(parents=True, exist_ok=True)
+        try:
+            client = clickhouse_connect.get_client(dsn=url, database=db)
+        except Exception as exc:
+            what = f"chDB store {url}" if embedded else f"ClickHouse at {_redact(url)}"
+            raise StoreUnavailable(f"cannot open {what}: {exc}") from exc
+        try:
+            yield client
+        finally:
+            client.close()
 
 
 def _redact(url: str) -> str:
