@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import socket
 import tempfile
 import time
 from pathlib import Path
 
 from eventide import broker
 from eventide.config import load_config
+from eventide.services import free_port
 from ingest.envelope import now_ms
 from ingest.sdk import Client
 from store.client import connect
@@ -24,11 +24,6 @@ from store.migrations import apply_migrations
 
 REPO = Path(__file__).resolve().parent.parent
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:
@@ -39,7 +34,7 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="eventide-bench-"))
     config = load_config(environ={}, root=str(REPO),
                          paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
-                         kafka={"port": _free_port(), "controller_port": _free_port()},
+                         kafka={"port": free_port(), "controller_port": free_port()},
                          stream={"max_offsets_per_trigger": args.max_offsets_per_trigger})
     broker.start(config)
     try:

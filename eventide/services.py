@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -103,6 +104,13 @@ def _signal_group(pid: int, sig: int) -> None:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (for a second broker beside a running stack)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -12,11 +12,9 @@ import argparse
 import logging
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from eventide.config import Config, load_config
-from ingest.envelope import LEVELS, now_ms
+from ingest.envelope import LEVELS, offset_clock
 from ingest.sdk import Client
 
 log = logging.getLogger(__name__)
@@ -25,31 +23,20 @@ _MALFORMED = (b"{not json", b'{"v":1,"kind":"metric"}', b'{"v":2,"id":"x"}', b"[
 _LEVEL_WEIGHTS = (0.2, 0.6, 0.12, 0.07, 0.01)
 
 
-@dataclass
-class DemoDevice:
-    client: Client
-    clock_offset_ms: int
-
-
-def _device_clock(offset_ms: int) -> Callable[[], int]:
-    return lambda: now_ms() + offset_ms
-
-
-def make_devices(config: Config, rng: random.Random) -> list[DemoDevice]:
+def make_devices(config: Config, rng: random.Random) -> list[Client]:
+    """One SDK client per (app, device); each device's clock has its own fixed offset."""
     demo = config.demo
     devices = []
     for app in demo.apps:
         for n in range(demo.devices_per_app):
             skewed = rng.random() < demo.skewed_device_fraction
             offset = int(rng.uniform(-1, 1) * demo.max_clock_skew_s * 1000) if skewed else 0
-            client = Client(app, f"{app}-device-{n}", config=config, clock=_device_clock(offset))
-            devices.append(DemoDevice(client, offset))
+            devices.append(Client(app, f"{app}-device-{n}", config=config, clock=offset_clock(offset)))
     return devices
 
 
-def emit_one(device: DemoDevice, config: Config, rng: random.Random) -> None:
+def emit_one(client: Client, config: Config, rng: random.Random) -> None:
     demo = config.demo
-    client = device.client
     if rng.random() < demo.malformed_fraction:
         client.send_raw(rng.choice(_MALFORMED))
         return
@@ -76,6 +63,8 @@ def run(config: Config, rate: float | None = None, duration_s: float | None = No
     rate = rate or config.demo.events_per_second
     devices = make_devices(config, rng)
     sent = 0
+    log_every = max(int(rate * 30), 1)
+    next_log = log_every
     started = time.monotonic()
     try:
         while duration_s is None or time.monotonic() - started < duration_s:
@@ -84,11 +73,12 @@ def run(config: Config, rate: float | None = None, duration_s: float | None = No
                 emit_one(rng.choice(devices), config, rng)
                 sent += 1
             time.sleep(0.01)
-            if sent and sent % max(int(rate * 30), 1) == 0:
+            if sent >= next_log:
                 log.info("sent %d events", sent)
+                next_log += log_every
     finally:
-        for device in devices:
-            device.client.close()
+        for client in devices:
+            client.close()
     return sent
 
 

@@ -10,7 +10,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 ENVELOPE_VERSION: Final = 1
@@ -25,6 +25,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def offset_clock(offset_ms: int) -> Callable[[], int]:
+    """A device clock that reads true time + ``offset_ms`` (demo and tests simulate skewed devices with it)."""
+    return lambda: now_ms() + offset_ms
+
+
 def uuid7(unix_ms: int | None = None) -> str:
     """A UUIDv7 (RFC 9562): 48-bit Unix milliseconds, version 7, 74 random bits. Sorts by creation time."""
     ms = now_ms() if unix_ms is None else unix_ms
@@ -37,19 +42,26 @@ def uuid7(unix_ms: int | None = None) -> str:
     return str(uuid.UUID(int=value))
 
 
-def metric_event(*, app: str, device: str, name: str, value: float, event_time: int, sent_time: int,
-                 user: str | None = None, tags: Mapping[str, str] | None = None,
-                 event_id: str | None = None) -> dict[str, Any]:
-    """A metric envelope as a dict (``json.dumps`` it for the wire)."""
+def _envelope(kind: str, *, app: str, device: str, name: str, event_time: int, sent_time: int,
+              user: str | None, tags: Mapping[str, str] | None, event_id: str | None,
+              **body: Any) -> dict[str, Any]:
     event: dict[str, Any] = {
-        "v": ENVELOPE_VERSION, "id": event_id or uuid7(), "kind": "metric", "app": app, "device": device,
-        "name": name, "value": value, "event_time": event_time, "sent_time": sent_time,
+        "v": ENVELOPE_VERSION, "id": event_id or uuid7(), "kind": kind, "app": app, "device": device,
+        "name": name, **body, "event_time": event_time, "sent_time": sent_time,
     }
     if user is not None:
         event["user"] = user
     if tags:
         event["tags"] = dict(tags)
     return event
+
+
+def metric_event(*, app: str, device: str, name: str, value: float, event_time: int, sent_time: int,
+                 user: str | None = None, tags: Mapping[str, str] | None = None,
+                 event_id: str | None = None) -> dict[str, Any]:
+    """A metric envelope as a dict (``json.dumps`` it for the wire)."""
+    return _envelope("metric", app=app, device=device, name=name, event_time=event_time, sent_time=sent_time,
+                     user=user, tags=tags, event_id=event_id, value=value)
 
 
 def log_event(*, app: str, device: str, name: str, level: str, message: str, event_time: int, sent_time: int,
@@ -58,15 +70,8 @@ def log_event(*, app: str, device: str, name: str, level: str, message: str, eve
     """A log envelope as a dict; ``name`` is the logger name."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
-    event: dict[str, Any] = {
-        "v": ENVELOPE_VERSION, "id": event_id or uuid7(), "kind": "log", "app": app, "device": device,
-        "name": name, "level": level, "message": message, "event_time": event_time, "sent_time": sent_time,
-    }
-    if user is not None:
-        event["user"] = user
-    if tags:
-        event["tags"] = dict(tags)
-    return event
+    return _envelope("log", app=app, device=device, name=name, event_time=event_time, sent_time=sent_time,
+                     user=user, tags=tags, event_id=event_id, level=level, message=message)
 
 
 def encode(event: Mapping[str, Any]) -> bytes:

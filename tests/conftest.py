@@ -8,7 +8,6 @@ gets its own topics, ClickHouse database and checkpoints, so tests cannot see ea
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,14 +15,10 @@ import pytest
 
 from eventide import broker
 from eventide.config import Config, load_config
+from eventide.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +28,7 @@ def base_config(tmp_path_factory: pytest.TempPathFactory) -> Config:
         environ={},
         root=str(REPO),
         paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
-        kafka={"port": _free_port(), "controller_port": _free_port()},
+        kafka={"port": free_port(), "controller_port": free_port()},
         stream={"master": "local[2]", "trigger_interval_s": 1, "shuffle_partitions": 2},
     )
 

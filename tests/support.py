@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eventide.config import Config
-from ingest.envelope import now_ms
+from ingest.envelope import now_ms, offset_clock
 from ingest.sdk import Client
 from store.client import connect
 
@@ -42,8 +42,7 @@ def produce(config: Config, events: list[Metric]) -> None:
     for e in events:
         key = (e.app, e.device, e.clock_offset_ms)
         if key not in clients:
-            offset = e.clock_offset_ms
-            clients[key] = Client(e.app, e.device, config=config, clock=lambda o=offset: now_ms() + o)
+            clients[key] = Client(e.app, e.device, config=config, clock=offset_clock(e.clock_offset_ms))
         clients[key].metric(e.name, e.value, user=e.user, event_time=e.at + e.clock_offset_ms)
     for client in clients.values():
         client.flush()

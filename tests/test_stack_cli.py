@@ -11,8 +11,9 @@ from confluent_kafka.admin import ConfigResource
 
 from eventide import broker, services
 from eventide.config import to_environ
+from eventide.services import free_port
 from store.client import connect
-from tests.conftest import REPO, _free_port
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ def _cli(config, *args: str) -> subprocess.CompletedProcess[str]:
 def test_stack_up_status_down(base_config, tmp_path):
     config = base_config.model_copy(update={
         "paths": base_config.paths.model_copy(update={"data_dir": tmp_path / "stack"}),
-        "kafka": base_config.kafka.model_copy(update={"port": _free_port(), "controller_port": _free_port()}),
+        "kafka": base_config.kafka.model_copy(update={"port": free_port(), "controller_port": free_port()}),
     })
     up = _cli(config, "stack", "up")
     assert up.returncode == 0, up.stdout + up.stderr
