@@ -21,8 +21,6 @@ from ingest.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_
 _INTEGER_TYPES = ("BIGINT", "INT", "SMALLINT", "TINYINT")
 _NUMBER_PATTERN = r"^(BIGINT|INT|SMALLINT|TINYINT|DOUBLE|FLOAT|DECIMAL\(.*\))$"
 
-
-
 # Every envelope field and the Spark type it is read as.
 _FIELDS = {
     "v": "bigint", "id": "string", "kind": "string", "app": "string", "device": "string", "name": "string",
@@ -61,17 +59,17 @@ def _extract_fields() -> Column:
     return F.inline(F.array(F.struct(*parts)))
 
 
+def _mistyped(field: str, expected: str) -> Column:
+    return F.concat(F.lit(f"mistyped field: {field} (expected {expected}, got "), _json_type(field), F.lit(")"))
+
+
 def _required(field: str, expected: str, ok: Column) -> list[tuple[Column, Column]]:
     """Rules for a required field: present, then of the expected JSON type."""
-    return [
-        (_absent(field), F.lit(f"missing field: {field}")),
-        (~ok, F.concat(F.lit(f"mistyped field: {field} (expected {expected}, got "), _json_type(field), F.lit(")"))),
-    ]
+    return [(_absent(field), F.lit(f"missing field: {field}")), (~ok, _mistyped(field, expected))]
 
 
 def _optional(field: str, expected: str, ok: Column) -> list[tuple[Column, Column]]:
-    return [(~_absent(field) & ~ok,
-             F.concat(F.lit(f"mistyped field: {field} (expected {expected}, got "), _json_type(field), F.lit(")")))]
+    return [(~_absent(field) & ~ok, _mistyped(field, expected))]
 
 
 def _is_string(field: str) -> Column:
@@ -119,16 +117,14 @@ def _rules(config: Config) -> list[tuple[Column, Column]]:
         *_optional("tags", "object of strings",
                    tags_type.startswith("OBJECT<") & ~tags_type.rlike(r": (?!STRING[,>])")),
         ((kind == "metric") & _absent("value"), F.lit("missing field: value")),
-        ((kind == "metric") & ~_json_type("value").rlike(_NUMBER_PATTERN),
-         F.concat(F.lit("mistyped field: value (expected number, got "), _json_type("value"), F.lit(")"))),
+        ((kind == "metric") & ~_json_type("value").rlike(_NUMBER_PATTERN), _mistyped("value", "number")),
         ((kind == "metric") & (F.isnan(value) | (F.abs(value) == float("inf"))),
          F.lit("invalid field: value must be finite")),
         ((kind == "log") & _absent("level"), F.lit("missing field: level")),
         ((kind == "log") & ~_get("level").isin(*LEVELS),
          F.lit(f"invalid field: level must be one of {', '.join(LEVELS)}")),
         ((kind == "log") & _absent("message"), F.lit("missing field: message")),
-        ((kind == "log") & ~_is_string("message"),
-         F.concat(F.lit("mistyped field: message (expected string, got "), _json_type("message"), F.lit(")"))),
+        ((kind == "log") & ~_is_string("message"), _mistyped("message", "string")),
         (_get("event_time") > _get("sent_time"), F.lit("event_time is after sent_time")),
     ]
 
@@ -155,28 +151,20 @@ def parse(records: DataFrame, config: Config) -> DataFrame:
     with_json = with_json.select("*", _extract_fields())
     tags = _get("tags")
     received = F.coalesce(_get("received_time"), F.unix_millis("kafka_timestamp"))
-    event_time = _get("event_time")
-    sent_time = _get("sent_time")
+    clock_offset = received - _get("sent_time")
     series_tags = (F.concat_ws(",", *[F.concat(F.lit(f"{k}="), F.coalesce(tags[k], F.lit(""))) for k in tag_keys])
                    if tag_keys else F.lit(""))
     parsed = with_json.select(
         "topic", "partition", "offset", "kafka_timestamp", "value",
         _first_failure(_rules(config)).alias("dead_letter_reason"),
-        _get("id").alias("id"),
-        _get("kind").alias("kind"),
-        _get("app").alias("app"),
-        _get("device").alias("device"),
-        _get("name").alias("name"),
+        *[_get(f).alias(f) for f in ("id", "kind", "app", "device", "name")],
         _get("value").alias("metric_value"),
-        _get("level").alias("level"),
-        _get("user").alias("user"),
-        tags.alias("tags"),
+        *[_get(f).alias(f) for f in ("level", "user", "tags")],
         series_tags.alias("series_tags"),
-        event_time.alias("event_time"),
-        sent_time.alias("sent_time"),
+        *[_get(f).alias(f) for f in ("event_time", "sent_time")],
         received.alias("received_time"),
-        (received - sent_time).alias("clock_offset_ms"),
-        F.timestamp_millis(event_time + (received - sent_time)).alias("corrected_event_time"),
+        clock_offset.alias("clock_offset_ms"),
+        F.timestamp_millis(_get("event_time") + clock_offset).alias("corrected_event_time"),
     )
     return parsed
 
