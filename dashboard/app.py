@@ -12,7 +12,7 @@ import streamlit as st
 
 from dashboard import queries
 from eventide.config import ConfigError, load_config
-from store.client import StoreUnavailable
+from store.client import StoreUnavailable, connect
 
 
 def _line_chart(df, columns: list[str], title: str, unit: str) -> go.Figure:
@@ -33,9 +33,10 @@ def main() -> None:
         st.error(str(exc))
         return
     try:
-        series = queries.list_series(config)
-        lengths = queries.window_lengths_ms(config)
-        dead = queries.dead_letter_count(config)
+        with connect(config) as client:
+            series = queries.list_series(client)
+            lengths = queries.window_lengths_ms(client)
+            dead = queries.dead_letter_count(client)
     except StoreUnavailable as exc:
         st.error(f"Store unreachable: {exc}")
         return
@@ -54,7 +55,8 @@ def main() -> None:
     def charts() -> None:
         since = datetime.now(UTC).replace(tzinfo=None) - timedelta(minutes=minutes)
         try:
-            df = queries.series_windows(config, chosen, length_ms, since)
+            with connect(config) as client:
+                df = queries.series_windows(client, chosen, length_ms, since)
         except StoreUnavailable as exc:
             st.error(f"Store unreachable: {exc}")
             return
