@@ -48,6 +48,10 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # One watermark per micro-batch for both late-event filtering and state eviction (BRIEF §3); Spark's
+        # default filters late events with the previous batch's watermark, so a window whose end the current
+        # watermark has passed would still take events for one more batch.
+        .config("spark.sql.streaming.statefulOperator.allowMultiple", "false")
         .config("spark.sql.warehouse.dir", str(config.data_dir / "spark-warehouse"))
         .getOrCreate()
     )
