@@ -1,7 +1,7 @@
 """The stream job: Kafka (official spark-sql-kafka-0-10 connector) -> validate -> windows -> ClickHouse.
 
-One Spark session runs one streaming query per window spec plus one for dead letters, each with its own
-checkpoint under ``<checkpoint_dir>/<query name>``. Locally it runs ``local[*]``; on a cluster the same module
+One Spark session runs three streaming queries (see ``start_queries``), each with its own checkpoint under
+``<checkpoint_dir>/<query name>``. Locally it runs ``local[*]``; on a cluster the same module
 runs under ``spark-submit`` (``python -m analytics.job``) with ``stream.master`` pointing at the cluster.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from analytics import envelope, sinks, windows
+from analytics import envelope, keyed_windows, progress, sinks, windows
 from eventide import jars
 from eventide.config import Config, load_config
 
@@ -74,30 +74,35 @@ def kafka_records(spark: SparkSession, config: Config) -> DataFrame:
 
 def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] | None = None) -> list[StreamingQuery]:
     """Start every query of the job. ``trigger`` defaults to the configured processing-time interval;
-    tests pass ``{"availableNow": True}`` to process what is in Kafka and stop."""
+    tests pass ``{"availableNow": True}`` to process what is in Kafka and stop.
+
+    - ``windows``: tumbling and hopping aggregates (update mode: early results, then corrections) + stragglers
+    - ``keyed_windows``: sliding windows and sessions + their stragglers (append: each written once, final)
+    - ``dead_letters``: records that failed validation
+    """
     trigger = trigger or {"processingTime": f"{config.stream.trigger_interval_s} seconds"}
+    recorder = progress.progress_recorder(spark)
     parsed = envelope.parse(kafka_records(spark, config), config)
     events = envelope.accepted(parsed)
+    plans = [
+        (windows.WINDOWS_QUERY, windows.aggregate(events, config), "update", sinks.window_writer(config)),
+        (keyed_windows.KEYED_WINDOWS_QUERY, keyed_windows.keyed_windows(events, config), "append",
+         sinks.keyed_windows_writer(config)),
+        (DEAD_LETTER_QUERY, envelope.dead_letters(parsed), "append", sinks.dead_letter_writer(config)),
+    ]
     queries = []
-    for spec in windows.window_specs(config):
+    for name, frame, mode, writer in plans:
         query = (
-            windows.aggregate(events, spec, config).writeStream
-            .queryName(spec.query_name)
-            .outputMode("update")
-            .foreachBatch(sinks.window_writer(config))
-            .option("checkpointLocation", str(config.checkpoint_dir / spec.query_name))
+            frame.writeStream
+            .queryName(name)
+            .outputMode(mode)
+            .foreachBatch(writer)
+            .option("checkpointLocation", str(config.checkpoint_dir / name))
             .trigger(**trigger)
             .start()
         )
+        recorder.track(query, config)
         queries.append(query)
-    queries.append(
-        envelope.dead_letters(parsed).writeStream
-        .queryName(DEAD_LETTER_QUERY)
-        .foreachBatch(sinks.dead_letter_writer(config))
-        .option("checkpointLocation", str(config.checkpoint_dir / DEAD_LETTER_QUERY))
-        .trigger(**trigger)
-        .start()
-    )
     return queries
 
 

@@ -1,31 +1,45 @@
 """``foreachBatch`` writers from the stream job to ClickHouse (and the dead-letter topic).
 
 Writes are idempotent, which with Spark's checkpoints gives an exactly-once effect: window rows are keyed by
-(window, series) and versioned by the micro-batch id in a ReplacingMergeTree, dead letters are keyed by their
-Kafka position. A micro-batch replayed after a crash rewrites identical rows and changes nothing.
+(window, series) and versioned by the micro-batch id in a ReplacingMergeTree; sliding windows, stragglers and
+dead letters are keyed by their event's Kafka position; sessions by (key, start). A micro-batch replayed after a
+crash rewrites identical rows and changes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics.windows import LEVEL_COLUMNS, QUANTILES
+from analytics.keyed_windows import KEYED_WINDOWS_QUERY, SESSION, SLIDING
+from analytics.progress import batch_info
+from analytics.stragglers import STRAGGLER_COLUMNS, tumbling_hopping_stragglers
+from analytics.windows import LEVEL_COLUMNS, QUANTILES, SERIES, WINDOWS_QUERY
 from eventide.config import Config
 from store.client import connect
 
 WINDOW_COLUMNS = (
-    "window_kind", "window_length_ms", "window_start", "window_end", "app", "kind", "name", "series_tags",
-    "event_count", "value_count", "sum", "min", "max", "mean", "rate", *QUANTILES,
+    "window_kind", "window_length_ms", "window_hop_ms", "window_start", "window_end", "app", "kind", "name",
+    "series_tags", "event_count", "value_count", "sum", "min", "max", "mean", "rate", *QUANTILES,
     "distinct_users", "distinct_devices", "value_sketch", "users_sketch", "devices_sketch",
     *[f"level_{lvl}" for lvl in LEVEL_COLUMNS],
 )
 _SKETCHES = {"value_sketch", "users_sketch", "devices_sketch"}
 DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
                        "raw_bytes", "detected_at")
+_LEVELS = [f"level_{lvl}" for lvl in LEVEL_COLUMNS]
+SLIDING_COLUMNS = (
+    "window_length_ms", "app", "kind", "name", "series_tags", "window_start", "window_end", "source_partition",
+    "source_offset", "event_id", "event_count", "value_count", "sum", "min", "max", "mean", "rate", *_LEVELS,
+)
+SESSION_COLUMNS = (
+    "gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time", "duration_ms",
+    "event_count", "metric_count", "log_count", *_LEVELS,
+)
 
 BatchWriter = Callable[[DataFrame, int], None]
 
@@ -35,27 +49,81 @@ def _utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
 
 
+def _cell(col: str, v: Any) -> Any:
+    if col in _SKETCHES:
+        return bytes(v) if v is not None else b""
+    if isinstance(v, datetime):
+        return _utc(v)
+    return v
+
+
+def insert_rows(config: Config, table: str, columns: tuple[str, ...], rows: list[Any], **extra: Any) -> None:
+    """Insert Spark rows (only ``columns``, plus constant ``extra`` columns) into a store table."""
+    if not rows:
+        return
+    tail = list(extra.values())
+    data = [[*(_cell(c, row[c]) for c in columns), *tail] for row in rows]
+    with connect(config) as client:
+        client.insert(table, data, column_names=[*columns, *extra])
+
+
 def window_writer(config: Config) -> BatchWriter:
-    """Upsert the window rows a micro-batch changed; ``version`` = batch id orders corrections."""
+    """Upsert the window rows a micro-batch changed (``version`` = batch id orders corrections), then count the
+    batch's dropped stragglers with the batch's own offsets and watermark."""
+    checkpoint = config.checkpoint_dir / WINDOWS_QUERY
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        rows = batch.collect()
-        if not rows:
-            return
-        written_at = datetime.now(UTC)
-        data = []
-        for row in rows:
-            values = []
-            for col in WINDOW_COLUMNS:
-                v = row[col]
-                if col in _SKETCHES:
-                    v = bytes(v) if v is not None else b""
-                elif col in ("window_start", "window_end"):
-                    v = _utc(v)
-                values.append(v)
-            data.append([*values, batch_id, written_at])
-        with connect(config) as client:
-            client.insert("window_aggregates", data, column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+        now = datetime.now(UTC)
+        insert_rows(config, "window_aggregates", WINDOW_COLUMNS, batch.collect(), version=batch_id, written_at=now)
+        info = batch_info(checkpoint, batch_id)
+        if info.has_records:
+            dropped = tumbling_hopping_stragglers(batch.sparkSession, config, info).collect()
+            insert_rows(config, "stragglers", STRAGGLER_COLUMNS, dropped, query_name=WINDOWS_QUERY,
+                        batch_id=batch_id, detected_at=now)
+
+    return write
+
+
+def keyed_windows_writer(config: Config) -> BatchWriter:
+    """Write sliding windows, sessions and their stragglers, each keyed so a replayed batch changes nothing."""
+    sliding_ms = config.stream.sliding_window_s * 1000
+    gap_ms = config.stream.session_gap_s * 1000
+    ts = F.timestamp_millis
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        batch = batch.persist()
+        try:
+            now = datetime.now(UTC)
+            windows = batch.where(F.col("row_type") == "window")
+            has_values = F.col("value_count") > 0
+            sliding = windows.where(F.col("window_kind") == SLIDING).select(
+                F.lit(sliding_ms).alias("window_length_ms"), *SERIES,
+                ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
+                "source_partition", "source_offset", "event_id", "event_count", "value_count", "sum",
+                F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
+                F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
+                (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), *_LEVELS)
+            insert_rows(config, "sliding_windows", SLIDING_COLUMNS, sliding.collect(), version=batch_id,
+                        written_at=now)
+            sessions = windows.where(F.col("window_kind") == SESSION).select(
+                F.lit(gap_ms).alias("gap_ms"), "app", F.col("kind").alias("key_kind"),
+                F.col("name").alias("session_key"), ts("window_start_ms").alias("session_start"),
+                ts("window_end_ms").alias("session_end"), ts("event_time_ms").alias("last_event_time"),
+                (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
+                "event_count", "metric_count", "log_count", *_LEVELS)
+            insert_rows(config, "sessions", SESSION_COLUMNS, sessions.collect(), version=batch_id, written_at=now)
+            dropped = batch.where(F.col("row_type") == "straggler").select(
+                "window_kind",
+                F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
+                F.lit(0).alias("window_hop_ms"), *SERIES,
+                ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
+                "source_partition", "source_offset", "event_id", "device",
+                ts("event_time_ms").alias("corrected_event_time"), ts("watermark_ms").alias("watermark"),
+                "lateness_ms")
+            insert_rows(config, "stragglers", STRAGGLER_COLUMNS, dropped.collect(), query_name=KEYED_WINDOWS_QUERY,
+                        batch_id=batch_id, detected_at=now)
+        finally:
+            batch.unpersist()
 
     return write
 

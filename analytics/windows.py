@@ -1,16 +1,17 @@
-"""Event-time window aggregates over accepted events (shared BRIEF §2), declared as Spark queries.
+"""Tumbling and hopping window aggregates over accepted events (shared BRIEF §2), declared as one Spark query.
 
 All windows use ``corrected_event_time`` under a watermark of ``stream.allowed_lateness_s``. Tumbling windows of
-length L are ``[⌊t/L⌋·L, ⌊t/L⌋·L + L)`` aligned to the epoch, which is exactly Spark's ``window(t, L)``.
-A window is written whenever a micro-batch changes it (update mode), so late events that arrive while the window
-is still open publish a correction; Spark drops contributions to windows the watermark has already closed.
+length L are ``[⌊t/L⌋·L, ⌊t/L⌋·L + L)`` aligned to the epoch; hopping windows of length L and hop H are every
+``[kH, kH + L)`` containing t. A window is written whenever a micro-batch changes it (update mode), so late events
+that arrive while the window is still open publish a correction; Spark drops contributions to windows the
+watermark has already closed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from eventide.config import Config
@@ -18,38 +19,88 @@ from eventide.config import Config
 QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 SERIES = ("app", "kind", "name", "series_tags")
 LEVEL_COLUMNS = ("debug", "info", "warning", "error", "critical")
+# Column metadata key Spark's withWatermark/window() put on event-time columns (EventTimeWatermark.delayKey).
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+WINDOWS_QUERY = "windows"
 
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """One windowing of the event stream; each becomes one streaming query and its own checkpoint."""
+    """One epoch-aligned windowing: windows ``[kH, kH + L)``; tumbling when the hop H equals the length L."""
 
     kind: str
     length_s: int
+    hop_s: int
 
     @property
-    def query_name(self) -> str:
-        return f"{self.kind}_{self.length_s}s"
+    def length_ms(self) -> int:
+        return self.length_s * 1000
+
+    @property
+    def hop_ms(self) -> int:
+        return self.hop_s * 1000
 
 
 def window_specs(config: Config) -> list[WindowSpec]:
-    return [WindowSpec("tumbling", n) for n in config.stream.tumbling_windows_s]
+    """Every tumbling and hopping windowing the job computes (all in one query, ``windows``)."""
+    return ([WindowSpec("tumbling", n, n) for n in config.stream.tumbling_windows_s]
+            + [WindowSpec("hopping", w.length_s, w.hop_s) for w in config.stream.hopping_windows])
 
 
 def with_watermark(events: DataFrame, config: Config) -> DataFrame:
     """watermark = max corrected_event_time of earlier micro-batches - allowed lateness (Spark semantics)."""
-    return events.withWatermark("corrected_event_time", f"{int(config.stream.allowed_lateness_s * 1000)} milliseconds")
+    return events.withWatermark("corrected_event_time", f"{watermark_delay_ms(config)} milliseconds")
 
 
-def aggregate(events: DataFrame, spec: WindowSpec, config: Config) -> DataFrame:
-    """Per (window, series): count, sum, min, max, mean, rate, quantiles, distinct users/devices, log levels.
+def watermark_delay_ms(config: Config) -> int:
+    return int(config.stream.allowed_lateness_s * 1000)
 
-    The KLL and HLL sketch bytes are kept so any range can later be answered by merging them.
+
+def event_time_ms() -> Column:
+    return F.unix_millis("corrected_event_time")
+
+
+def _windows_of(spec: WindowSpec, t: Column) -> Column:
+    newest = F.floor(t / spec.hop_ms) * spec.hop_ms
+    back = F.sequence(F.lit(0), F.lit(spec.length_s // spec.hop_s - 1))
+    return F.transform(back, lambda k: F.struct(
+        F.lit(spec.kind).alias("window_kind"),
+        F.lit(spec.length_ms).cast("long").alias("window_length_ms"),
+        F.lit(spec.hop_ms).cast("long").alias("window_hop_ms"),
+        (newest - k * spec.hop_ms).cast("long").alias("window_start_ms"),
+        (newest - k * spec.hop_ms + spec.length_ms).cast("long").alias("window_end_ms"),
+    ))
+
+
+def window_assignments(specs: list[WindowSpec]) -> Column:
+    """An array with one (window_kind, window_length_ms, window_hop_ms, window_start_ms, window_end_ms) struct
+    per window of every spec that contains the event: ``kH <= t < kH + L``, i.e. L/H windows per hopping spec.
+
+    Used by the aggregation and by the straggler count, so both assign events to windows identically.
+    """
+    parts = [_windows_of(spec, event_time_ms()) for spec in specs]
+    return F.concat(*parts) if len(parts) > 1 else parts[0]
+
+
+def aggregate(events: DataFrame, config: Config) -> DataFrame:
+    """Per (window, series) of every tumbling and hopping spec: count, sum, min, max, mean, rate, quantiles,
+    distinct users/devices and log levels. The KLL and HLL sketch bytes are kept so any range can later be
+    answered by merging them.
+
+    Each event is expanded into its windows and one aggregation groups them all. ``window_end`` carries the
+    event-time watermark marker (the column metadata ``window()`` itself would carry), so Spark applies its window
+    rule to it: a window is evicted once the watermark reaches its end, and a contribution arriving after that
+    is dropped (``analytics.stragglers`` counts those).
     """
     k, lg_k = config.stream.kll_k, config.stream.hll_lg_k
     value = F.col("metric_value")
-    grouped = with_watermark(events, config).groupBy(
-        F.window("corrected_event_time", f"{spec.length_s} seconds").alias("window"), *SERIES)
+    expanded = with_watermark(events, config).select(
+        *SERIES, "metric_value", "user", "device", "level",
+        F.inline(window_assignments(window_specs(config))))
+    marker = {WATERMARK_DELAY_KEY: watermark_delay_ms(config)}
+    expanded = expanded.select("*", F.timestamp_millis("window_end_ms").alias("window_end", metadata=marker))
+    grouped = expanded.groupBy("window_kind", "window_length_ms", "window_hop_ms", "window_start_ms", "window_end",
+                               *SERIES)
     aggregated = grouped.agg(
         F.count(F.lit(1)).alias("event_count"),
         F.count(value).alias("value_count"),
@@ -65,14 +116,13 @@ def aggregate(events: DataFrame, spec: WindowSpec, config: Config) -> DataFrame:
     has_values = F.col("value_count") > 0
     quantiles = F.when(has_values, F.expr(f"kll_sketch_get_quantile_double(value_sketch, array({ranks}))"))
     return aggregated.select(
-        F.lit(spec.kind).alias("window_kind"),
-        F.lit(spec.length_s * 1000).cast("long").alias("window_length_ms"),
-        F.col("window.start").alias("window_start"),
-        F.col("window.end").alias("window_end"),
+        "window_kind", "window_length_ms", "window_hop_ms",
+        F.timestamp_millis("window_start_ms").alias("window_start"),
+        "window_end",
         *SERIES,
         "event_count", "value_count", "sum", "min", "max",
         F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
-        (F.col("event_count") / F.lit(float(spec.length_s))).alias("rate"),
+        (F.col("event_count") * 1000.0 / F.col("window_length_ms")).alias("rate"),
         *[quantiles[i].alias(name) for i, name in enumerate(QUANTILES)],
         F.expr("hll_sketch_estimate(users_sketch)").alias("distinct_users"),
         F.expr("hll_sketch_estimate(devices_sketch)").alias("distinct_devices"),

@@ -93,6 +93,25 @@ class EnvelopeConfig(_Section):
     max_record_bytes: int = Field(64 * 1024, ge=256)
 
 
+class HoppingWindow(_Section):
+    length_s: int = Field(gt=0)
+    hop_s: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _hop_divides_length(self) -> HoppingWindow:
+        if self.length_s % self.hop_s:
+            raise ValueError(f"hop_s ({self.hop_s}) must divide length_s ({self.length_s})")
+        return self
+
+
+class SeriesSelector(_Section):
+    """Selects series by app (``*`` = any), kind and name."""
+
+    app: str = "*"
+    kind: Literal["metric", "log"] = "metric"
+    name: str = Field(min_length=1)
+
+
 class StreamConfig(_Section):
     master: str = "local[*]"
     driver_memory: str = "2g"
@@ -100,6 +119,16 @@ class StreamConfig(_Section):
     allowed_lateness_s: float = Field(30.0, ge=0)
     """Watermark delay D: watermark = max corrected_event_time of earlier batches - D."""
     tumbling_windows_s: list[int] = Field(default_factory=lambda: [10, 60])
+    hopping_windows: list[HoppingWindow] = Field(default_factory=lambda: [HoppingWindow(length_s=300, hop_s=60)])
+    sliding_window_s: int = Field(300, gt=0)
+    """L of the trailing window (t_e - L, t_e] computed for every event of the sliding series."""
+    sliding_log_levels: list[Literal["debug", "info", "warning", "error", "critical"]] = Field(
+        default_factory=lambda: ["warning", "error", "critical"])
+    """Log events at these levels get sliding windows (per app and logger), e.g. to spot error bursts."""
+    sliding_series: list[SeriesSelector] = Field(default_factory=list)
+    """Further series (typically metrics) that get sliding windows."""
+    session_gap_s: int = Field(300, gt=0)
+    """G: a session is a run of events of one (app, user) each less than G after the previous."""
     series_tag_keys: list[str] = Field(default_factory=list)
     """Tag keys that, with (app, kind, name), identify a series."""
     trigger_interval_s: float = Field(5.0, gt=0)
@@ -116,6 +145,13 @@ class StreamConfig(_Section):
         if not lengths or any(n <= 0 for n in lengths) or len(set(lengths)) != len(lengths):
             raise ValueError("must be a non-empty list of distinct positive window lengths in seconds")
         return lengths
+
+    @field_validator("hopping_windows")
+    @classmethod
+    def _distinct_hopping(cls, windows: list[HoppingWindow]) -> list[HoppingWindow]:
+        if len({(w.length_s, w.hop_s) for w in windows}) != len(windows):
+            raise ValueError("hopping windows must be distinct (length_s, hop_s) pairs")
+        return windows
 
 
 class DashboardConfig(_Section):

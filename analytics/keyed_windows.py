@@ -1,0 +1,222 @@
+"""Sliding and session windows as one Spark stateful query (``transformWithStateInPandas``, RocksDB state).
+
+Both need per-key, time-sorted state and event-time timers, which Spark's built-in aggregations do not offer
+with the BRIEF's rules, so one stateful processor serves two key families:
+
+- ``sliding``: key (app, kind, name, series_tags) of the configured series -> ``analytics.sliding``
+- ``session``: key (app, "user"|"device", user-or-device) of every event   -> ``analytics.sessions``
+
+Both families share one Kafka read and one validation pass. The processor sees every accepted event, late ones
+included (its input time column carries no watermark marker, so Spark does not pre-filter), and applies the
+watermark rules itself with the watermark Spark hands it; each key keeps one timer at the next time it needs
+the watermark. Output rows are windows and dropped stragglers, told apart by ``row_type``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+
+from analytics import sessions, sliding
+from analytics.windows import LEVEL_COLUMNS, event_time_ms, with_watermark
+from eventide.config import Config
+
+KEYED_WINDOWS_QUERY = "keyed_windows"
+SLIDING, SESSION = "sliding", "session"
+KEY = ("family", "k_app", "k_kind", "k_name", "k_tags")
+LEVEL_FIELDS = [f"level_{lvl}" for lvl in LEVEL_COLUMNS]
+OUTPUT_SCHEMA = ", ".join([
+    "row_type string", "window_kind string", "app string", "kind string", "name string", "series_tags string",
+    "window_start_ms long", "window_end_ms long", "event_time_ms long", "source_partition int",
+    "source_offset long", "event_id string", "device string", "watermark_ms long", "lateness_ms long",
+    "event_count long", "value_count long", "sum double", "min double", "max double", "metric_count long",
+    "log_count long", *[f"{c} long" for c in LEVEL_FIELDS],
+])
+OUTPUT_COLUMNS = [c.split()[0] for c in OUTPUT_SCHEMA.split(", ")]
+_SLIDING_STATE = ("t binary, value binary, level binary, arrived_wm binary, pending_t binary, "
+                  "pending_partition binary, pending_offset binary, pending_ids string")
+_SESSION_STATE = "open_first binary, open_last binary, open_counts binary, closed_first binary, closed_last binary"
+_ID_SEPARATOR = "\x1f"
+
+
+def _rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Conform a partial frame to the output schema (missing columns become nulls)."""
+    return frame.reindex(columns=OUTPUT_COLUMNS)
+
+
+class KeyedWindowsProcessor(StatefulProcessor):
+    """Runs in Spark's Python workers; one instance serves many keys of both families."""
+
+    def __init__(self, sliding_length_ms: int, session_gap_ms: int) -> None:
+        self.sliding_length_ms = sliding_length_ms
+        self.session_gap_ms = session_gap_ms
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.sliding_state = handle.getValueState("sliding", _SLIDING_STATE)
+        self.session_state = handle.getValueState("session", _SESSION_STATE)
+        self.timer = handle.getValueState("timer", "expiry_ms long")
+
+    # State (de)serialization: numpy arrays as raw bytes, one state row per key ---------------------------------
+    def _load_sliding(self) -> sliding.SlidingState:
+        if not self.sliding_state.exists():
+            return sliding.SlidingState()
+        t, value, level, arrived, p_t, p_part, p_off, ids = self.sliding_state.get()
+        return sliding.SlidingState(
+            t=np.frombuffer(t, np.int64).copy(), value=np.frombuffer(value, np.float64).copy(),
+            level=np.frombuffer(level, np.int8).copy(), arrived_wm=np.frombuffer(arrived, np.int64).copy(),
+            pending_t=np.frombuffer(p_t, np.int64).copy(), pending_partition=np.frombuffer(p_part, np.int32).copy(),
+            pending_offset=np.frombuffer(p_off, np.int64).copy(),
+            pending_ids=ids.split(_ID_SEPARATOR) if ids else [])
+
+    def _save_sliding(self, state: sliding.SlidingState) -> None:
+        if state.empty:
+            self.sliding_state.clear()
+            return
+        self.sliding_state.update((
+            state.t.tobytes(), state.value.tobytes(), state.level.tobytes(), state.arrived_wm.tobytes(),
+            state.pending_t.tobytes(), state.pending_partition.tobytes(), state.pending_offset.tobytes(),
+            _ID_SEPARATOR.join(state.pending_ids)))
+
+    def _load_session(self) -> sessions.SessionState:
+        if not self.session_state.exists():
+            return sessions.SessionState()
+        first, last, counts, c_first, c_last = self.session_state.get()
+        width = len(sessions.COUNT_COLUMNS)
+        return sessions.SessionState(
+            open_first=np.frombuffer(first, np.int64).copy(), open_last=np.frombuffer(last, np.int64).copy(),
+            open_counts=np.frombuffer(counts, np.int64).reshape(-1, width).copy(),
+            closed_first=np.frombuffer(c_first, np.int64).copy(), closed_last=np.frombuffer(c_last, np.int64).copy())
+
+    def _save_session(self, state: sessions.SessionState) -> None:
+        if state.empty:
+            self.session_state.clear()
+            return
+        self.session_state.update((state.open_first.tobytes(), state.open_last.tobytes(),
+                                   state.open_counts.tobytes(), state.closed_first.tobytes(),
+                                   state.closed_last.tobytes()))
+
+    def _set_timer(self, due: int | None) -> None:
+        current = self.timer.get()[0] if self.timer.exists() else None
+        if due == current:
+            return
+        if current is not None:
+            self.handle.deleteTimer(current)
+        if due is None:
+            self.timer.clear()
+        else:
+            self.handle.registerTimer(due)
+            self.timer.update((due,))
+
+    # Spark callbacks -----------------------------------------------------------------------------------------
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        events = pd.concat(list(rows), ignore_index=True)
+        watermark = timerValues.getCurrentWatermarkInMs()
+        family = key[0]
+        if family == SLIDING:
+            state = self._load_sliding()
+            dropped = sliding.add_events(state, events, watermark, self.sliding_length_ms)
+            self._save_sliding(state)
+            self._set_timer(state.next_due)
+            if len(dropped):
+                dropped = dropped.assign(window_start=dropped["t"] - self.sliding_length_ms,
+                                         window_end=dropped["t"])
+        else:
+            state = self._load_session()
+            dropped = sessions.add_events(state, events, watermark, self.session_gap_ms)
+            self._save_session(state)
+            self._set_timer(state.next_due(self.session_gap_ms))
+        if len(dropped):
+            yield self._stragglers(key, dropped, watermark)
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        watermark = timerValues.getCurrentWatermarkInMs()
+        self.timer.clear()
+        if key[0] == SLIDING:
+            state = self._load_sliding()
+            windows = sliding.emit_due(state, watermark, self.sliding_length_ms)
+            self._save_sliding(state)
+            self._set_timer(state.next_due)
+            if len(windows):
+                yield self._sliding_windows(key, windows, watermark)
+        else:
+            state = self._load_session()
+            emitted = sessions.emit_due(state, watermark, self.session_gap_ms)
+            self._save_session(state)
+            self._set_timer(state.next_due(self.session_gap_ms))
+            if len(emitted):
+                yield self._sessions(key, emitted, watermark)
+
+    def close(self) -> None:
+        pass
+
+    # Output rows ---------------------------------------------------------------------------------------------
+    def _keyed(self, key: Any, frame: pd.DataFrame, row_type: str, watermark: int) -> pd.DataFrame:
+        family, app, kind, name, tags = key
+        return frame.assign(row_type=row_type, window_kind=family, app=app, kind=kind, name=name,
+                            series_tags=tags, watermark_ms=watermark)
+
+    def _stragglers(self, key: Any, dropped: pd.DataFrame, watermark: int) -> pd.DataFrame:
+        frame = pd.DataFrame({
+            "window_start_ms": dropped["window_start"], "window_end_ms": dropped["window_end"],
+            "event_time_ms": dropped["t"], "source_partition": dropped["partition"],
+            "source_offset": dropped["offset"], "event_id": dropped["id"], "device": dropped["device"],
+            "lateness_ms": watermark - dropped["t"],
+        })
+        return _rows(self._keyed(key, frame, "straggler", watermark))
+
+    def _sliding_windows(self, key: Any, windows: pd.DataFrame, watermark: int) -> pd.DataFrame:
+        frame = windows.rename(columns={"t": "event_time_ms", "partition": "source_partition",
+                                        "offset": "source_offset", "id": "event_id"})
+        frame = frame.assign(window_start_ms=frame["event_time_ms"] - self.sliding_length_ms,
+                             window_end_ms=frame["event_time_ms"])
+        return _rows(self._keyed(key, frame, "window", watermark))
+
+    def _sessions(self, key: Any, emitted: pd.DataFrame, watermark: int) -> pd.DataFrame:
+        frame = emitted.rename(columns={"session_start": "window_start_ms", "last_event_time": "event_time_ms"})
+        frame = frame.assign(window_end_ms=frame["event_time_ms"] + self.session_gap_ms)
+        return _rows(self._keyed(key, frame, "window", watermark))
+
+
+def _sliding_series(config: Config) -> Column:
+    """Events of the series that get sliding windows: logs at the configured levels, plus selected series."""
+    wanted = (F.col("kind") == "log") & F.col("level").isin(*config.stream.sliding_log_levels)
+    for selector in config.stream.sliding_series:
+        match = (F.col("kind") == selector.kind) & (F.col("name") == selector.name)
+        if selector.app != "*":
+            match &= F.col("app") == selector.app
+        wanted |= match
+    return wanted
+
+
+def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
+    """The query's result: sliding windows, sessions and dropped stragglers (``row_type``)."""
+    events = with_watermark(events, config)
+    payload = [
+        # A plain long, not the watermarked timestamp: Spark would otherwise drop late rows before the processor.
+        event_time_ms().alias("t"), "kind", "metric_value", "level", "partition", "offset", "id", "device",
+    ]
+    sliding_part = events.where(_sliding_series(config)).select(
+        F.lit(SLIDING).alias("family"), F.col("app").alias("k_app"), F.col("kind").alias("k_kind"),
+        F.col("name").alias("k_name"), F.col("series_tags").alias("k_tags"), *payload)
+    has_user = F.col("user").isNotNull()
+    session_part = events.select(
+        F.lit(SESSION).alias("family"), F.col("app").alias("k_app"),
+        F.when(has_user, F.lit("user")).otherwise(F.lit("device")).alias("k_kind"),
+        F.coalesce("user", "device").alias("k_name"), F.lit("").alias("k_tags"), *payload)
+    processor = KeyedWindowsProcessor(config.stream.sliding_window_s * 1000, config.stream.session_gap_s * 1000)
+    return sliding_part.unionByName(session_part).groupBy(*KEY).transformWithStateInPandas(
+        processor, OUTPUT_SCHEMA, "Append", "EventTime")

@@ -1,0 +1,126 @@
+"""What each micro-batch of a query saw: its Kafka offset range and watermark, and Spark's progress reports.
+
+``batch_info`` reads the query's offset log, the write-ahead log Spark writes *before* it runs a batch
+(``<checkpoint>/offsets/<batch id>``: ``v1``, the batch metadata with ``batchWatermarkMs``, one line of source
+offsets). Inside ``foreachBatch`` it tells exactly which records the batch read and which watermark Spark applied,
+so work done beside the aggregation (the straggler count) uses the very same batch and watermark.
+
+``ProgressRecorder`` stores Spark's ``StreamingQueryProgress`` of every batch in ``pipeline_progress``; its
+watermark is the finality clock (a window of a query is final once that query's watermark reached its end).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+
+from eventide.config import Config
+from store.client import connect
+
+log = logging.getLogger(__name__)
+
+Offsets = dict[str, dict[str, int]]
+PROGRESS_COLUMNS = (
+    "query_name", "query_id", "run_id", "batch_id", "batch_timestamp", "watermark", "input_rows",
+    "input_rows_per_second", "processed_rows_per_second", "rows_dropped_by_watermark", "state_rows",
+    "state_memory_bytes", "duration_ms", "durations", "sources", "recorded_at",
+)
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    batch_id: int
+    watermark_ms: int
+    start_offsets: Offsets
+    end_offsets: Offsets
+
+    @property
+    def has_records(self) -> bool:
+        return self.start_offsets != self.end_offsets
+
+
+def _json_after_header(text: str) -> str:
+    return text[text.index("{"):]
+
+
+def batch_info(checkpoint: Path, batch_id: int) -> BatchInfo:
+    """The offset range and watermark of ``batch_id`` from the query's offset log (single Kafka source)."""
+    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    metadata = json.loads(lines[1])
+    end = json.loads(lines[2])
+    if batch_id > 0:
+        start = json.loads((checkpoint / "offsets" / str(batch_id - 1)).read_text().splitlines()[2])
+    else:
+        # Batch 0 starts at the offsets the source resolved when the query was first started.
+        start = json.loads(_json_after_header((checkpoint / "sources" / "0" / "0").read_text()))
+    return BatchInfo(batch_id, int(metadata.get("batchWatermarkMs", 0)), start, end)
+
+
+def _ts(iso: str | None) -> datetime:
+    if not iso:
+        return datetime.fromtimestamp(0, UTC)
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def progress_row(progress: Any) -> list[Any]:
+    """One ``pipeline_progress`` row from a ``StreamingQueryProgress``."""
+    operators = progress.stateOperators or []
+    return [
+        progress.name or "", str(progress.id), str(progress.runId), progress.batchId, _ts(progress.timestamp),
+        _ts((progress.eventTime or {}).get("watermark")), progress.numInputRows,
+        float(progress.inputRowsPerSecond or 0.0), float(progress.processedRowsPerSecond or 0.0),
+        sum(op.numRowsDroppedByWatermark for op in operators), sum(op.numRowsTotal for op in operators),
+        sum(op.memoryUsedBytes for op in operators), int((progress.durationMs or {}).get("triggerExecution", 0)),
+        json.dumps(progress.durationMs or {}),
+        json.dumps([{"description": s.description, "startOffset": s.startOffset, "endOffset": s.endOffset,
+                     "latestOffset": s.latestOffset} for s in progress.sources]),
+        datetime.now(UTC),
+    ]
+
+
+class ProgressRecorder(StreamingQueryListener):
+    """Writes the progress of tracked queries to ``pipeline_progress`` of their store. Runs on the driver's
+    listener thread; a failed write is logged and skipped (the next batch's row carries the newer watermark)."""
+
+    def __init__(self) -> None:
+        self._stores: dict[str, Config] = {}
+
+    def track(self, query: StreamingQuery, config: Config) -> None:
+        self._stores[str(query.id)] = config
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        config = self._stores.get(str(event.progress.id))
+        if config is None:
+            return
+        try:
+            with connect(config) as client:
+                client.insert("pipeline_progress", [progress_row(event.progress)],
+                              column_names=list(PROGRESS_COLUMNS))
+        except Exception:
+            log.exception("could not record progress of %s", event.progress.name)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+def progress_recorder(spark: SparkSession) -> ProgressRecorder:
+    """The session's one recorder, registered on first use."""
+    recorder = getattr(spark, "_eventide_progress", None)
+    if recorder is None:
+        recorder = ProgressRecorder()
+        spark.streams.addListener(recorder)
+        spark._eventide_progress = recorder  # type: ignore[attr-defined]
+    return recorder

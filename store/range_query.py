@@ -1,0 +1,363 @@
+"""Answers for one series over any time range and resolution, from the stored tumbling windows.
+
+The one query module the dashboard and alerting share. Counts, sums, min, max and log-level counts combine
+exactly (sum of sums, min of mins, …; ``mean = sum / value_count``). Quantiles come from merging the windows' KLL
+sketches and distinct users/devices from a union of their HLL sketches (``datasketches``): averaging per-window
+percentiles or adding per-window distinct counts is wrong whenever windows differ in volume or share users.
+
+Only tumbling windows are read. Each event lies in exactly one tumbling window of a given length, so merging the
+windows of one length never counts an event twice (hopping windows overlap, so they cannot be merged this way).
+
+A range ``[start, end)`` is answered from the windows lying entirely inside it: it is snapped inwards to the grid
+of the source windows, and :class:`RangeStats` ``start``/``end`` report the span actually covered. Choose ranges on
+that grid (e.g. whole minutes for 60 s windows) to lose nothing at the edges.
+
+Every function takes an open client (``store.client.connect``) and runs one SQL query.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple, Protocol
+
+from clickhouse_connect.driver.client import Client
+from datasketches import hll_sketch, hll_union, kll_doubles_sketch
+
+DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99, 0.999)
+LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
+"""Log levels counted per window (the ``level_*`` columns of ``window_aggregates``)."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+# Without these the driver decodes the sketch String columns as UTF-8 text, which corrupts the bytes.
+_SKETCH_FORMATS = {"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"}
+
+
+class SeriesLike(Protocol):
+    """Anything naming a series: :class:`SeriesKey`, or the dashboard's ``Series``."""
+
+    @property
+    def app(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def series_tags(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SeriesKey:
+    """One series: (app, kind, name) and its configured tags as ``"k=v,k=v"`` (sorted), ``""`` when none."""
+
+    app: str
+    kind: str
+    name: str
+    series_tags: str = ""
+
+
+@dataclass(frozen=True)
+class RangeStats:
+    """Everything known about one series over ``[start, end)``, merged from ``windows`` stored windows.
+
+    ``start``/``end`` is the span covered after snapping to the source windows (see the module docstring).
+    ``quantiles`` maps each requested rank to the value from the merged KLL sketch (``None`` without values);
+    ``distinct_users``/``distinct_devices`` are the rounded estimates of the HLL union, as Spark rounds them.
+    ``final`` is True when the stream's watermark has passed ``end``: every window that can contribute is final,
+    so no later write changes this answer. It is inferred from the stored windows (a final window ending at or
+    after ``end``), so a range whose last windows have no events yet may read False although it is final.
+    """
+
+    start: datetime
+    end: datetime
+    source_length_s: float | None
+    """Length of the tumbling windows merged; ``None`` when none was found (nothing stored in the range)."""
+    windows: int
+    count: int
+    value_count: int
+    sum: float
+    min: float | None
+    max: float | None
+    quantiles: dict[float, float | None]
+    distinct_users: int
+    distinct_devices: int
+    levels: dict[str, int]
+    final: bool
+    value_sketch: kll_doubles_sketch | None = field(default=None, repr=False, compare=False)
+    users_sketch: hll_sketch | None = field(default=None, repr=False, compare=False)
+    devices_sketch: hll_sketch | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end - self.start) / timedelta(seconds=1)
+
+    @property
+    def rate(self) -> float:
+        """Events per second of the covered span (0 for an empty span)."""
+        return self.count / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.value_count if self.value_count else None
+
+    @property
+    def quantile_rank_error(self) -> float | None:
+        """The merged KLL sketch's normalized rank error (99% confidence): a returned pXX has a true rank within
+        XX/100 ± this. ``None`` without values."""
+        return self.value_sketch.normalized_rank_error(False) if self.value_sketch is not None else None
+
+    def rank(self, value: float) -> float | None:
+        """Estimated fraction of values ``<= value`` (e.g. the share of requests within an SLO)."""
+        return self.value_sketch.get_rank(value, inclusive=True) if self.value_sketch is not None else None
+
+    def distinct_users_bounds(self, num_std_devs: int = 2) -> tuple[float, float]:
+        """(lower, upper) bound of the distinct users at 1, 2 or 3 standard deviations."""
+        return _hll_bounds(self.users_sketch, num_std_devs)
+
+    def distinct_devices_bounds(self, num_std_devs: int = 2) -> tuple[float, float]:
+        """(lower, upper) bound of the distinct devices at 1, 2 or 3 standard deviations."""
+        return _hll_bounds(self.devices_sketch, num_std_devs)
+
+
+# Pure sketch helpers (alerting reuses them on sketch bytes it already has) ------------------------------------
+
+def merge_kll(blobs: Iterable[bytes | None]) -> kll_doubles_sketch | None:
+    """Merge serialized KLL doubles sketches into one; ``None`` when none holds a value.
+
+    Empty bytes (``''``/``b''``/``None``) mean "no values" (how windows without metric values are stored) and are
+    skipped. Read quantiles from the result with ``get_quantile(rank, inclusive=True)``: Spark uses the inclusive
+    criterion, so that is what agrees with the stored ``p50…p999``. KLL merging is randomized, so two merges of the
+    same sketches can differ slightly, always within the rank error.
+    """
+    merged: kll_doubles_sketch | None = None
+    for blob in blobs:
+        if not blob:
+            continue
+        sketch = kll_doubles_sketch.deserialize(bytes(blob))
+        if merged is None:
+            merged = sketch
+        else:
+            merged.merge(sketch)
+    return None if merged is None or merged.is_empty() else merged
+
+
+def merge_hll(blobs: Iterable[bytes | None], lg_k: int | None = None) -> hll_sketch | None:
+    """Union serialized HLL sketches (DataSketches format, as Spark's ``hll_sketch_agg`` writes them).
+
+    ``lg_k`` is the union's maximum lg_k (e.g. ``config.stream.hll_lg_k``); ``None`` takes the largest lg_k among
+    the inputs, so the union is exactly as precise as its inputs. Empty bytes are skipped; ``None`` when nothing is
+    left. Spark's ``hll_sketch_estimate`` is :func:`hll_estimate` of the result.
+    """
+    sketches = [hll_sketch.deserialize(bytes(blob)) for blob in blobs if blob]
+    if not sketches:
+        return None
+    union = hll_union(lg_k if lg_k is not None else max(s.lg_config_k for s in sketches))
+    for sketch in sketches:
+        union.update(sketch)
+    return union.get_result()
+
+
+def hll_estimate(sketch: hll_sketch | None) -> int:
+    """The distinct count Spark's ``hll_sketch_estimate`` reports: the estimate rounded half up (Java
+    ``Math.round``); 0 for no sketch."""
+    return math.floor(sketch.get_estimate() + 0.5) if sketch is not None else 0
+
+
+def _hll_bounds(sketch: hll_sketch | None, num_std_devs: int) -> tuple[float, float]:
+    if sketch is None:
+        return 0.0, 0.0
+    return sketch.get_lower_bound(num_std_devs), sketch.get_upper_bound(num_std_devs)
+
+
+# Queries -------------------------------------------------------------------------------------------------------
+
+def range_summary(
+    client: Client,
+    series: SeriesLike,
+    start: datetime,
+    end: datetime,
+    *,
+    quantiles: Sequence[float] = DEFAULT_QUANTILES,
+    source_length_s: float | None = None,
+    hll_lg_k: int | None = None,
+) -> RangeStats:
+    """One :class:`RangeStats` for the whole range ``[start, end)`` (naive datetimes are UTC).
+
+    The source windows are the largest stored tumbling length dividing both range ends (then nothing is lost to
+    snapping), else the smallest stored length (the least is lost); ``source_length_s`` overrides the choice.
+    An empty range, or one without stored windows, gives count 0 and ``None`` quantiles.
+    """
+    start_ms, end_ms = _epoch_ms(start), _epoch_ms(end)
+    _check_quantiles(quantiles)
+    if end_ms <= start_ms:
+        return _combine([], start_ms, max(start_ms, end_ms), None, quantiles, hll_lg_k, horizon_ms=None)
+    length_ms, rows = _fetch(client, series, start_ms, end_ms, math.gcd(start_ms, end_ms), source_length_s)
+    lo, hi = _snap(start_ms, end_ms, length_ms)
+    return _combine(rows, lo, hi, length_ms, quantiles, hll_lg_k, _final_horizon(rows))
+
+
+def range_buckets(
+    client: Client,
+    series: SeriesLike,
+    start: datetime,
+    end: datetime,
+    resolution_s: float,
+    *,
+    quantiles: Sequence[float] = DEFAULT_QUANTILES,
+    source_length_s: float | None = None,
+    hll_lg_k: int | None = None,
+) -> list[RangeStats]:
+    """One :class:`RangeStats` per bucket ``[k·R, (k+1)·R)`` (R = ``resolution_s``, aligned to the epoch) that
+    overlaps ``[start, end)``, oldest first, including buckets without windows (count 0).
+
+    The source windows are the largest stored tumbling length dividing R, so every bucket is an exact union of
+    windows; the first and last bucket are clipped to the (snapped) range and report the span they cover.
+    Raises ``ValueError`` when the only stored lengths do not divide R (buckets would cut windows in two).
+    """
+    start_ms, end_ms = _epoch_ms(start), _epoch_ms(end)
+    resolution_ms = round(resolution_s * 1000)
+    if resolution_ms <= 0:
+        raise ValueError(f"resolution_s must be positive, got {resolution_s}")
+    _check_quantiles(quantiles)
+    if end_ms <= start_ms:
+        return []
+    length_ms, rows = _fetch(client, series, start_ms, end_ms, resolution_ms, source_length_s)
+    if length_ms is not None and resolution_ms % length_ms:
+        raise ValueError(f"no stored tumbling window length divides the resolution {resolution_s} s "
+                         f"(closest: {length_ms / 1000} s windows)")
+    lo, hi = _snap(start_ms, end_ms, length_ms)
+    by_bucket: dict[int, list[_Row]] = {}
+    for row in rows:
+        by_bucket.setdefault(row.start_ms // resolution_ms, []).append(row)
+    horizon = _final_horizon(rows)
+    buckets = []
+    for k in range(lo // resolution_ms, -(-hi // resolution_ms)):
+        b_lo, b_hi = max(lo, k * resolution_ms), min(hi, (k + 1) * resolution_ms)
+        buckets.append(_combine(by_bucket.get(k, []), b_lo, b_hi, length_ms, quantiles, hll_lg_k, horizon))
+    return buckets
+
+
+class _Row(NamedTuple):
+    """One stored window, in the column order of :data:`_WINDOWS_SQL`."""
+
+    length_ms: int
+    start_ms: int
+    end_ms: int
+    event_count: int
+    value_count: int
+    sum: float
+    min: float | None
+    max: float | None
+    value_sketch: bytes
+    users_sketch: bytes
+    devices_sketch: bytes
+    level_debug: int
+    level_info: int
+    level_warning: int
+    level_error: int
+    level_critical: int
+    is_final: int
+
+
+_SERIES_IN_RANGE = (
+    "window_kind = 'tumbling' AND app = {app:String} AND kind = {kind:String} AND name = {name:String} "
+    "AND series_tags = {tags:String} "
+    "AND window_start >= fromUnixTimestamp64Milli({start_ms:Int64}, 'UTC') "
+    "AND window_end <= fromUnixTimestamp64Milli({end_ms:Int64}, 'UTC')"
+)
+# Chosen in the same query: the largest length with windows in the range that divides `align_ms`, else the
+# smallest such length. No windows at all: 0, which matches nothing.
+_CHOSEN_LENGTH = (
+    "(SELECT if(countIf({align_ms:UInt64} % window_length_ms = 0) > 0, "
+    "maxIf(window_length_ms, {align_ms:UInt64} % window_length_ms = 0), min(window_length_ms)) "
+    "FROM window_aggregates WHERE " + _SERIES_IN_RANGE + ")"
+)
+# window_results = window_aggregates FINAL (latest version of each window) plus its finality.
+_WINDOWS_SQL = (
+    "SELECT window_length_ms, toUnixTimestamp64Milli(window_start), toUnixTimestamp64Milli(window_end), "
+    "event_count, value_count, sum, min, max, value_sketch, users_sketch, devices_sketch, "
+    + ", ".join(f"level_{level}" for level in LEVELS) + ", is_final "
+    "FROM window_results WHERE " + _SERIES_IN_RANGE + " AND window_length_ms = {length} ORDER BY window_start"
+)
+
+
+def _fetch(client: Client, series: SeriesLike, start_ms: int, end_ms: int, align_ms: int,
+           source_length_s: float | None) -> tuple[int | None, list[_Row]]:
+    """(source window length in ms or None when unknown, the windows of that length inside the range)."""
+    parameters: dict[str, Any] = {"app": series.app, "kind": series.kind, "name": series.name,
+                                  "tags": series.series_tags, "start_ms": start_ms, "end_ms": end_ms}
+    if source_length_s is None:
+        length = _CHOSEN_LENGTH
+        parameters["align_ms"] = align_ms
+    else:
+        parameters["length_ms"] = round(source_length_s * 1000)
+        if parameters["length_ms"] <= 0:
+            raise ValueError(f"source_length_s must be positive, got {source_length_s}")
+        length = "{length_ms:UInt64}"
+    result = client.query(_WINDOWS_SQL.replace("{length}", length), parameters=parameters,
+                          column_formats=_SKETCH_FORMATS)
+    rows = [_Row(*row) for row in result.result_rows]
+    if source_length_s is not None:
+        return parameters["length_ms"], rows
+    return (int(rows[0].length_ms) if rows else None), rows
+
+
+def _combine(rows: list[_Row], lo: int, hi: int, length_ms: int | None, quantiles: Sequence[float],
+             hll_lg_k: int | None, horizon_ms: int | None) -> RangeStats:
+    values = merge_kll(r.value_sketch for r in rows)
+    users = merge_hll((r.users_sketch for r in rows), hll_lg_k)
+    devices = merge_hll((r.devices_sketch for r in rows), hll_lg_k)
+    mins = [r.min for r in rows if r.min is not None]
+    maxs = [r.max for r in rows if r.max is not None]
+    return RangeStats(
+        start=_EPOCH + lo * _MS,
+        end=_EPOCH + hi * _MS,
+        source_length_s=length_ms / 1000 if length_ms is not None else None,
+        windows=len(rows),
+        count=sum(int(r.event_count) for r in rows),
+        value_count=sum(int(r.value_count) for r in rows),
+        # fsum: the correctly rounded sum of the window sums, independent of their order.
+        sum=math.fsum(r.sum for r in rows),
+        min=min(mins) if mins else None,
+        max=max(maxs) if maxs else None,
+        quantiles={q: (values.get_quantile(q, inclusive=True) if values is not None else None) for q in quantiles},
+        distinct_users=hll_estimate(users),
+        distinct_devices=hll_estimate(devices),
+        levels={level: sum(int(getattr(r, f"level_{level}")) for r in rows) for level in LEVELS},
+        final=horizon_ms is not None and horizon_ms >= hi,
+        value_sketch=values,
+        users_sketch=users,
+        devices_sketch=devices,
+    )
+
+
+def _final_horizon(rows: list[_Row]) -> int | None:
+    # A final window ending at t proves the watermark reached t, so every window ending by t is final too,
+    # including ones not written yet (Spark drops contributions to windows the watermark has closed).
+    ends = [r.end_ms for r in rows if r.is_final]
+    return max(ends) if ends else None
+
+
+def _snap(start_ms: int, end_ms: int, length_ms: int | None) -> tuple[int, int]:
+    """The part of ``[start_ms, end_ms)`` tiled by whole windows of ``length_ms`` (unchanged when unknown)."""
+    if length_ms is None:
+        return start_ms, end_ms
+    lo = -(-start_ms // length_ms) * length_ms
+    return lo, max(lo, end_ms // length_ms * length_ms)
+
+
+def _epoch_ms(ts: datetime) -> int:
+    # Integer arithmetic: float timestamps can be off by a millisecond.
+    return ((ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts) - _EPOCH) // _MS
+
+
+def _check_quantiles(quantiles: Sequence[float]) -> None:
+    bad = [q for q in quantiles if not 0.0 <= q <= 1.0]
+    if bad:
+        raise ValueError(f"quantile ranks must lie in [0, 1], got {bad}")
