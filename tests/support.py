@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eventide.config import Config
-from ingest.envelope import now_ms, offset_clock
+from ingest.envelope import encode, log_event, metric_event, now_ms, offset_clock
 from ingest.sdk import Client
 from store.client import connect
 
@@ -79,3 +79,42 @@ def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.2)
             return
         time.sleep(interval_s)
     raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event that truly happened at ``at`` (ms) on a device whose clock is ``skew_ms`` off and which sent it
+    ``offline_ms`` later. The envelope carries the gateway's ``received_time``, so the job's
+    ``corrected_event_time`` is exactly ``at`` (no network jitter): tests can put events on exact edges."""
+
+    at: int
+    value: float | None = 1.0
+    app: str = "shop"
+    name: str = "latency_ms"
+    device: str = "device-1"
+    user: str | None = None
+    level: str | None = None            # set for a log event
+    skew_ms: int = 0
+    offline_ms: int = 0
+
+    def envelope(self) -> dict[str, Any]:
+        event_time = self.at + self.skew_ms
+        sent_time = self.at + self.offline_ms + self.skew_ms
+        common = dict(app=self.app, device=self.device, name=self.name, event_time=event_time,
+                      sent_time=sent_time, user=self.user)
+        if self.level is not None:
+            event = log_event(level=self.level, message="m", **common)
+        else:
+            event = metric_event(value=self.value, **common)
+        event["received_time"] = self.at + self.offline_ms
+        return event
+
+
+def produce_events(config: Config, events: list[Event]) -> None:
+    produce_raw(config, [encode(e.envelope()) for e in events])
+
+
+def rows(config: Config, sql: str) -> list[dict[str, Any]]:
+    with connect(config) as client:
+        result = client.query(sql)
+        return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]

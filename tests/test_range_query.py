@@ -161,15 +161,17 @@ def exact_rank(sorted_values: list[float], value: float) -> float:
     return bisect.bisect_right(sorted_values, value) / len(sorted_values)
 
 
-def stored_sketches(config: Config, series: SeriesKey, column: str, length_ms: int = 60_000) -> list[bytes]:
+def stored(config: Config, series: SeriesKey, column: str) -> list[Any]:
+    """``column`` of the series' stored 60 s windows in the hour [T0, T0 + 1 h), oldest first."""
     with connect(config) as client:
         result = client.query(
             f"SELECT {column} FROM window_aggregates FINAL WHERE window_kind = 'tumbling' "
-            "AND window_length_ms = {length:UInt64} AND name = {name:String} AND series_tags = '' "
-            "AND window_start >= {start:DateTime64(3)} AND window_start < {end:DateTime64(3)} ORDER BY window_start",
-            parameters={"length": length_ms, "name": series.name, "start": T0, "end": T0 + HOUR},
-            column_formats={column: "bytes"})
-    return [row[0] for row in result.result_rows]
+            "AND window_length_ms = 60000 AND name = {name:String} AND series_tags = '' "
+            "AND window_start >= {start:DateTime64(3, 'UTC')} AND window_end <= {end:DateTime64(3, 'UTC')} "
+            "ORDER BY window_start",
+            parameters={"name": series.name, "start": T0, "end": T0 + HOUR},
+            column_formats={column: "bytes"} if column.endswith("_sketch") else None)
+    return [value for (value,) in result.result_rows]
 
 
 def summary(store: Store, series: SeriesKey, start: datetime, end: datetime, **kwargs: Any):
@@ -228,8 +230,9 @@ def test_hour_p99_comes_from_the_merged_kll_sketch_within_its_rank_error(store):
 
     stats = summary(store, LATENCY, T0, T0 + HOUR)
 
-    direct = kll_doubles_sketch.deserialize(stored_sketches(store.config, LATENCY, "value_sketch")[0])
-    for blob in stored_sketches(store.config, LATENCY, "value_sketch")[1:]:
+    first, *rest = stored(store.config, LATENCY, "value_sketch")
+    direct = kll_doubles_sketch.deserialize(first)
+    for blob in rest:
         direct.merge(kll_doubles_sketch.deserialize(blob))
     assert stats.value_sketch.n == direct.n == len(values)
     eps = direct.normalized_rank_error(False)
@@ -260,7 +263,7 @@ def test_hour_distinct_users_is_the_hll_union_within_three_standard_deviations(s
     stats = summary(store, LATENCY, T0, T0 + HOUR)
 
     union = hll_union(store.config.stream.hll_lg_k)
-    for blob in stored_sketches(store.config, LATENCY, "users_sketch"):
+    for blob in stored(store.config, LATENCY, "users_sketch"):
         union.update(hll_sketch.deserialize(blob))
     assert stats.distinct_users == round(union.get_result().get_estimate())
     low, high = stats.distinct_users_bounds(3)
@@ -268,19 +271,12 @@ def test_hour_distinct_users_is_the_hll_union_within_three_standard_deviations(s
     low, high = stats.distinct_devices_bounds(3)
     assert low <= exact_devices <= high
     # Adding the per-minute distinct counts would count every returning user again.
-    with connect(store.config) as client:
-        per_minute = client.query("SELECT sum(distinct_users) FROM window_aggregates FINAL WHERE name = 'latency_ms' "
-                                  "AND window_length_ms = 60000 AND window_kind = 'tumbling' AND series_tags = '' "
-                                  "AND window_start >= {t0:DateTime64(3)} AND window_start < {t1:DateTime64(3)}",
-                                  parameters={"t0": T0, "t1": T0 + HOUR}).result_rows[0][0]
-    assert per_minute > 2 * high
+    assert sum(stored(store.config, LATENCY, "distinct_users")) > 2 * high
 
 
 def test_averaging_per_minute_p99s_is_wrong_where_merging_sketches_is_right(store):
     values = sorted(e.value for e in store.events[BUSY])
-    with connect(store.config) as client:
-        p99s = [r[0] for r in client.query(
-            "SELECT p99 FROM window_aggregates FINAL WHERE name = 'checkout_ms' AND window_kind = 'tumbling'").result_rows]
+    p99s = stored(store.config, BUSY, "p99")
 
     stats = summary(store, BUSY, T0, T0 + HOUR)
 
