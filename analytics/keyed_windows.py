@@ -43,7 +43,11 @@ OUTPUT_SCHEMA = ", ".join([
     "event_count long", "value_count long", "sum double", "min double", "max double", "metric_count long",
     "log_count long", *[f"{c} long" for c in LEVEL_FIELDS],
 ])
-OUTPUT_COLUMNS = [c.split()[0] for c in OUTPUT_SCHEMA.split(", ")]
+# pandas dtypes of the output columns: plain object strings, because pandas' Arrow-backed string columns reach
+# PySpark's Arrow serializer as ChunkedArrays, which it rejects; nullable integers for the aggregate counts.
+_DTYPES = {"string": object, "long": "Int64", "int": "Int32", "double": "float64"}
+OUTPUT_DTYPES = {c.split()[0]: _DTYPES[c.split()[1]] for c in OUTPUT_SCHEMA.split(", ")}
+OUTPUT_COLUMNS = list(OUTPUT_DTYPES)
 _SLIDING_STATE = ("t binary, value binary, level binary, arrived_wm binary, pending_t binary, "
                   "pending_partition binary, pending_offset binary, pending_ids string")
 _SESSION_STATE = "open_first binary, open_last binary, open_counts binary, closed_first binary, closed_last binary"
@@ -52,15 +56,16 @@ _ID_SEPARATOR = "\x1f"
 
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Conform a partial frame to the output schema (missing columns become nulls)."""
-    return frame.reindex(columns=OUTPUT_COLUMNS)
+    return frame.reindex(columns=OUTPUT_COLUMNS).astype(OUTPUT_DTYPES)
 
 
 class KeyedWindowsProcessor(StatefulProcessor):
     """Runs in Spark's Python workers; one instance serves many keys of both families."""
 
-    def __init__(self, sliding_length_ms: int, session_gap_ms: int) -> None:
+    def __init__(self, sliding_length_ms: int, session_gap_ms: int, session_memory_ms: int) -> None:
         self.sliding_length_ms = sliding_length_ms
         self.session_gap_ms = session_gap_ms
+        self.session_memory_ms = session_memory_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -137,7 +142,7 @@ class KeyedWindowsProcessor(StatefulProcessor):
             state = self._load_session()
             dropped = sessions.add_events(state, events, watermark, self.session_gap_ms)
             self._save_session(state)
-            self._set_timer(state.next_due(self.session_gap_ms))
+            self._set_timer(state.next_due(self.session_gap_ms, self.session_memory_ms))
         if len(dropped):
             yield self._stragglers(key, dropped, watermark)
 
@@ -154,9 +159,9 @@ class KeyedWindowsProcessor(StatefulProcessor):
                 yield self._sliding_windows(key, windows, watermark)
         else:
             state = self._load_session()
-            emitted = sessions.emit_due(state, watermark, self.session_gap_ms)
+            emitted = sessions.emit_due(state, watermark, self.session_gap_ms, self.session_memory_ms)
             self._save_session(state)
-            self._set_timer(state.next_due(self.session_gap_ms))
+            self._set_timer(state.next_due(self.session_gap_ms, self.session_memory_ms))
             if len(emitted):
                 yield self._sessions(key, emitted, watermark)
 
@@ -217,6 +222,8 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
         F.lit(SESSION).alias("family"), F.col("app").alias("k_app"),
         F.when(has_user, F.lit("user")).otherwise(F.lit("device")).alias("k_kind"),
         F.coalesce("user", "device").alias("k_name"), F.lit("").alias("k_tags"), *payload)
-    processor = KeyedWindowsProcessor(config.stream.sliding_window_s * 1000, config.stream.session_gap_s * 1000)
+    stream = config.stream
+    processor = KeyedWindowsProcessor(stream.sliding_window_s * 1000, stream.session_gap_s * 1000,
+                                      stream.session_memory_s * 1000)
     return sliding_part.unionByName(session_part).groupBy(*KEY).transformWithStateInPandas(
         processor, OUTPUT_SCHEMA, "Append", "EventTime")

@@ -14,8 +14,9 @@ Rules for a micro-batch with watermark W (BRIEF §3: a contribution to a window 
 - a run that is already closed by W (``last + G <= W``) is dropped as a whole, attributed to the session it would
   have formed;
 - any other run becomes (or extends) an open session.
-Closed sessions are remembered until ``W >= last + 2G``; after that an event that would have joined one is late
-on its own account (its own session closed too) and is attributed to the session the late events form.
+Closed sessions are remembered for ``stream.session_memory_s`` after they end; after that an event that would
+have joined one is still dropped (its own session is closed too, by far) but is attributed to the session the
+late events form by themselves.
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ class SessionState:
     closed_first: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     closed_last: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
-    def next_due(self, gap_ms: int) -> int | None:
+    def next_due(self, gap_ms: int, memory_ms: int) -> int | None:
         """When the state next needs the watermark: the earliest open session end, else the earliest time a
         closed session can be forgotten."""
         if len(self.open_last):
             return int(self.open_last.min()) + gap_ms
         if len(self.closed_last):
-            return int(self.closed_last.min()) + 2 * gap_ms
+            return int(self.closed_last.min()) + gap_ms + memory_ms
         return None
 
     @property
@@ -123,16 +124,17 @@ def add_events(state: SessionState, events: pd.DataFrame, watermark: int, gap_ms
     return dropped
 
 
-def emit_due(state: SessionState, watermark: int, gap_ms: int) -> pd.DataFrame:
-    """Emit the open sessions the watermark has closed (``last + G <= W``); forget closed sessions no event
-    can join any more. Returns ``session_start``, ``last_event_time`` and the COUNT_COLUMNS per session."""
+def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -> pd.DataFrame:
+    """Emit the open sessions the watermark has closed (``last + G <= W``); forget closed sessions that ended
+    more than ``memory_ms`` before the watermark. Returns ``session_start``, ``last_event_time`` and the
+    COUNT_COLUMNS per session."""
     due = state.open_last + gap_ms <= watermark
     out = pd.DataFrame(state.open_counts[due], columns=list(COUNT_COLUMNS))
     out.insert(0, "session_start", state.open_first[due])
     out.insert(1, "last_event_time", state.open_last[due])
     closed_first = np.concatenate([state.closed_first, state.open_first[due]])
     closed_last = np.concatenate([state.closed_last, state.open_last[due]])
-    remember = closed_last + 2 * gap_ms > watermark
+    remember = closed_last + gap_ms + memory_ms > watermark
     state.closed_first, state.closed_last = closed_first[remember], closed_last[remember]
     state.open_first, state.open_last = state.open_first[~due], state.open_last[~due]
     state.open_counts = state.open_counts[~due]
