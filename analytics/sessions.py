@@ -9,8 +9,8 @@ apart, and it accepts an event whose session was already emitted as the start of
 
 Rules for a micro-batch with watermark W (BRIEF §3: a contribution to a window that is already closed is dropped):
 - the batch's events, the open sessions and the recently closed sessions are merged into runs (a gap < G joins);
-- a run that touches a closed (already emitted) session cannot change it: its new events are dropped stragglers
-  attributed to that session;
+- a run that touches a closed session (emitted, or reached by W) cannot change it: its new events are dropped
+  stragglers attributed to that session;
 - a run that is already closed by W (``last + G <= W``) is dropped as a whole, attributed to the session it would
   have formed;
 - any other run becomes (or extends) an open session.
@@ -77,10 +77,11 @@ def add_events(state: SessionState, events: pd.DataFrame, watermark: int, gap_ms
     events = events.sort_values("t", kind="stable").reset_index(drop=True)
     new_counts = _event_counts(events)
     # Intervals: (first, last, source, index); source 0 = closed session, 1 = open session, 2 = new event.
-    intervals = ([(int(f), int(last), 0, i) for i, (f, last) in enumerate(zip(state.closed_first,
-                                                                             state.closed_last, strict=True))]
-                 + [(int(f), int(last), 1, i) for i, (f, last) in enumerate(zip(state.open_first,
-                                                                               state.open_last, strict=True))]
+    # An open session the watermark has reached is closed already, even if its timer fires only after this input.
+    due = state.open_last + gap_ms <= watermark
+    intervals = ([(int(f), int(la), 0, -1) for f, la in zip(state.closed_first, state.closed_last, strict=True)]
+                 + [(int(state.open_first[i]), int(state.open_last[i]), 0 if due[i] else 1, i)
+                    for i in range(len(state.open_first))]
                  + [(int(t), int(t), 2, i) for i, t in enumerate(events["t"])])
     intervals.sort()
     runs: list[list[tuple[int, int, int, int]]] = []

@@ -53,14 +53,20 @@ def spark(kafka: Config):
 @pytest.fixture
 def stack(kafka: Config, request: pytest.FixtureRequest) -> Config:
     """Per-test config: own topics, own ClickHouse database (migrated), own checkpoints."""
+    return fresh_stack(kafka, request.node.name)
+
+
+def fresh_stack(kafka: Config, name: str, **stream: object) -> Config:
+    """A config with its own topics, migrated ClickHouse database and checkpoints; ``stream`` overrides."""
     from store.migrations import apply_migrations
 
-    slug = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:40]
     config = kafka.model_copy(update={
         "kafka": kafka.kafka.model_copy(update={"events_topic": f"events.{slug}",
                                                 "dead_letter_topic": f"dead-letter.{slug}"}),
         "store": kafka.store.model_copy(update={"database": f"t_{slug}"}),
-        "stream": kafka.stream.model_copy(update={"checkpoint_dir": kafka.data_dir / "checkpoints" / slug}),
+        "stream": kafka.stream.model_validate({**kafka.stream.model_dump(), **stream,
+                                               "checkpoint_dir": kafka.data_dir / "checkpoints" / slug}),
     })
     broker.ensure_topics(config)
     apply_migrations(config)

@@ -40,10 +40,10 @@ def _observed(config, t0: int, length_s: int) -> dict[int, tuple[int, float]]:
     return {ms(r["window_start"]) - t0: (r["event_count"], r["sum"]) for r in window_rows(config, length_s)}
 
 
-def _stored_rows_after_merge(config) -> int:
+def _stored_rows_after_merge(config, table: str = "window_aggregates", where: str = "window_kind = 'tumbling'") -> int:
     with connect(config) as client:
-        client.command("OPTIMIZE TABLE window_aggregates FINAL")
-        return int(client.query("SELECT count() FROM window_aggregates").result_rows[0][0])
+        client.command(f"OPTIMIZE TABLE {table} FINAL")
+        return int(client.query(f"SELECT count() FROM {table} WHERE {where}").result_rows[0][0])
 
 
 def _drop_last_commit(checkpoint: Path) -> int:
@@ -62,7 +62,7 @@ def test_replayed_batch_after_crash_before_commit_changes_nothing(stack, spark):
     produce(stack, first)
     produce_raw(stack, [b"broken-1", b"broken-2"])
     run_job(spark, stack)
-    queries = ("tumbling_10s", "tumbling_60s", "dead_letters")
+    queries = ("windows", "keyed_windows", "dead_letters")
     replayed = {q: _drop_last_commit(stack.checkpoint_dir / q) for q in queries}
     assert all(batch >= 3 for batch in replayed.values()), replayed  # several micro-batches really ran
 
@@ -87,7 +87,7 @@ def test_job_killed_mid_stream_resumes_from_checkpoint_without_duplicates_or_gap
 
     job = subprocess.Popen([sys.executable, "-m", "analytics.job"], env={**os.environ, **to_environ(stack)},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    commits = stack.checkpoint_dir / "tumbling_10s" / "commits"
+    commits = stack.checkpoint_dir / "windows" / "commits"
     try:
         wait_until(lambda: len(list(commits.glob("[0-9]*"))) >= 3, timeout_s=120)
     finally:
@@ -101,3 +101,30 @@ def test_job_killed_mid_stream_resumes_from_checkpoint_without_duplicates_or_gap
     assert _observed(stack, t0, 10) == _expected(t0, events, 10)
     assert _observed(stack, t0, 60) == _expected(t0, events, 60)
     assert _stored_rows_after_merge(stack) == len(_expected(t0, events, 10)) + 1
+
+
+def test_restart_mid_sliding_window_and_mid_session_loses_no_state_and_emits_no_duplicates(stack, spark):
+    from tests.support import Event, produce_events, rows
+
+    s, t0 = SECOND, 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
+    config = stack.model_copy(update={"stream": stack.stream.model_copy(update={
+        "sliding_window_s": 60, "session_gap_s": 60, "max_offsets_per_trigger": 3})})
+    # Error logs of one logger (sliding by default) by one user (one session), over several micro-batches.
+    produce_events(config, [Event(t0 + i * 10 * s, None, user="ann", name="db", level="error") for i in range(6)])
+    run_job(spark, config)                     # windows pending and the session open when the job stops
+    replayed = _drop_last_commit(config.checkpoint_dir / "keyed_windows")
+    assert replayed >= 1
+    produce_events(config, [Event(t0 + 70 * s + i * 10 * s, None, user="ann", name="db", level="error")
+                            for i in range(3)])
+    run_job(spark, config)                     # restart: replays the uncommitted batch, then the new ones
+    produce_events(config, [Event(t0 + 1000 * s, None, user="flush", name="flush", level="info")])
+    run_job(spark, config)
+
+    counts = [r["event_count"] for r in rows(config, "SELECT event_count FROM sliding_windows FINAL "
+                                                     "WHERE name = 'db' ORDER BY window_end")]
+    # t = 0..90 s every 10 s, window 60 s: 1, 2, ..., 6 events, then 6 from t = 60 on.
+    assert counts == [1, 2, 3, 4, 5, 6, 6, 6, 6]
+    assert [(r["event_count"], r["duration_ms"]) for r in rows(
+        config, "SELECT event_count, duration_ms FROM sessions FINAL WHERE session_key = 'ann'")] == [(9, 90 * s)]
+    assert _stored_rows_after_merge(config, "sliding_windows", "name = 'db'") == 9
+    assert _stored_rows_after_merge(config, "sessions", "session_key = 'ann'") == 1
