@@ -35,7 +35,9 @@ def main() -> None:
     config = load_config(environ={}, root=str(REPO),
                          paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
                          kafka={"port": free_port(), "controller_port": free_port()},
-                         stream={"max_offsets_per_trigger": args.max_offsets_per_trigger})
+                         stream={"max_offsets_per_trigger": args.max_offsets_per_trigger,
+                                 # every window kind on: one metric series also gets sliding windows
+                                 "sliding_series": [{"app": "*", "kind": "metric", "name": "latency_ms"}]})
     broker.start(config)
     try:
         broker.ensure_topics(config)
@@ -47,9 +49,14 @@ def main() -> None:
             """One hour of history from start_ms (~55 events/s per series); returns seconds taken."""
             t = time.perf_counter()
             for i in range(args.events):
-                clients[i % len(clients)].metric(
-                    ("latency_ms", "cart_value", "queue_depth")[i % 3], rng.lognormvariate(3, 1),
-                    user=f"user-{rng.randrange(10_000)}", event_time=start_ms + i * 3_600_000 // args.events)
+                client, at = clients[i % len(clients)], start_ms + i * 3_600_000 // args.events
+                user = f"user-{rng.randrange(10_000)}"
+                if i % 10 == 9:    # 10% logs, a fifth of them warning or above (sliding windows)
+                    client.log(("info", "info", "info", "info", "warning")[i % 5] if i % 20 else "error",
+                               "request done", name="app.http", user=user, event_time=at)
+                else:
+                    client.metric(("latency_ms", "cart_value", "queue_depth")[i % 3], rng.lognormvariate(3, 1),
+                                  user=user, event_time=at)
             for client in clients:
                 client.flush()
             return time.perf_counter() - t
@@ -69,11 +76,22 @@ def main() -> None:
             counted = ch.query("SELECT sum(event_count) FROM window_aggregates FINAL "
                                "WHERE window_length_ms = 10000").result_rows[0][0]
         batches = {q.name: len(q.recentProgress) for q in queries}
+        with connect(config) as ch:
+            state = ch.query("SELECT query_name, argMax(state_rows, batch_id), argMax(state_memory_bytes, batch_id) "
+                             "FROM pipeline_progress GROUP BY query_name ORDER BY query_name").result_rows
+            stored = {t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0]
+                      for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers")}
+        checkpoint_bytes = {q.name: sum(f.stat().st_size for f in (config.checkpoint_dir / q.name).rglob("*")
+                                        if f.is_file()) for q in queries}
         print(f"events per round:     {args.events}")
         print(f"windows counted:      {counted} events (10 s windows, both rounds)")
         print(f"SDK produce:          {args.events / produce_s:,.0f} events/s ({produce_s:.1f} s)")
         print(f"job drain:            {args.events / job_s:,.0f} events/s ({job_s:.1f} s, "
               f"{len(queries)} queries, batches per query {batches})")
+        for name, rows, memory in state:
+            print(f"state {name:<13} {rows:>9,} rows, {memory / 2**20:8.1f} MiB in memory (last batch), "
+                  f"checkpoint {checkpoint_bytes.get(name, 0) / 2**20:.1f} MiB on disk")
+        print(f"stored rows:          {stored}")
         for q in queries:
             for progress in q.recentProgress:
                 if progress["numInputRows"]:
