@@ -1,4 +1,4 @@
-"""Streamlit dashboard: rate and p99 over time for a chosen series.
+"""Streamlit dashboard: rate and percentiles over time for a chosen series and resolution.
 
 Run with ``eventide dashboard`` (or ``streamlit run dashboard/app.py``); reads the store named in the config.
 """
@@ -46,17 +46,18 @@ def main() -> None:
         return
     with st.sidebar:
         chosen = st.selectbox("Series", series, format_func=lambda s: s.label)
-        length_ms = st.selectbox("Window", lengths, format_func=lambda ms: f"tumbling {ms // 1000} s")
+        resolution_s = st.selectbox("Resolution", queries.resolutions_s(lengths), format_func=lambda n: f"{n} s")
         minutes = st.slider("Last minutes", 1, 24 * 60, config.dashboard.default_range_minutes)
         st.caption(f"dead-lettered records: {dead}")
         st.caption(f"store: {config.store_url}")
 
     @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
     def charts() -> None:
-        since = datetime.now(UTC).replace(tzinfo=None) - timedelta(minutes=minutes)
+        until = datetime.now(UTC)
+        since = until - timedelta(minutes=minutes)
         try:
             with connect(config) as client:
-                df = queries.series_windows(client, chosen, length_ms, since)
+                df = queries.series_buckets(client, chosen, resolution_s, since, until)
         except StoreUnavailable as exc:
             st.error(f"Store unreachable: {exc}")
             return
@@ -67,7 +68,8 @@ def main() -> None:
         left.plotly_chart(_line_chart(df, ["rate"], f"Rate · {chosen.label}", "events / s"), width="stretch")
         right.plotly_chart(_line_chart(df, ["p50", "p99"], f"Percentiles · {chosen.label}", "value"),
                            width="stretch")
-        st.caption(f"{len(df)} windows · refreshes every {config.dashboard.refresh_s:g} s")
+        st.caption(f"{len(df)} buckets of {resolution_s} s (merged sketches) · "
+                   f"refreshes every {config.dashboard.refresh_s:g} s")
 
     charts()
 

@@ -9,6 +9,8 @@ from datetime import datetime
 import pandas as pd
 from clickhouse_connect.driver.client import Client
 
+from store import range_query
+
 
 @dataclass(frozen=True)
 class Series:
@@ -33,25 +35,31 @@ def list_series(client: Client) -> list[Series]:
 
 
 def window_lengths_ms(client: Client) -> list[int]:
-    rows = client.query("SELECT DISTINCT window_length_ms FROM window_aggregates ORDER BY 1").result_rows
+    """Stored tumbling window lengths (the finest resolutions a chart can have)."""
+    rows = client.query("SELECT DISTINCT window_length_ms FROM window_aggregates "
+                        "WHERE window_kind = 'tumbling' ORDER BY 1").result_rows
     return [int(r[0]) for r in rows]
 
 
-def series_windows(client: Client, series: Series, window_length_ms: int, since: datetime) -> pd.DataFrame:
-    """One row per tumbling window of the series since ``since``: start, count, rate, mean, p50/p90/p99, users.
+def resolutions_s(lengths_ms: list[int], extra_s: tuple[int, ...] = (300, 3600)) -> list[int]:
+    """Chart resolutions: each stored length, plus coarser ones that are whole multiples of one of them."""
+    lengths_s = [ms // 1000 for ms in lengths_ms if ms % 1000 == 0]
+    return sorted({*lengths_s, *(r for r in extra_s if any(r % n == 0 for n in lengths_s))})
 
-    Reads the latest version of each window (``FINAL``), so corrections replace earlier results.
+
+def series_buckets(client: Client, series: Series, resolution_s: int, since: datetime,
+                   until: datetime) -> pd.DataFrame:
+    """One row per bucket of ``resolution_s``: start, count, rate, p50/p90/p99, distinct users, final.
+
+    Buckets come from ``store.range_query``: sums add up and percentiles / distinct counts are read from the merged
+    sketches of the bucket's windows, never averaged. Each window's newest version is used (corrections).
     """
-    return client.query_df(
-        "SELECT window_start, event_count, rate, mean, p50, p90, p99, distinct_users, distinct_devices "
-        "FROM window_aggregates FINAL "
-        "WHERE window_kind = 'tumbling' AND window_length_ms = {length:UInt64} "
-        "AND app = {app:String} AND kind = {kind:String} AND name = {name:String} "
-        "AND series_tags = {tags:String} AND window_start >= {since:DateTime64(3)} "
-        "ORDER BY window_start",
-        parameters={"length": window_length_ms, "app": series.app, "kind": series.kind,
-                    "name": series.name, "tags": series.series_tags, "since": since},
-    )
+    buckets = range_query.range_buckets(client, series, since, until, resolution_s)
+    return pd.DataFrame([{
+        "window_start": b.start, "event_count": b.count, "rate": b.rate,
+        "p50": b.quantiles.get(0.5), "p90": b.quantiles.get(0.9), "p99": b.quantiles.get(0.99),
+        "distinct_users": b.distinct_users, "final": b.final,
+    } for b in buckets if b.windows])
 
 
 def dead_letter_count(client: Client) -> int:

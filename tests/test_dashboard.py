@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
+from datasketches import kll_doubles_sketch
 from streamlit.testing.v1 import AppTest
 
 from analytics.sinks import WINDOW_COLUMNS
@@ -27,13 +31,24 @@ def store(tmp_path, monkeypatch):
 
 
 def _window(start: datetime, count: int, p99: float) -> list:
+    """A 10 s window as the job writes it, with a real KLL sketch of ``count`` values up to ``p99``."""
+    sketch = kll_doubles_sketch(200)
+    for i in range(count):
+        sketch.update(1.0 + (p99 - 1.0) * i / max(count - 1, 1))
     row = dict.fromkeys(WINDOW_COLUMNS, 0)
     row.update(window_kind="tumbling", window_length_ms=10_000, window_start=start,
                window_end=start + timedelta(seconds=10), app="shop", kind="metric", name="latency_ms",
                series_tags="", event_count=count, value_count=count, sum=float(count), min=1.0, max=p99,
                mean=1.0, rate=count / 10, p50=1.0, p90=2.0, p95=3.0, p99=p99, p999=p99,
-               value_sketch=b"", users_sketch=b"", devices_sketch=b"")
+               window_hop_ms=10_000, value_sketch=sketch.serialize(), users_sketch=b"", devices_sketch=b"")
     return [row[c] for c in WINDOW_COLUMNS]
+
+
+def _values(y: list | dict) -> list[float]:
+    """Plotly ships numeric arrays as base64 ``{"dtype", "bdata"}``."""
+    if isinstance(y, dict):
+        return np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]).tolist()
+    return list(y)
 
 
 def test_empty_store_says_there_is_no_data_yet(store):
@@ -44,6 +59,7 @@ def test_empty_store_says_there_is_no_data_yet(store):
 
 def test_series_page_charts_rate_and_p99(store):
     now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    now -= timedelta(seconds=now.second % 10)     # windows start on the 10 s grid, as the job writes them
     rows = [_window(now - timedelta(seconds=10 * i), 10 * i, float(i)) for i in range(1, 6)]
     with connect(store) as client:
         client.insert("window_aggregates", [[*r, 1, now] for r in rows],
@@ -53,7 +69,9 @@ def test_series_page_charts_rate_and_p99(store):
     assert at.sidebar.selectbox[0].value.label == "shop · metric · latency_ms"
     charts = at.get("plotly_chart")
     assert len(charts) == 2
-    assert any("5 windows" in c.value for c in at.caption)
+    assert any("5 buckets of 10 s" in c.value for c in at.caption)
+    traces = {t["name"]: _values(t["y"]) for t in json.loads(charts[1].proto.spec)["data"]}
+    assert traces["p99"] == [5.0, 4.0, 3.0, 2.0, 1.0]   # read from each window's KLL sketch, oldest first
 
 
 def test_unreachable_store_shows_the_url_it_tried(store, monkeypatch):
