@@ -29,6 +29,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from analytics import sessions, sliding
+from analytics.keyed_events import Events
 from analytics.windows import LEVEL_COLUMNS, event_time_ms, with_watermark
 from eventide.config import Config
 
@@ -43,20 +44,32 @@ OUTPUT_SCHEMA = ", ".join([
     "event_count long", "value_count long", "sum double", "min double", "max double", "metric_count long",
     "log_count long", *[f"{c} long" for c in LEVEL_FIELDS],
 ])
-# pandas dtypes of the output columns: plain object strings, because pandas' Arrow-backed string columns reach
-# PySpark's Arrow serializer as ChunkedArrays, which it rejects; nullable integers for the aggregate counts.
-_DTYPES = {"string": object, "long": "Int64", "int": "Int32", "double": "float64"}
-OUTPUT_DTYPES = {c.split()[0]: _DTYPES[c.split()[1]] for c in OUTPUT_SCHEMA.split(", ")}
-OUTPUT_COLUMNS = list(OUTPUT_DTYPES)
+_NUMPY_TYPES = {"string": object, "long": np.int64, "int": np.int32, "double": np.float64}
+# Columns a row type does not use are 0 (counts) or NaN; the writer reads only the columns of each row type.
+OUTPUT_FIELDS = [(c.split()[0], _NUMPY_TYPES[c.split()[1]]) for c in OUTPUT_SCHEMA.split(", ")]
+
+
+def _output(n: int, columns: dict[str, Any]) -> pd.DataFrame:
+    """An output frame of ``n`` rows; ``columns`` holds arrays or scalars (repeated). Built from numpy arrays
+    with plain ``object`` strings: pandas' Arrow-backed strings reach PySpark's serializer as ChunkedArrays, which
+    it rejects, and per-key frames must be cheap (this runs once per key and batch)."""
+    data = {}
+    for name, dtype in OUTPUT_FIELDS:
+        value = columns.get(name)
+        if value is None:
+            data[name] = np.full(n, np.nan) if dtype is np.float64 else np.zeros(n, dtype) if dtype is not object \
+                else np.full(n, None, dtype=object)
+        elif isinstance(value, np.ndarray):
+            data[name] = value.astype(dtype, copy=False)
+        else:
+            data[name] = np.full(n, value, dtype=dtype)
+    return pd.DataFrame(data, copy=False)
+
+
 _SLIDING_STATE = ("t binary, value binary, level binary, arrived_wm binary, pending_t binary, "
                   "pending_partition binary, pending_offset binary, pending_ids string")
 _SESSION_STATE = "open_first binary, open_last binary, open_counts binary, closed_first binary, closed_last binary"
 _ID_SEPARATOR = "\x1f"
-
-
-def _rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Conform a partial frame to the output schema (missing columns become nulls)."""
-    return frame.reindex(columns=OUTPUT_COLUMNS).astype(OUTPUT_DTYPES)
 
 
 class KeyedWindowsProcessor(StatefulProcessor):
@@ -127,24 +140,23 @@ class KeyedWindowsProcessor(StatefulProcessor):
     # Spark callbacks -----------------------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        events = pd.concat(list(rows), ignore_index=True)
+        frames = list(rows)
+        events = Events.from_frame(frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True))
         watermark = timerValues.getCurrentWatermarkInMs()
-        family = key[0]
-        if family == SLIDING:
+        if key[0] == SLIDING:
             state = self._load_sliding()
-            dropped = sliding.add_events(state, events, watermark, self.sliding_length_ms)
+            late = sliding.add_events(state, events, watermark, self.sliding_length_ms)
             self._save_sliding(state)
             self._set_timer(state.next_due)
-            if len(dropped):
-                dropped = dropped.assign(window_start=dropped["t"] - self.sliding_length_ms,
-                                         window_end=dropped["t"])
+            if len(late):
+                yield self._stragglers(key, late, late.t - self.sliding_length_ms, late.t, watermark)
         else:
-            state = self._load_session()
-            dropped = sessions.add_events(state, events, watermark, self.session_gap_ms)
-            self._save_session(state)
-            self._set_timer(state.next_due(self.session_gap_ms, self.session_memory_ms))
-        if len(dropped):
-            yield self._stragglers(key, dropped, watermark)
+            session_state = self._load_session()
+            dropped = sessions.add_events(session_state, events, watermark, self.session_gap_ms)
+            self._save_session(session_state)
+            self._set_timer(session_state.next_due(self.session_gap_ms, self.session_memory_ms))
+            if len(dropped.events):
+                yield self._stragglers(key, dropped.events, dropped.window_start, dropped.window_end, watermark)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
@@ -155,45 +167,42 @@ class KeyedWindowsProcessor(StatefulProcessor):
             windows = sliding.emit_due(state, watermark, self.sliding_length_ms)
             self._save_sliding(state)
             self._set_timer(state.next_due)
-            if len(windows):
-                yield self._sliding_windows(key, windows, watermark)
+            n = len(windows["t"])
+            if n:
+                yield _output(n, {
+                    **self._key_columns(key, "window", watermark), **windows,
+                    "window_start_ms": windows["t"] - self.sliding_length_ms, "window_end_ms": windows["t"],
+                    "event_time_ms": windows["t"], "source_partition": windows["partition"],
+                    "source_offset": windows["offset"], "event_id": windows["id"]})
         else:
-            state = self._load_session()
-            emitted = sessions.emit_due(state, watermark, self.session_gap_ms, self.session_memory_ms)
-            self._save_session(state)
-            self._set_timer(state.next_due(self.session_gap_ms, self.session_memory_ms))
-            if len(emitted):
-                yield self._sessions(key, emitted, watermark)
+            session_state = self._load_session()
+            emitted = sessions.emit_due(session_state, watermark, self.session_gap_ms, self.session_memory_ms)
+            self._save_session(session_state)
+            self._set_timer(session_state.next_due(self.session_gap_ms, self.session_memory_ms))
+            n = len(emitted["session_start"])
+            if n:
+                yield _output(n, {
+                    **self._key_columns(key, "window", watermark), **emitted,
+                    "window_start_ms": emitted["session_start"],
+                    "window_end_ms": emitted["last_event_time"] + self.session_gap_ms,
+                    "event_time_ms": emitted["last_event_time"]})
 
     def close(self) -> None:
         pass
 
     # Output rows ---------------------------------------------------------------------------------------------
-    def _keyed(self, key: Any, frame: pd.DataFrame, row_type: str, watermark: int) -> pd.DataFrame:
+    @staticmethod
+    def _key_columns(key: Any, row_type: str, watermark: int) -> dict[str, Any]:
         family, app, kind, name, tags = key
-        return frame.assign(row_type=row_type, window_kind=family, app=app, kind=kind, name=name,
-                            series_tags=tags, watermark_ms=watermark)
+        return {"row_type": row_type, "window_kind": family, "app": app, "kind": kind, "name": name,
+                "series_tags": tags, "watermark_ms": watermark}
 
-    def _stragglers(self, key: Any, dropped: pd.DataFrame, watermark: int) -> pd.DataFrame:
-        frame = pd.DataFrame({
-            "window_start_ms": dropped["window_start"], "window_end_ms": dropped["window_end"],
-            "event_time_ms": dropped["t"], "source_partition": dropped["partition"],
-            "source_offset": dropped["offset"], "event_id": dropped["id"], "device": dropped["device"],
-            "lateness_ms": watermark - dropped["t"],
-        })
-        return _rows(self._keyed(key, frame, "straggler", watermark))
-
-    def _sliding_windows(self, key: Any, windows: pd.DataFrame, watermark: int) -> pd.DataFrame:
-        frame = windows.rename(columns={"t": "event_time_ms", "partition": "source_partition",
-                                        "offset": "source_offset", "id": "event_id"})
-        frame = frame.assign(window_start_ms=frame["event_time_ms"] - self.sliding_length_ms,
-                             window_end_ms=frame["event_time_ms"])
-        return _rows(self._keyed(key, frame, "window", watermark))
-
-    def _sessions(self, key: Any, emitted: pd.DataFrame, watermark: int) -> pd.DataFrame:
-        frame = emitted.rename(columns={"session_start": "window_start_ms", "last_event_time": "event_time_ms"})
-        frame = frame.assign(window_end_ms=frame["event_time_ms"] + self.session_gap_ms)
-        return _rows(self._keyed(key, frame, "window", watermark))
+    def _stragglers(self, key: Any, late: Events, start: np.ndarray, end: np.ndarray,
+                    watermark: int) -> pd.DataFrame:
+        return _output(len(late), {
+            **self._key_columns(key, "straggler", watermark), "window_start_ms": start, "window_end_ms": end,
+            "event_time_ms": late.t, "source_partition": late.partition, "source_offset": late.offset,
+            "event_id": late.id, "device": late.device, "lateness_ms": watermark - late.t})
 
 
 def _sliding_series(config: Config) -> Column:

@@ -24,9 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
-from analytics.sliding import level_codes
+from analytics.keyed_events import Events
 from analytics.windows import LEVEL_COLUMNS
 
 COUNT_COLUMNS = ("event_count", "metric_count", "log_count", *[f"level_{lvl}" for lvl in LEVEL_COLUMNS])
@@ -58,31 +57,36 @@ class SessionState:
         return not len(self.open_last) and not len(self.closed_last)
 
 
-def _event_counts(events: pd.DataFrame) -> np.ndarray:
+@dataclass(frozen=True)
+class Dropped:
+    """Dropped stragglers and the session each would have belonged to."""
+
+    events: Events
+    window_start: np.ndarray
+    window_end: np.ndarray
+
+
+def _event_counts(events: Events) -> np.ndarray:
     counts = np.zeros((len(events), len(COUNT_COLUMNS)), dtype=np.int64)
     counts[:, 0] = 1
-    kinds = events["kind"].to_numpy()
-    counts[:, 1] = kinds == "metric"
-    counts[:, 2] = kinds == "log"
-    codes = level_codes(events["level"])
+    counts[:, 1] = ~events.is_log
+    counts[:, 2] = events.is_log
     for code in range(len(LEVEL_COLUMNS)):
-        counts[:, 3 + code] = codes == code
+        counts[:, 3 + code] = events.level == code
     return counts
 
 
-def add_events(state: SessionState, events: pd.DataFrame, watermark: int, gap_ms: int) -> pd.DataFrame:
-    """Take a batch's events of one key (columns ``t``, ``kind``, ``level``, ``partition``, ``offset``, ``id``,
-    ``device``). Returns the dropped stragglers with ``window_start``/``window_end`` of the session each would
-    have belonged to."""
-    events = events.sort_values("t", kind="stable").reset_index(drop=True)
+def add_events(state: SessionState, events: Events, watermark: int, gap_ms: int) -> Dropped:
+    """Take a batch's events of one key; returns the dropped stragglers."""
     new_counts = _event_counts(events)
     # Intervals: (first, last, source, index); source 0 = closed session, 1 = open session, 2 = new event.
     # An open session the watermark has reached is closed already, even if its timer fires only after this input.
     due = state.open_last + gap_ms <= watermark
-    intervals = ([(int(f), int(la), 0, -1) for f, la in zip(state.closed_first, state.closed_last, strict=True)]
-                 + [(int(state.open_first[i]), int(state.open_last[i]), 0 if due[i] else 1, i)
-                    for i in range(len(state.open_first))]
-                 + [(int(t), int(t), 2, i) for i, t in enumerate(events["t"])])
+    intervals = ([(f, la, 0, -1) for f, la in zip(state.closed_first.tolist(), state.closed_last.tolist(),
+                                                   strict=True)]
+                 + [(f, la, 0 if d else 1, i) for i, (f, la, d) in enumerate(zip(
+                     state.open_first.tolist(), state.open_last.tolist(), due.tolist(), strict=True))]
+                 + [(t, t, 2, i) for i, t in enumerate(events.t.tolist())])
     intervals.sort()
     runs: list[list[tuple[int, int, int, int]]] = []
     run_last = 0
@@ -95,7 +99,7 @@ def add_events(state: SessionState, events: pd.DataFrame, watermark: int, gap_ms
             run_last = interval[1]
     keep_open = np.ones(len(state.open_first), dtype=bool)
     new_first, new_last, new_counts_rows = [], [], []
-    dropped_rows: list[tuple[int, int, int]] = []   # (event index, window start, window end)
+    dropped_index, dropped_start, dropped_end = [], [], []
     for run in runs:
         fresh = [i for _, _, source, i in run if source == 2]
         if not fresh:
@@ -103,11 +107,11 @@ def add_events(state: SessionState, events: pd.DataFrame, watermark: int, gap_ms
         closed = [(f, last) for f, last, source, _ in run if source == 0]
         first = min(f for f, _, _, _ in run)
         last = max(la for _, la, _, _ in run)
-        if closed:
-            f, la = closed[0]
-            dropped_rows += [(i, f, la + gap_ms) for i in fresh]
-        elif last + gap_ms <= watermark:
-            dropped_rows += [(i, first, last + gap_ms) for i in fresh]
+        if closed or last + gap_ms <= watermark:
+            start, end = (closed[0][0], closed[0][1] + gap_ms) if closed else (first, last + gap_ms)
+            dropped_index += fresh
+            dropped_start += [start] * len(fresh)
+            dropped_end += [end] * len(fresh)
         else:
             merged = [i for _, _, source, i in run if source == 1]
             keep_open[merged] = False
@@ -118,21 +122,18 @@ def add_events(state: SessionState, events: pd.DataFrame, watermark: int, gap_ms
         state.open_first = np.concatenate([state.open_first[keep_open], np.array(new_first, np.int64)])
         state.open_last = np.concatenate([state.open_last[keep_open], np.array(new_last, np.int64)])
         state.open_counts = np.concatenate([state.open_counts[keep_open], np.array(new_counts_rows, np.int64)])
-    idx = [i for i, _, _ in dropped_rows]
-    dropped = events.loc[idx, ["t", "partition", "offset", "id", "device"]].reset_index(drop=True)
-    dropped["window_start"] = [s for _, s, _ in dropped_rows]
-    dropped["window_end"] = [e for _, _, e in dropped_rows]
-    return dropped
+    return Dropped(events.take(np.array(dropped_index, dtype=np.int64)), np.array(dropped_start, np.int64),
+                   np.array(dropped_end, np.int64))
 
 
-def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -> pd.DataFrame:
+def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -> dict[str, np.ndarray]:
     """Emit the open sessions the watermark has closed (``last + G <= W``); forget closed sessions that ended
-    more than ``memory_ms`` before the watermark. Returns ``session_start``, ``last_event_time`` and the
-    COUNT_COLUMNS per session."""
+    more than ``memory_ms`` before the watermark. Returns columns ``session_start``, ``last_event_time`` and the
+    COUNT_COLUMNS, one entry per emitted session."""
     due = state.open_last + gap_ms <= watermark
-    out = pd.DataFrame(state.open_counts[due], columns=list(COUNT_COLUMNS))
-    out.insert(0, "session_start", state.open_first[due])
-    out.insert(1, "last_event_time", state.open_last[due])
+    out = {"session_start": state.open_first[due], "last_event_time": state.open_last[due]}
+    counts = state.open_counts[due]
+    out.update({name: counts[:, i] for i, name in enumerate(COUNT_COLUMNS)})
     closed_first = np.concatenate([state.closed_first, state.open_first[due]])
     closed_last = np.concatenate([state.closed_last, state.open_last[due]])
     remember = closed_last + gap_ms + memory_ms > watermark

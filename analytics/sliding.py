@@ -18,11 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
+from analytics.keyed_events import Events
 from analytics.windows import LEVEL_COLUMNS
-
-NO_LEVEL = -1
 
 
 def _empty(dtype: type) -> np.ndarray:
@@ -52,28 +50,20 @@ class SlidingState:
         return not len(self.t) and not len(self.pending_t)
 
 
-def level_codes(levels: pd.Series) -> np.ndarray:
-    codes = {name: i for i, name in enumerate(LEVEL_COLUMNS)}
-    return np.array([codes.get(x, NO_LEVEL) if isinstance(x, str) else NO_LEVEL for x in levels], dtype=np.int8)
-
-
-def add_events(state: SlidingState, events: pd.DataFrame, watermark: int, length_ms: int) -> pd.DataFrame:
-    """Take a batch's events of one series (columns ``t``, ``metric_value``, ``level``, ``partition``,
-    ``offset``, ``id``, ``device``). Returns the dropped stragglers (columns ``t``, ``partition``, ``offset``,
-    ``id``, ``device``)."""
-    t = events["t"].to_numpy(np.int64)
-    late = t <= watermark
-    useful = t > watermark - length_ms          # may still fall in a window that is open
-    state.t = np.concatenate([state.t, t[useful]])
-    state.value = np.concatenate([state.value, events["metric_value"].to_numpy(np.float64, na_value=np.nan)[useful]])
-    state.level = np.concatenate([state.level, level_codes(events["level"])[useful]])
+def add_events(state: SlidingState, events: Events, watermark: int, length_ms: int) -> Events:
+    """Take a batch's events of one series; returns the dropped stragglers (own window already closed)."""
+    late = events.t <= watermark
+    useful = events.t > watermark - length_ms          # may still fall in a window that is open
+    state.t = np.concatenate([state.t, events.t[useful]])
+    state.value = np.concatenate([state.value, events.value[useful]])
+    state.level = np.concatenate([state.level, events.level[useful]])
     state.arrived_wm = np.concatenate([state.arrived_wm, np.full(int(useful.sum()), watermark, np.int64)])
-    on_time = events[~late]
-    state.pending_t = np.concatenate([state.pending_t, on_time["t"].to_numpy(np.int64)])
-    state.pending_partition = np.concatenate([state.pending_partition, on_time["partition"].to_numpy(np.int32)])
-    state.pending_offset = np.concatenate([state.pending_offset, on_time["offset"].to_numpy(np.int64)])
-    state.pending_ids.extend(on_time["id"].tolist())
-    return events.loc[late, ["t", "partition", "offset", "id", "device"]]
+    on_time = ~late
+    state.pending_t = np.concatenate([state.pending_t, events.t[on_time]])
+    state.pending_partition = np.concatenate([state.pending_partition, events.partition[on_time]])
+    state.pending_offset = np.concatenate([state.pending_offset, events.offset[on_time]])
+    state.pending_ids.extend(events.id[on_time].tolist())
+    return events.take(late)
 
 
 def _sparse_table(values: np.ndarray, op: np.ufunc) -> list[np.ndarray]:
@@ -97,23 +87,23 @@ def _range_query(table: list[np.ndarray], op: np.ufunc, lo: np.ndarray, hi: np.n
     return out
 
 
-def emit_due(state: SlidingState, watermark: int, length_ms: int) -> pd.DataFrame:
+def emit_due(state: SlidingState, watermark: int, length_ms: int) -> dict[str, np.ndarray]:
     """Emit every pending window with ``t_e <= watermark`` and expire what no open window can still use.
 
-    Returns one row per emitted window: ``t`` (= t_e), ``partition``, ``offset``, ``id``, ``event_count``,
-    ``value_count``, ``sum``, ``min``, ``max`` and ``level_<name>`` counts.
+    Returns columns, one entry per emitted window: ``t`` (= t_e), ``partition``, ``offset``, ``id``,
+    ``event_count``, ``value_count``, ``sum``, ``min``, ``max`` and ``level_<name>`` counts (NaN min/max when the
+    window has no values).
     """
     due = state.pending_t <= watermark
-    out = pd.DataFrame({
-        "t": state.pending_t[due], "partition": state.pending_partition[due],
-        "offset": state.pending_offset[due],
-        "id": [i for i, d in zip(state.pending_ids, due, strict=True) if d],
-    })
-    if len(out):
+    te = state.pending_t[due]
+    out: dict[str, np.ndarray] = {
+        "t": te, "partition": state.pending_partition[due], "offset": state.pending_offset[due],
+        "id": np.array(state.pending_ids, dtype=object)[due] if state.pending_ids else np.empty(0, object),
+    }
+    if len(te):
         usable = state.arrived_wm < watermark
         order = np.argsort(state.t[usable], kind="stable")
         ts, vals, levels = state.t[usable][order], state.value[usable][order], state.level[usable][order]
-        te = out["t"].to_numpy(np.int64)
         lo = np.searchsorted(ts, te - length_ms, side="right")
         hi = np.searchsorted(ts, te, side="right")
         out["event_count"] = hi - lo
@@ -123,9 +113,9 @@ def emit_due(state: SlidingState, watermark: int, length_ms: int) -> pd.DataFram
         # Extended precision keeps prefix-sum differences accurate when the buffer sum dwarfs a window's.
         sums = np.concatenate([[0], np.cumsum(np.where(has_value, vals, 0.0).astype(np.longdouble))])
         out["sum"] = (sums[hi] - sums[lo]).astype(np.float64)
-        with_values = out["value_count"].to_numpy() > 0
-        mins = np.full(len(out), np.nan)
-        maxs = np.full(len(out), np.nan)
+        with_values = out["value_count"] > 0
+        mins = np.full(len(te), np.nan)
+        maxs = np.full(len(te), np.nan)
         if with_values.any():
             low_table = _sparse_table(np.where(has_value, vals, np.inf), np.minimum)
             high_table = _sparse_table(np.where(has_value, vals, -np.inf), np.maximum)

@@ -8,26 +8,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analytics import sessions, sliding
+from analytics.keyed_events import Events
 
 L = 60_000
 G = 60_000
 
 
-def _events(times: list[int], values: list[float | None] | None = None, level: str | None = None) -> pd.DataFrame:
+def _events(times: list[int], values: list[float | None] | None = None, level: str | None = None) -> Events:
     n = len(times)
-    return pd.DataFrame({
+    return Events.from_frame(pd.DataFrame({
         "t": times, "metric_value": values if values is not None else [1.0] * n, "level": [level] * n,
         "kind": ["log" if level else "metric"] * n, "partition": [0] * n, "offset": list(range(n)),
         "id": [f"e{i}" for i in range(n)], "device": ["d"] * n,
-    })
+    }))
 
 
 def test_a_window_is_emitted_once_the_watermark_reaches_its_event():
     state = sliding.SlidingState()
-    assert sliding.add_events(state, _events([1_000, 30_000, 61_000]), watermark=0, length_ms=L).empty
+    assert len(sliding.add_events(state, _events([1_000, 30_000, 61_000]), watermark=0, length_ms=L)) == 0
     assert state.next_due == 1_000
-    assert sliding.emit_due(state, watermark=999, length_ms=L).empty
-    out = sliding.emit_due(state, watermark=61_000, length_ms=L)
+    assert len(sliding.emit_due(state, watermark=999, length_ms=L)["t"]) == 0
+    out = pd.DataFrame(sliding.emit_due(state, watermark=61_000, length_ms=L))
     assert out[["t", "event_count", "sum"]].values.tolist() == [[1_000, 1, 1.0], [30_000, 2, 2.0],
                                                                 [61_000, 2, 2.0]]  # (1 s, 61 s] drops t = 1 s
     assert state.next_due is None and len(state.t) == 2   # t = 1 s can no longer be in an open window
@@ -37,8 +38,8 @@ def test_a_late_event_is_a_straggler_but_counts_in_open_windows():
     state = sliding.SlidingState()
     sliding.add_events(state, _events([100_000]), watermark=0, length_ms=L)
     late = sliding.add_events(state, _events([90_000], [5.0]), watermark=95_000, length_ms=L)
-    assert late["t"].tolist() == [90_000]
-    out = sliding.emit_due(state, watermark=100_000, length_ms=L)
+    assert late.t.tolist() == [90_000]
+    out = pd.DataFrame(sliding.emit_due(state, watermark=100_000, length_ms=L))
     assert out[["t", "event_count", "sum"]].values.tolist() == [[100_000, 2, 6.0]]
 
 
@@ -50,7 +51,7 @@ def test_batched_window_computation_equals_a_scan_per_window(points):
     values = [None if v is None else float(v) for _, v in points]
     state = sliding.SlidingState()
     sliding.add_events(state, _events(times, values), watermark=0, length_ms=L)
-    out = sliding.emit_due(state, watermark=10**9, length_ms=L).sort_values(["t", "offset"])
+    out = pd.DataFrame(sliding.emit_due(state, watermark=10**9, length_ms=L)).sort_values(["t", "offset"])
     for row in out.itertuples():
         members = [v for t, v in zip(times, values, strict=True) if row.t - L < t <= row.t]
         present = [v for v in members if v is not None]
@@ -62,7 +63,7 @@ def test_sessions_split_at_exactly_the_gap_and_close_at_last_plus_gap():
     state = sessions.SessionState()
     sessions.add_events(state, _events([0, 30_000, 90_000]), watermark=0, gap_ms=G)
     assert state.next_due(G, 0) == 90_000                  # [0, 90 s): 30 s + 60 s
-    out = sessions.emit_due(state, watermark=90_000, gap_ms=G, memory_ms=0)
+    out = pd.DataFrame(sessions.emit_due(state, watermark=90_000, gap_ms=G, memory_ms=0))
     assert out[["session_start", "last_event_time", "event_count"]].values.tolist() == [[0, 30_000, 2]]
     assert state.open_first.tolist() == [90_000]           # exactly G after 30 s: a session of its own
 
@@ -73,5 +74,6 @@ def test_a_late_event_cannot_change_an_emitted_session():
     sessions.emit_due(state, watermark=60_000, gap_ms=G, memory_ms=3_600_000)
     dropped = sessions.add_events(state, _events([50_000]), watermark=100_000, gap_ms=G)
     # 50 s + 60 s > 100 s: on its own it would be open, but it belongs to the emitted [0, 60 s).
-    assert dropped[["t", "window_start", "window_end"]].values.tolist() == [[50_000, 0, 60_000]]
+    assert (dropped.events.t.tolist(), dropped.window_start.tolist(), dropped.window_end.tolist()) == (
+        [50_000], [0], [60_000])
     assert len(state.open_first) == 0

@@ -1,0 +1,53 @@
+"""The events of one key in one micro-batch, as numpy columns: the input of the per-key window logic.
+
+The stateful processor runs once per key and micro-batch, often for a handful of events, so the per-key code
+works on plain arrays; pandas is touched once on the way in and once on the way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analytics.windows import LEVEL_COLUMNS
+
+NO_LEVEL = -1
+_LEVEL_CODES = {name: i for i, name in enumerate(LEVEL_COLUMNS)}
+
+
+@dataclass(frozen=True)
+class Events:
+    t: np.ndarray            # corrected event time, ms (int64)
+    value: np.ndarray        # metric value, NaN for logs (float64)
+    level: np.ndarray        # index in LEVEL_COLUMNS, NO_LEVEL for metrics (int8)
+    is_log: np.ndarray       # bool
+    partition: np.ndarray    # Kafka position (int32, int64): the key of every row written about the event
+    offset: np.ndarray
+    id: np.ndarray           # event ids (object)
+    device: np.ndarray       # (object)
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> Events:
+        """From the processor's input (columns t, metric_value, level, kind, partition, offset, id, device)."""
+        levels = frame["level"].tolist()
+        return cls(
+            t=frame["t"].to_numpy(np.int64),
+            value=frame["metric_value"].to_numpy(np.float64, na_value=np.nan),
+            level=np.array([_LEVEL_CODES.get(x, NO_LEVEL) if isinstance(x, str) else NO_LEVEL for x in levels],
+                           dtype=np.int8),
+            is_log=(frame["kind"] == "log").to_numpy(bool),
+            partition=frame["partition"].to_numpy(np.int32),
+            offset=frame["offset"].to_numpy(np.int64),
+            id=frame["id"].to_numpy(object),
+            device=frame["device"].to_numpy(object),
+        )
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def take(self, index: np.ndarray) -> Events:
+        """The events at ``index`` (a boolean mask or positions)."""
+        return Events(self.t[index], self.value[index], self.level[index], self.is_log[index],
+                      self.partition[index], self.offset[index], self.id[index], self.device[index])
