@@ -4,7 +4,8 @@ Both need per-key, time-sorted state and event-time timers, which Spark's built-
 with the BRIEF's rules, so one stateful processor serves two key families:
 
 - ``sliding``: key (app, kind, name, series_tags) of the configured series -> ``analytics.sliding``
-- ``session``: key (app, "user"|"device", user-or-device) of every event   -> ``analytics.sessions``
+- ``session``: key (app, bucket of the session key) of every event          -> ``analytics.sessions``
+  (session key = user, or device without a user; ``stream.session_buckets`` buckets share a state row and a timer)
 
 Both families share one Kafka read and one validation pass. The processor sees every accepted event, late ones
 included (its input time column carries no watermark marker, so Spark does not pre-filter), and applies the
@@ -68,7 +69,9 @@ def _output(n: int, columns: dict[str, Any]) -> pd.DataFrame:
 
 _SLIDING_STATE = ("t binary, value binary, level binary, arrived_wm binary, pending_t binary, "
                   "pending_partition binary, pending_offset binary, pending_ids string")
-_SESSION_STATE = "open_first binary, open_last binary, open_counts binary, closed_first binary, closed_last binary"
+_SESSION_STATE = ("open_key binary, open_first binary, open_last binary, open_counts binary, closed_key binary, "
+                  "closed_first binary, closed_last binary, keys string")
+_SESSION_KEY = "\x1e"   # joins key kind (user | device) and key in a bucket's session keys
 _ID_SEPARATOR = "\x1f"
 
 
@@ -107,23 +110,15 @@ class KeyedWindowsProcessor(StatefulProcessor):
             state.pending_t.tobytes(), state.pending_partition.tobytes(), state.pending_offset.tobytes(),
             _ID_SEPARATOR.join(state.pending_ids)))
 
-    def _load_session(self) -> sessions.SessionState:
-        if not self.session_state.exists():
-            return sessions.SessionState()
-        first, last, counts, c_first, c_last = self.session_state.get()
-        width = len(sessions.COUNT_COLUMNS)
-        return sessions.SessionState(
-            open_first=np.frombuffer(first, np.int64).copy(), open_last=np.frombuffer(last, np.int64).copy(),
-            open_counts=np.frombuffer(counts, np.int64).reshape(-1, width).copy(),
-            closed_first=np.frombuffer(c_first, np.int64).copy(), closed_last=np.frombuffer(c_last, np.int64).copy())
+    def _load_sessions(self) -> sessions.SessionBucket:
+        return sessions.unpack(self.session_state.get() if self.session_state.exists() else None)
 
-    def _save_session(self, state: sessions.SessionState) -> None:
-        if state.empty:
+    def _save_sessions(self, bucket: sessions.SessionBucket) -> None:
+        if all(state.empty for state in bucket.values()):
             self.session_state.clear()
-            return
-        self.session_state.update((state.open_first.tobytes(), state.open_last.tobytes(),
-                                   state.open_counts.tobytes(), state.closed_first.tobytes(),
-                                   state.closed_last.tobytes()))
+        else:
+            self.session_state.update(sessions.pack(bucket))
+        self._set_timer(sessions.bucket_next_due(bucket, self.session_gap_ms, self.session_memory_ms))
 
     def _set_timer(self, due: int | None) -> None:
         current = self.timer.get()[0] if self.timer.exists() else None
@@ -151,12 +146,23 @@ class KeyedWindowsProcessor(StatefulProcessor):
             if len(late):
                 yield self._stragglers(key, late, late.t - self.sliding_length_ms, late.t, watermark)
         else:
-            session_state = self._load_session()
-            dropped = sessions.add_events(session_state, events, watermark, self.session_gap_ms)
-            self._save_session(session_state)
-            self._set_timer(session_state.next_due(self.session_gap_ms, self.session_memory_ms))
-            if len(dropped.events):
-                yield self._stragglers(key, dropped.events, dropped.window_start, dropped.window_end, watermark)
+            bucket = self._load_sessions()
+            session_keys = (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True))
+            session_keys = session_keys["session_kind"] + _SESSION_KEY + session_keys["session_key"]
+            parts = []
+            for session_key, index in session_keys.groupby(session_keys).indices.items():
+                state = bucket.setdefault(session_key, sessions.SessionState())
+                dropped = sessions.add_events(state, events.take(index), watermark, self.session_gap_ms)
+                if len(dropped.events):
+                    parts.append((session_key, dropped))
+            self._save_sessions(bucket)
+            if parts:
+                late = Events(*[np.concatenate([getattr(d.events, f) for _, d in parts])
+                                for f in Events.__dataclass_fields__])
+                frame = self._stragglers(key, late, np.concatenate([d.window_start for _, d in parts]),
+                                         np.concatenate([d.window_end for _, d in parts]), watermark)
+                kinds, names = self._session_keys([k for k, d in parts for _ in range(len(d.events))])
+                yield frame.assign(kind=kinds, name=names)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
@@ -175,14 +181,20 @@ class KeyedWindowsProcessor(StatefulProcessor):
                     "event_time_ms": windows["t"], "source_partition": windows["partition"],
                     "source_offset": windows["offset"], "event_id": windows["id"]})
         else:
-            session_state = self._load_session()
-            emitted = sessions.emit_due(session_state, watermark, self.session_gap_ms, self.session_memory_ms)
-            self._save_session(session_state)
-            self._set_timer(session_state.next_due(self.session_gap_ms, self.session_memory_ms))
-            n = len(emitted["session_start"])
-            if n:
-                yield _output(n, {
-                    **self._key_columns(key, "window", watermark), **emitted,
+            bucket = self._load_sessions()
+            parts = []
+            for session_key, state in bucket.items():
+                due = state.next_due(self.session_gap_ms, self.session_memory_ms)
+                if due is not None and due <= watermark:
+                    emitted = sessions.emit_due(state, watermark, self.session_gap_ms, self.session_memory_ms)
+                    if len(emitted["session_start"]):
+                        parts.append((session_key, emitted))
+            self._save_sessions({k: v for k, v in bucket.items() if not v.empty})
+            if parts:
+                emitted = {c: np.concatenate([e[c] for _, e in parts]) for c in parts[0][1]}
+                kinds, names = self._session_keys([k for k, e in parts for _ in range(len(e["session_start"]))])
+                yield _output(len(kinds), {
+                    **self._key_columns(key, "window", watermark), **emitted, "kind": kinds, "name": names,
                     "window_start_ms": emitted["session_start"],
                     "window_end_ms": emitted["last_event_time"] + self.session_gap_ms,
                     "event_time_ms": emitted["last_event_time"]})
@@ -191,6 +203,12 @@ class KeyedWindowsProcessor(StatefulProcessor):
         pass
 
     # Output rows ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def _session_keys(joined: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(key kinds, keys) of sessions in the output's ``kind`` and ``name`` columns."""
+        split = [k.split(_SESSION_KEY, 1) for k in joined]
+        return np.array([k for k, _ in split], dtype=object), np.array([n for _, n in split], dtype=object)
+
     @staticmethod
     def _key_columns(key: Any, row_type: str, watermark: int) -> dict[str, Any]:
         family, app, kind, name, tags = key
@@ -225,12 +243,16 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
     ]
     sliding_part = events.where(_sliding_series(config)).select(
         F.lit(SLIDING).alias("family"), F.col("app").alias("k_app"), F.col("kind").alias("k_kind"),
-        F.col("name").alias("k_name"), F.col("series_tags").alias("k_tags"), *payload)
+        F.col("name").alias("k_name"), F.col("series_tags").alias("k_tags"), *payload,
+        F.lit("").alias("session_kind"), F.lit("").alias("session_key"))
     has_user = F.col("user").isNotNull()
+    session_kind = F.when(has_user, F.lit("user")).otherwise(F.lit("device"))
+    session_key = F.coalesce("user", "device")
+    bucket = F.pmod(F.xxhash64(session_kind, session_key), F.lit(config.stream.session_buckets))
     session_part = events.select(
-        F.lit(SESSION).alias("family"), F.col("app").alias("k_app"),
-        F.when(has_user, F.lit("user")).otherwise(F.lit("device")).alias("k_kind"),
-        F.coalesce("user", "device").alias("k_name"), F.lit("").alias("k_tags"), *payload)
+        F.lit(SESSION).alias("family"), F.col("app").alias("k_app"), F.lit("").alias("k_kind"),
+        bucket.cast("string").alias("k_name"), F.lit("").alias("k_tags"), *payload,
+        session_kind.alias("session_kind"), session_key.alias("session_key"))
     stream = config.stream
     processor = KeyedWindowsProcessor(stream.sliding_window_s * 1000, stream.session_gap_s * 1000,
                                       stream.session_memory_s * 1000)

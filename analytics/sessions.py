@@ -141,3 +141,53 @@ def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -
     state.open_first, state.open_last = state.open_first[~due], state.open_last[~due]
     state.open_counts = state.open_counts[~due]
     return out
+
+
+# A bucket of session keys shares one state row and one timer: most keys see a few events per batch, and a state
+# row or timer per key would cost Spark round trips per key that dwarf the work.
+SessionBucket = dict[str, SessionState]
+_KEY_SEPARATOR = "\x1f"
+
+
+def pack(bucket: SessionBucket) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, str]:
+    """Serialize a bucket: per-session arrays tagged with their key's index, and the keys."""
+    keys = [k for k, s in bucket.items() if not s.empty]
+    states = [bucket[k] for k in keys]
+
+    def cat(arrays: list[np.ndarray], dtype: type) -> bytes:
+        if not arrays:
+            return b""
+        return np.concatenate(arrays).astype(dtype, copy=False).tobytes()
+
+    open_key = [np.full(len(s.open_first), i, np.int32) for i, s in enumerate(states)]
+    closed_key = [np.full(len(s.closed_first), i, np.int32) for i, s in enumerate(states)]
+    return (cat(open_key, np.int32), cat([s.open_first for s in states], np.int64),
+            cat([s.open_last for s in states], np.int64), cat([s.open_counts for s in states], np.int64),
+            cat(closed_key, np.int32), cat([s.closed_first for s in states], np.int64),
+            cat([s.closed_last for s in states], np.int64), _KEY_SEPARATOR.join(keys))
+
+
+def unpack(packed: tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, str] | None) -> SessionBucket:
+    if packed is None:
+        return {}
+    o_key, o_first, o_last, o_counts, c_key, c_first, c_last, keys = packed
+    names = keys.split(_KEY_SEPARATOR) if keys else []
+    width = len(COUNT_COLUMNS)
+    o_key_a, c_key_a = np.frombuffer(o_key, np.int32), np.frombuffer(c_key, np.int32)
+    o_first_a, o_last_a = np.frombuffer(o_first, np.int64), np.frombuffer(o_last, np.int64)
+    o_counts_a = np.frombuffer(o_counts, np.int64).reshape(-1, width)
+    c_first_a, c_last_a = np.frombuffer(c_first, np.int64), np.frombuffer(c_last, np.int64)
+    # pack() writes each key's sessions contiguously, in key order.
+    o_bounds = np.searchsorted(o_key_a, np.arange(len(names) + 1))
+    c_bounds = np.searchsorted(c_key_a, np.arange(len(names) + 1))
+    bucket = {}
+    for i, name in enumerate(names):
+        o, c = slice(o_bounds[i], o_bounds[i + 1]), slice(c_bounds[i], c_bounds[i + 1])
+        bucket[name] = SessionState(o_first_a[o].copy(), o_last_a[o].copy(), o_counts_a[o].copy(),
+                                    c_first_a[c].copy(), c_last_a[c].copy())
+    return bucket
+
+
+def bucket_next_due(bucket: SessionBucket, gap_ms: int, memory_ms: int) -> int | None:
+    dues = [d for s in bucket.values() if (d := s.next_due(gap_ms, memory_ms)) is not None]
+    return min(dues) if dues else None

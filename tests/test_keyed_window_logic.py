@@ -77,3 +77,17 @@ def test_a_late_event_cannot_change_an_emitted_session():
     assert (dropped.events.t.tolist(), dropped.window_start.tolist(), dropped.window_end.tolist()) == (
         [50_000], [0], [60_000])
     assert len(state.open_first) == 0
+
+
+def test_a_bucket_of_session_keys_round_trips_through_its_state_row():
+    bucket: sessions.SessionBucket = {"user\x1eann": sessions.SessionState(),
+                                      "device\x1ekiosk": sessions.SessionState()}
+    sessions.add_events(bucket["user\x1eann"], _events([0, 10_000, 200_000]), watermark=0, gap_ms=G)
+    sessions.add_events(bucket["device\x1ekiosk"], _events([5_000]), watermark=0, gap_ms=G)
+    sessions.emit_due(bucket["device\x1ekiosk"], watermark=70_000, gap_ms=G, memory_ms=3_600_000)
+    restored = sessions.unpack(sessions.pack(bucket))
+    assert restored.keys() == bucket.keys()
+    for key, state in bucket.items():
+        for field in ("open_first", "open_last", "open_counts", "closed_first", "closed_last"):
+            assert np.array_equal(getattr(restored[key], field), getattr(state, field)), (key, field)
+    assert sessions.bucket_next_due(restored, G, 3_600_000) == 70_000   # ann's first session: 10 s + 60 s
