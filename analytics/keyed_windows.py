@@ -241,20 +241,23 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
         # A plain long, not the watermarked timestamp: Spark would otherwise drop late rows before the processor.
         event_time_ms().alias("t"), "kind", "metric_value", "level", "partition", "offset", "id", "device",
     ]
-    sliding_part = events.where(_sliding_series(config)).select(
-        F.lit(SLIDING).alias("family"), F.col("app").alias("k_app"), F.col("kind").alias("k_kind"),
-        F.col("name").alias("k_name"), F.col("series_tags").alias("k_tags"), *payload,
-        F.lit("").alias("session_kind"), F.lit("").alias("session_key"))
     has_user = F.col("user").isNotNull()
     session_kind = F.when(has_user, F.lit("user")).otherwise(F.lit("device"))
     session_key = F.coalesce("user", "device")
     bucket = F.pmod(F.xxhash64(session_kind, session_key), F.lit(config.stream.session_buckets))
-    session_part = events.select(
-        F.lit(SESSION).alias("family"), F.col("app").alias("k_app"), F.lit("").alias("k_kind"),
-        bucket.cast("string").alias("k_name"), F.lit("").alias("k_tags"), *payload,
-        session_kind.alias("session_kind"), session_key.alias("session_key"))
+    session_entry = F.struct(F.lit(SESSION).alias("family"), F.col("app").alias("k_app"), F.lit("").alias("k_kind"),
+                             bucket.cast("string").alias("k_name"), F.lit("").alias("k_tags"),
+                             session_kind.alias("session_kind"), session_key.alias("session_key"))
+    sliding_entry = F.struct(F.lit(SLIDING).alias("family"), F.col("app").alias("k_app"),
+                             F.col("kind").alias("k_kind"), F.col("name").alias("k_name"),
+                             F.col("series_tags").alias("k_tags"), F.lit("").alias("session_kind"),
+                             F.lit("").alias("session_key"))
+    # Every event has a session entry, events of sliding series also a sliding one: one Kafka scan for both.
+    entries = F.filter(F.array(session_entry, F.when(_sliding_series(config), sliding_entry)),
+                       lambda entry: entry.isNotNull())
+    keyed = events.select(*payload, F.inline(entries))
     stream = config.stream
     processor = KeyedWindowsProcessor(stream.sliding_window_s * 1000, stream.session_gap_s * 1000,
                                       stream.session_memory_s * 1000)
-    return sliding_part.unionByName(session_part).groupBy(*KEY).transformWithStateInPandas(
+    return keyed.groupBy(*KEY).transformWithStateInPandas(
         processor, OUTPUT_SCHEMA, "Append", "EventTime")
