@@ -15,10 +15,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from eventide.config import Config
+from ingest.envelope import LEVELS
 
 QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 SERIES = ("app", "kind", "name", "series_tags")
-LEVEL_COLUMNS = ("debug", "info", "warning", "error", "critical")
+LEVEL_COLUMNS = LEVELS   # one count column per log level
 # Column metadata key Spark's withWatermark/window() put on event-time columns (EventTimeWatermark.delayKey).
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 WINDOWS_QUERY = "windows"

@@ -26,9 +26,9 @@ from typing import Any, NamedTuple, Protocol
 from clickhouse_connect.driver.client import Client
 from datasketches import hll_sketch, hll_union, kll_doubles_sketch
 
+from ingest.envelope import LEVELS  # counted per window: the level_* columns of window_aggregates
+
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99, 0.999)
-LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
-"""Log levels counted per window (the ``level_*`` columns of ``window_aggregates``)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
