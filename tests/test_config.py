@@ -32,6 +32,10 @@ def test_file_then_environment_overrides(tmp_path):
     ({"EVENTIDE_STORE__URL": "mysql://x"}, "store.url"),
     ({"EVENTIDE_KAFKA__NO_SUCH_FIELD": "1"}, "kafka.no_such_field"),
     ({"EVENTIDE_STREAM__ALLOWED_LATENESS_S": "-1"}, "stream.allowed_lateness_s"),
+    ({"EVENTIDE_STREAM__HOPPING_WINDOWS": '[{"length_s": 300, "hop_s": 70}]'}, "stream.hopping_windows.0"),
+    ({"EVENTIDE_STREAM__SLIDING_LOG_LEVELS": '["loud"]'}, "stream.sliding_log_levels.0"),
+    ({"EVENTIDE_STREAM__SLIDING_SERIES": '[{"kind": "metric"}]'}, "stream.sliding_series.0.name"),
+    ({"EVENTIDE_STREAM__SESSION_GAP_S": "0"}, "stream.session_gap_s"),
 ])
 def test_bad_config_names_the_field(tmp_path, env, field):
     with pytest.raises(ConfigError) as info:
