@@ -170,6 +170,8 @@ class DemoConfig(_Section):
     apps: list[str] = Field(default_factory=lambda: ["checkout", "search", "mobile"])
     devices_per_app: int = Field(5, ge=1)
     users: int = Field(300, ge=1)
+    active_users_per_minute: int = Field(30, ge=1)
+    """Each minute another block of this many users sends, so sessions begin and end."""
     skewed_device_fraction: float = Field(0.2, ge=0, le=1)
     max_clock_skew_s: float = Field(3600.0, ge=0)
     late_event_fraction: float = Field(0.02, ge=0, le=1)

@@ -14,7 +14,7 @@ import random
 import time
 
 from eventide.config import Config, load_config
-from ingest.envelope import LEVELS, offset_clock
+from ingest.envelope import LEVELS, now_ms, offset_clock
 from ingest.sdk import Client
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,9 @@ def emit_one(client: Client, config: Config, rng: random.Random) -> None:
     event_time = client.clock()
     if rng.random() < demo.late_event_fraction:
         event_time -= int(rng.uniform(0, demo.max_lateness_s) * 1000)
-    user = f"user-{rng.randrange(demo.users)}"
+    # Users come and go: each minute a different block of them is active, so their sessions end.
+    first = now_ms() // 60_000 * demo.active_users_per_minute
+    user = f"user-{(first + rng.randrange(demo.active_users_per_minute)) % demo.users}"
     tags = {"region": rng.choice(("eu", "us", "ap"))}
     roll = rng.random()
     if roll < 0.55:
