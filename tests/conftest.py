@@ -56,14 +56,16 @@ def stack(kafka: Config, request: pytest.FixtureRequest) -> Config:
     return fresh_stack(kafka, request.node.name)
 
 
-def fresh_stack(kafka: Config, name: str, **stream: object) -> Config:
-    """A config with its own topics, migrated ClickHouse database and checkpoints; ``stream`` overrides."""
+def fresh_stack(kafka: Config, name: str, partitions: int | None = None, **stream: object) -> Config:
+    """A config with its own topics (``partitions`` for the events topic), migrated ClickHouse database and
+    checkpoints; ``stream`` overrides stream settings."""
     from store.migrations import apply_migrations
 
     slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:40]
     config = kafka.model_copy(update={
         "kafka": kafka.kafka.model_copy(update={"events_topic": f"events.{slug}",
-                                                "dead_letter_topic": f"dead-letter.{slug}"}),
+                                                "dead_letter_topic": f"dead-letter.{slug}",
+                                                "events_partitions": partitions or kafka.kafka.events_partitions}),
         "store": kafka.store.model_copy(update={"database": f"t_{slug}"}),
         "stream": kafka.stream.model_validate({**kafka.stream.model_dump(), **stream,
                                                "checkpoint_dir": kafka.data_dir / "checkpoints" / slug}),

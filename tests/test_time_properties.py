@@ -1,8 +1,10 @@
 """Property: on random event sequences the job's output equals a brute-force reference of BRIEF §2-§3.
 
 Hypothesis draws events with random true times (many exactly on window edges), random device clock skews and
-offline delays, kinds, users and values, and delivers them in 2-3 separate micro-batches, so later batches carry
-events behind the watermark. The reference below recomputes everything from the definitions, per micro-batch:
+offline delays, kinds, users and values, in 2-3 steps. Each step is sent to a one-partition topic and processed
+with a random ``max_offsets_per_trigger``, so a step becomes one or more micro-batches of known composition (the
+reference knows each batch's watermark), and later batches carry events behind the watermark. The reference
+below recomputes everything from the definitions, per micro-batch:
 
     watermark of batch k = max(corrected time of batches before k) - D     (0 for the first batch)
 
@@ -63,7 +65,7 @@ def _event() -> st.SearchStrategy[Event]:
     )
 
 
-batches = st.lists(st.lists(_event(), min_size=1, max_size=12), min_size=2, max_size=3)
+steps_of_events = st.lists(st.lists(_event(), min_size=1, max_size=12), min_size=2, max_size=3)
 
 
 # -- the reference --------------------------------------------------------------------------------------------
@@ -84,14 +86,19 @@ class Arrival:
         return (e.app, "log" if e.level else "metric", e.name)
 
 
-def arrivals(steps: list[list[Event]]) -> list[Arrival]:
+def micro_batches(steps: list[list[Event]], per_batch: int) -> list[list[Event]]:
+    """One partition, ``per_batch`` records per trigger: each step is cut into consecutive chunks."""
+    return [step[i:i + per_batch] for step in steps for i in range(0, len(step), per_batch)]
+
+
+def arrivals(batches: list[list[Event]]) -> list[Arrival]:
     out, seen_max, position = [], None, 0
-    for k, step in enumerate(steps):
+    for k, batch in enumerate(batches):
         watermark = max(seen_max - LATENESS_S * S, 0) if seen_max is not None else 0
-        for e in step:
+        for e in batch:
             out.append(Arrival(e, k, watermark, position))
             position += 1
-        seen_max = max([seen_max or 0, *(e.at for e in step)])
+        seen_max = max([seen_max or 0, *(e.at for e in batch)])
     return out
 
 
@@ -189,10 +196,11 @@ def _rank_ok(values: list[float], answer: float, q: float) -> bool:
 
 @settings(max_examples=5, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(steps=batches)
-def test_job_output_equals_the_reference_on_random_event_sequences(kafka, spark, steps):
+@given(steps=steps_of_events, per_batch=st.integers(2, 12))
+def test_job_output_equals_the_reference_on_random_event_sequences(kafka, spark, steps, per_batch):
     config = fresh_stack(
-        kafka, f"prop_{next(_examples)}", allowed_lateness_s=LATENESS_S, tumbling_windows_s=[TUMBLING_S],
+        kafka, f"prop_{next(_examples)}", partitions=1, max_offsets_per_trigger=per_batch,
+        allowed_lateness_s=LATENESS_S, tumbling_windows_s=[TUMBLING_S],
         hopping_windows=[{"length_s": HOPPING[0], "hop_s": HOPPING[1]}], sliding_window_s=SLIDING_S,
         sliding_log_levels=["warning", "error", "critical"],
         sliding_series=[SeriesSelector(app="shop", kind="metric", name="latency_ms")], session_gap_s=GAP_S)
@@ -202,7 +210,7 @@ def test_job_output_equals_the_reference_on_random_event_sequences(kafka, spark,
     # Far in the future, in another app: its watermark closes every window above.
     produce_events(config, [Event(T0 + 10_000 * S, 0.0, app="flush", name="flush", device="flush")])
     run_job(spark, config)
-    arrived = arrivals(steps)
+    arrived = arrivals(micro_batches(steps, per_batch))
 
     # Tumbling and hopping windows.
     expected, expected_dropped = reference_windows(arrived)
