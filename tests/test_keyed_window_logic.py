@@ -91,3 +91,17 @@ def test_a_bucket_of_session_keys_round_trips_through_its_state_row():
         for field in ("open_first", "open_last", "open_counts", "closed_first", "closed_last"):
             assert np.array_equal(getattr(restored[key], field), getattr(state, field)), (key, field)
     assert sessions.bucket_next_due(restored, G, 3_600_000) == 70_000   # ann's first session: 10 s + 60 s
+
+
+def test_a_window_closing_in_a_batch_leaves_out_late_events_of_that_same_batch():
+    state = sliding.SlidingState()
+    sliding.add_events(state, _events([100_000]), watermark=0, length_ms=L)
+    # Next batch: the watermark reaches 100 s, so the window of t = 100 s closes in it; an event at 95 s in the
+    # same batch arrives after that window closed: a straggler, and not part of the window.
+    late = sliding.add_events(state, _events([95_000, 130_000]), watermark=100_000, length_ms=L)
+    assert late.t.tolist() == [95_000]
+    out = pd.DataFrame(sliding.emit_due(state, watermark=100_000, length_ms=L))
+    assert out[["t", "event_count"]].values.tolist() == [[100_000, 1]]
+    # It still counts in the window of 130 s, which was open when it arrived.
+    out = pd.DataFrame(sliding.emit_due(state, watermark=130_000, length_ms=L))
+    assert out[["t", "event_count"]].values.tolist() == [[130_000, 3]]
