@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -49,22 +50,21 @@ def _utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
 
 
-def _cell(col: str, v: Any) -> Any:
-    if col in _SKETCHES:
-        return bytes(v) if v is not None else b""
-    if isinstance(v, datetime):
-        return _utc(v)
-    return v
-
-
-def insert_rows(config: Config, table: str, columns: tuple[str, ...], rows: list[Any], **extra: Any) -> None:
-    """Insert Spark rows (only ``columns``, plus constant ``extra`` columns) into a store table."""
-    if not rows:
-        return
-    tail = list(extra.values())
-    data = [[*(_cell(c, row[c]) for c in columns), *tail] for row in rows]
+def insert_frame(config: Config, table: str, frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> int:
+    """Insert ``frame``'s ``columns`` (plus constant ``extra`` columns) into a store table through Arrow, without
+    building Python rows. Returns the number of rows written."""
+    selected = frame.select(*[
+        # Sketch columns are non-nullable Strings in the store: a window without values stores ''.
+        F.coalesce(F.col(c), F.unhex(F.lit(""))).alias(c) if c in _SKETCHES else F.col(c) for c in columns])
+    table_data = selected.toArrow()
+    n = table_data.num_rows
+    if not n:
+        return 0
+    for name, value in extra.items():
+        table_data = table_data.append_column(name, pa.array([value] * n))
     with connect(config) as client:
-        client.insert(table, data, column_names=[*columns, *extra])
+        client.insert_arrow(table, table_data)
+    return n
 
 
 def window_writer(config: Config) -> BatchWriter:
@@ -74,11 +74,11 @@ def window_writer(config: Config) -> BatchWriter:
 
     def write(batch: DataFrame, batch_id: int) -> None:
         now = datetime.now(UTC)
-        insert_rows(config, "window_aggregates", WINDOW_COLUMNS, batch.collect(), version=batch_id, written_at=now)
+        insert_frame(config, "window_aggregates", batch, WINDOW_COLUMNS, version=batch_id, written_at=now)
         info = batch_info(checkpoint, batch_id)
         if info.has_records:
-            dropped = tumbling_hopping_stragglers(batch.sparkSession, config, info).collect()
-            insert_rows(config, "stragglers", STRAGGLER_COLUMNS, dropped, query_name=WINDOWS_QUERY,
+            dropped = tumbling_hopping_stragglers(batch.sparkSession, config, info)
+            insert_frame(config, "stragglers", dropped, STRAGGLER_COLUMNS, query_name=WINDOWS_QUERY,
                         batch_id=batch_id, detected_at=now)
 
     return write
@@ -103,7 +103,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
                 F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
                 (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), *_LEVELS)
-            insert_rows(config, "sliding_windows", SLIDING_COLUMNS, sliding.collect(), version=batch_id,
+            insert_frame(config, "sliding_windows", sliding, SLIDING_COLUMNS, version=batch_id,
                         written_at=now)
             sessions = windows.where(F.col("window_kind") == SESSION).select(
                 F.lit(gap_ms).alias("gap_ms"), "app", F.col("kind").alias("key_kind"),
@@ -111,7 +111,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 ts("window_end_ms").alias("session_end"), ts("event_time_ms").alias("last_event_time"),
                 (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
                 "event_count", "metric_count", "log_count", *_LEVELS)
-            insert_rows(config, "sessions", SESSION_COLUMNS, sessions.collect(), version=batch_id, written_at=now)
+            insert_frame(config, "sessions", sessions, SESSION_COLUMNS, version=batch_id, written_at=now)
             dropped = batch.where(F.col("row_type") == "straggler").select(
                 "window_kind",
                 F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
@@ -120,7 +120,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 "source_partition", "source_offset", "event_id", "device",
                 ts("event_time_ms").alias("corrected_event_time"), ts("watermark_ms").alias("watermark"),
                 "lateness_ms")
-            insert_rows(config, "stragglers", STRAGGLER_COLUMNS, dropped.collect(), query_name=KEYED_WINDOWS_QUERY,
+            insert_frame(config, "stragglers", dropped, STRAGGLER_COLUMNS, query_name=KEYED_WINDOWS_QUERY,
                         batch_id=batch_id, detected_at=now)
         finally:
             batch.unpersist()
