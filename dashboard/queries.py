@@ -3,35 +3,22 @@ opens the store once per refresh, which matters for chDB where every open costs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 import pandas as pd
 from clickhouse_connect.driver.client import Client
 
 from store import range_query
+from store.range_query import SeriesKey
 
 
-@dataclass(frozen=True)
-class Series:
-    app: str
-    kind: str
-    name: str
-    series_tags: str = ""
-
-    @property
-    def label(self) -> str:
-        tags = f" {{{self.series_tags}}}" if self.series_tags else ""
-        return f"{self.app} · {self.kind} · {self.name}{tags}"
-
-
-def list_series(client: Client) -> list[Series]:
+def list_series(client: Client) -> list[SeriesKey]:
     """Every series that has at least one window, most active first."""
     rows = client.query(
         "SELECT app, kind, name, series_tags FROM window_aggregates FINAL "
         "GROUP BY app, kind, name, series_tags ORDER BY sum(event_count) DESC"
     ).result_rows
-    return [Series(*row) for row in rows]
+    return [SeriesKey(*row) for row in rows]
 
 
 def window_lengths_ms(client: Client) -> list[int]:
@@ -47,7 +34,7 @@ def resolutions_s(lengths_ms: list[int], extra_s: tuple[int, ...] = (300, 3600))
     return sorted({*lengths_s, *(r for r in extra_s if any(r % n == 0 for n in lengths_s))})
 
 
-def series_buckets(client: Client, series: Series, resolution_s: int, since: datetime,
+def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: datetime,
                    until: datetime) -> pd.DataFrame:
     """One row per bucket of ``resolution_s``: start, count, rate, p50/p90/p99, distinct users, final.
 

@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from clickhouse_connect.driver.client import Client
 from datasketches import hll_sketch, hll_union, kll_doubles_sketch
@@ -36,22 +36,6 @@ _MS = timedelta(milliseconds=1)
 _SKETCH_FORMATS = {"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"}
 
 
-class SeriesLike(Protocol):
-    """Anything naming a series: :class:`SeriesKey`, or the dashboard's ``Series``."""
-
-    @property
-    def app(self) -> str: ...
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def series_tags(self) -> str: ...
-
-
 @dataclass(frozen=True)
 class SeriesKey:
     """One series: (app, kind, name) and its configured tags as ``"k=v,k=v"`` (sorted), ``""`` when none."""
@@ -60,6 +44,11 @@ class SeriesKey:
     kind: str
     name: str
     series_tags: str = ""
+
+    @property
+    def label(self) -> str:
+        tags = f" {{{self.series_tags}}}" if self.series_tags else ""
+        return f"{self.app} · {self.kind} · {self.name}{tags}"
 
 
 @dataclass(frozen=True)
@@ -179,7 +168,7 @@ def _hll_bounds(sketch: hll_sketch | None, num_std_devs: int) -> tuple[float, fl
 
 def range_summary(
     client: Client,
-    series: SeriesLike,
+    series: SeriesKey,
     start: datetime,
     end: datetime,
     *,
@@ -204,7 +193,7 @@ def range_summary(
 
 def range_buckets(
     client: Client,
-    series: SeriesLike,
+    series: SeriesKey,
     start: datetime,
     end: datetime,
     resolution_s: float,
@@ -287,7 +276,7 @@ _WINDOWS_SQL = (
 )
 
 
-def _fetch(client: Client, series: SeriesLike, start_ms: int, end_ms: int, align_ms: int,
+def _fetch(client: Client, series: SeriesKey, start_ms: int, end_ms: int, align_ms: int,
            source_length_s: float | None) -> tuple[int | None, list[_Row]]:
     """(source window length in ms or None when unknown, the windows of that length inside the range)."""
     parameters: dict[str, Any] = {"app": series.app, "kind": series.kind, "name": series.name,
