@@ -31,13 +31,12 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from analytics import sessions, sliding
 from analytics.keyed_events import Events
-from analytics.windows import LEVEL_COLUMNS, event_time_ms, with_watermark
+from analytics.windows import LEVEL_FIELDS, event_time_ms, with_watermark
 from eventide.config import Config
 
 KEYED_WINDOWS_QUERY = "keyed_windows"
 SLIDING, SESSION = "sliding", "session"
 KEY = ("family", "k_app", "k_kind", "k_name", "k_tags")
-LEVEL_FIELDS = [f"level_{lvl}" for lvl in LEVEL_COLUMNS]
 OUTPUT_SCHEMA = ", ".join([
     "row_type string", "window_kind string", "app string", "kind string", "name string", "series_tags string",
     "window_start_ms long", "window_end_ms long", "event_time_ms long", "source_partition int",
@@ -46,6 +45,7 @@ OUTPUT_SCHEMA = ", ".join([
     "log_count long", *[f"{c} long" for c in LEVEL_FIELDS],
 ])
 _NUMPY_TYPES = {"string": object, "long": np.int64, "int": np.int32, "double": np.float64}
+_MISSING = {object: None, np.float64: np.nan}   # and 0 for integer columns
 # Columns a row type does not use are 0 (counts) or NaN; the writer reads only the columns of each row type.
 OUTPUT_FIELDS = [(c.split()[0], _NUMPY_TYPES[c.split()[1]]) for c in OUTPUT_SCHEMA.split(", ")]
 
@@ -57,13 +57,10 @@ def _output(n: int, columns: dict[str, Any]) -> pd.DataFrame:
     data = {}
     for name, dtype in OUTPUT_FIELDS:
         value = columns.get(name)
-        if value is None:
-            data[name] = np.full(n, np.nan) if dtype is np.float64 else np.zeros(n, dtype) if dtype is not object \
-                else np.full(n, None, dtype=object)
-        elif isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray):
             data[name] = value.astype(dtype, copy=False)
         else:
-            data[name] = np.full(n, value, dtype=dtype)
+            data[name] = np.full(n, _MISSING.get(dtype, 0) if value is None else value, dtype=dtype)
     return pd.DataFrame(data, copy=False)
 
 
@@ -136,7 +133,8 @@ class KeyedWindowsProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         frames = list(rows)
-        events = Events.from_frame(frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True))
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        events = Events.from_frame(frame)
         watermark = timerValues.getCurrentWatermarkInMs()
         if key[0] == SLIDING:
             state = self._load_sliding()
@@ -147,8 +145,7 @@ class KeyedWindowsProcessor(StatefulProcessor):
                 yield self._stragglers(key, late, late.t - self.sliding_length_ms, late.t, watermark)
         else:
             bucket = self._load_sessions()
-            session_keys = (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True))
-            session_keys = session_keys["session_kind"] + _SESSION_KEY + session_keys["session_key"]
+            session_keys = frame["session_kind"] + _SESSION_KEY + frame["session_key"]
             parts = []
             for session_key, index in session_keys.groupby(session_keys).indices.items():
                 state = bucket.setdefault(session_key, sessions.SessionState())
@@ -157,12 +154,11 @@ class KeyedWindowsProcessor(StatefulProcessor):
                     parts.append((session_key, dropped))
             self._save_sessions(bucket)
             if parts:
-                late = Events(*[np.concatenate([getattr(d.events, f) for _, d in parts])
-                                for f in Events.__dataclass_fields__])
-                frame = self._stragglers(key, late, np.concatenate([d.window_start for _, d in parts]),
-                                         np.concatenate([d.window_end for _, d in parts]), watermark)
+                late = Events.concat([d.events for _, d in parts])
+                dropped_rows = self._stragglers(key, late, np.concatenate([d.window_start for _, d in parts]),
+                                                np.concatenate([d.window_end for _, d in parts]), watermark)
                 kinds, names = self._session_keys([k for k, d in parts for _ in range(len(d.events))])
-                yield frame.assign(kind=kinds, name=names)
+                yield dropped_rows.assign(kind=kinds, name=names)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:

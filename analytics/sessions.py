@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analytics.keyed_events import Events
-from analytics.windows import LEVEL_COLUMNS
+from analytics.windows import LEVEL_COLUMNS, LEVEL_FIELDS
 
-COUNT_COLUMNS = ("event_count", "metric_count", "log_count", *[f"level_{lvl}" for lvl in LEVEL_COLUMNS])
+COUNT_COLUMNS = ("event_count", "metric_count", "log_count", *LEVEL_FIELDS)
 
 
 def _empty_counts() -> np.ndarray:

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from analytics.keyed_windows import KEYED_WINDOWS_QUERY, SESSION, SLIDING
 from analytics.progress import batch_info
 from analytics.stragglers import STRAGGLER_COLUMNS, tumbling_hopping_stragglers
-from analytics.windows import LEVEL_COLUMNS, QUANTILES, SERIES, WINDOWS_QUERY
+from analytics.windows import LEVEL_FIELDS, QUANTILES, SERIES, WINDOWS_QUERY
 from eventide.config import Config
 from store.client import connect
 
@@ -27,27 +27,21 @@ WINDOW_COLUMNS = (
     "window_kind", "window_length_ms", "window_hop_ms", "window_start", "window_end", "app", "kind", "name",
     "series_tags", "event_count", "value_count", "sum", "min", "max", "mean", "rate", *QUANTILES,
     "distinct_users", "distinct_devices", "value_sketch", "users_sketch", "devices_sketch",
-    *[f"level_{lvl}" for lvl in LEVEL_COLUMNS],
+    *LEVEL_FIELDS,
 )
 _SKETCHES = {"value_sketch", "users_sketch", "devices_sketch"}
 DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
-                       "raw_bytes", "detected_at")
-_LEVELS = [f"level_{lvl}" for lvl in LEVEL_COLUMNS]
+                       "raw_bytes")
 SLIDING_COLUMNS = (
     "window_length_ms", "app", "kind", "name", "series_tags", "window_start", "window_end", "source_partition",
-    "source_offset", "event_id", "event_count", "value_count", "sum", "min", "max", "mean", "rate", *_LEVELS,
+    "source_offset", "event_id", "event_count", "value_count", "sum", "min", "max", "mean", "rate", *LEVEL_FIELDS,
 )
 SESSION_COLUMNS = (
     "gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time", "duration_ms",
-    "event_count", "metric_count", "log_count", *_LEVELS,
+    "event_count", "metric_count", "log_count", *LEVEL_FIELDS,
 )
 
 BatchWriter = Callable[[DataFrame, int], None]
-
-
-def _utc(ts: datetime) -> datetime:
-    # Spark hands out naive datetimes in the session time zone, which the job pins to UTC.
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
 
 
 def insert_frame(config: Config, table: str, frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> int:
@@ -102,7 +96,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 "source_partition", "source_offset", "event_id", "event_count", "value_count", "sum",
                 F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
                 F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
-                (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), *_LEVELS)
+                (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), *LEVEL_FIELDS)
             insert_frame(config, "sliding_windows", sliding, SLIDING_COLUMNS, version=batch_id,
                         written_at=now)
             sessions = windows.where(F.col("window_kind") == SESSION).select(
@@ -110,7 +104,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 F.col("name").alias("session_key"), ts("window_start_ms").alias("session_start"),
                 ts("window_end_ms").alias("session_end"), ts("event_time_ms").alias("last_event_time"),
                 (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
-                "event_count", "metric_count", "log_count", *_LEVELS)
+                "event_count", "metric_count", "log_count", *LEVEL_FIELDS)
             insert_frame(config, "sessions", sessions, SESSION_COLUMNS, version=batch_id, written_at=now)
             dropped = batch.where(F.col("row_type") == "straggler").select(
                 "window_kind",
@@ -136,17 +130,13 @@ def dead_letter_writer(config: Config) -> BatchWriter:
         batch = batch.persist()
         try:
             rows = batch.select(
-                "topic", "partition", "offset", "kafka_timestamp", "reason",
+                F.col("topic").alias("source_topic"), F.col("partition").alias("source_partition"),
+                F.col("offset").alias("source_offset"), "kafka_timestamp", "reason",
                 F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit).alias("raw"),
                 F.coalesce(F.octet_length("value"), F.lit(0)).alias("raw_bytes"),
-            ).collect()
-            if not rows:
+            )
+            if not insert_frame(config, "dead_letters", rows, DEAD_LETTER_COLUMNS, detected_at=datetime.now(UTC)):
                 return
-            detected_at = datetime.now(UTC)
-            data = [[r.topic, r.partition, r.offset, _utc(r.kafka_timestamp), r.reason, r.raw, r.raw_bytes,
-                     detected_at] for r in rows]
-            with connect(config) as client:
-                client.insert("dead_letters", data, column_names=list(DEAD_LETTER_COLUMNS))
             # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
             (batch.select(
                 F.col("value"),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analytics.keyed_events import Events
-from analytics.windows import LEVEL_COLUMNS
+from analytics.windows import LEVEL_FIELDS
 
 
 def _empty(dtype: type) -> np.ndarray:
@@ -33,7 +33,7 @@ class SlidingState:
 
     t: np.ndarray = field(default_factory=lambda: _empty(np.int64))
     value: np.ndarray = field(default_factory=lambda: _empty(np.float64))      # NaN for logs
-    level: np.ndarray = field(default_factory=lambda: _empty(np.int8))         # index in LEVEL_COLUMNS or -1
+    level: np.ndarray = field(default_factory=lambda: _empty(np.int8))         # index in LEVEL_FIELDS or -1
     arrived_wm: np.ndarray = field(default_factory=lambda: _empty(np.int64))   # watermark when it arrived
     pending_t: np.ndarray = field(default_factory=lambda: _empty(np.int64))
     pending_partition: np.ndarray = field(default_factory=lambda: _empty(np.int32))
@@ -122,9 +122,9 @@ def emit_due(state: SlidingState, watermark: int, length_ms: int) -> dict[str, n
             mins[with_values] = _range_query(low_table, np.minimum, lo[with_values], hi[with_values])
             maxs[with_values] = _range_query(high_table, np.maximum, lo[with_values], hi[with_values])
         out["min"], out["max"] = mins, maxs
-        for code, name in enumerate(LEVEL_COLUMNS):
+        for code, level_field in enumerate(LEVEL_FIELDS):
             c = np.concatenate([[0], np.cumsum(levels == code)])
-            out[f"level_{name}"] = c[hi] - c[lo]
+            out[level_field] = c[hi] - c[lo]
     keep = ~due
     state.pending_t, state.pending_partition = state.pending_t[keep], state.pending_partition[keep]
     state.pending_offset = state.pending_offset[keep]

@@ -20,6 +20,7 @@ from ingest.envelope import LEVELS
 QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 SERIES = ("app", "kind", "name", "series_tags")
 LEVEL_COLUMNS = LEVELS   # one count column per log level
+LEVEL_FIELDS = tuple(f"level_{lvl}" for lvl in LEVEL_COLUMNS)
 # Column metadata key Spark's withWatermark/window() put on event-time columns (EventTimeWatermark.delayKey).
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 WINDOWS_QUERY = "windows"
@@ -111,7 +112,8 @@ def aggregate(events: DataFrame, config: Config) -> DataFrame:
         F.expr(f"kll_sketch_agg_double(metric_value, {k})").alias("value_sketch"),
         F.expr(f"hll_sketch_agg(user, {lg_k})").alias("users_sketch"),
         F.expr(f"hll_sketch_agg(device, {lg_k})").alias("devices_sketch"),
-        *[F.count_if(F.col("level") == lvl).alias(f"level_{lvl}") for lvl in LEVEL_COLUMNS],
+        *[F.count_if(F.col("level") == lvl).alias(field)
+          for lvl, field in zip(LEVEL_COLUMNS, LEVEL_FIELDS, strict=True)],
     )
     ranks = ", ".join(str(q) for q in QUANTILES.values())
     has_values = F.col("value_count") > 0
@@ -129,5 +131,5 @@ def aggregate(events: DataFrame, config: Config) -> DataFrame:
         F.expr("hll_sketch_estimate(devices_sketch)").alias("distinct_devices"),
         F.when(has_values, F.col("value_sketch")).alias("value_sketch"),
         "users_sketch", "devices_sketch",
-        *[f"level_{lvl}" for lvl in LEVEL_COLUMNS],
+        *LEVEL_FIELDS,
     )
