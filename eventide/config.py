@@ -158,6 +158,46 @@ class StreamConfig(_Section):
         return windows
 
 
+class SdkConfig(_Section):
+    """The Python ingest SDK (``ingest.sdk.Client``): buffer, overflow policy, sender, offline spool."""
+
+    buffer_capacity: int = Field(100_000, ge=1)
+    """Events held in memory between the application's calls and the background sender."""
+    overflow_policy: Literal["block", "drop_oldest", "drop_newest"] = "drop_oldest"
+    """When the buffer is full: wait for space (backpressure), evict the oldest event, or refuse the new one."""
+    batch_size: int = Field(10_000, ge=1)
+    """Most events the sender takes from the buffer per round."""
+    linger_ms: int = Field(20, ge=0)
+    """How long the sender (and the Kafka producer) wait to fill a batch."""
+    compression: Literal["lz4", "zstd", "gzip", "snappy", "none"] = "lz4"
+    delivery_timeout_s: float = Field(120.0, gt=0)
+    """An event Kafka has not acknowledged within this time is moved to the spool."""
+    reconnect_probe_s: float = Field(1.0, gt=0)
+    """While offline, how often the sender checks whether the broker is back."""
+    spool_dir: Path | None = None
+    """Offline spool (one subdirectory per app and device). Default: <data_dir>/spool."""
+    spool_max_bytes: int = Field(256 * 1024 * 1024, ge=4096)
+    """Disk the spool may use; events that do not fit are dropped and counted."""
+    spool_segment_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    health_interval_s: float = Field(10.0, ge=0)
+    """How often the SDK emits its own health metrics (``eventide.sdk.*``); 0 turns them off."""
+
+
+class GatewayConfig(_Section):
+    """The HTTP gateway (``POST /v1/events``) for apps that cannot use the Python SDK."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8088, ge=1, le=65535)
+    tokens: list[str] = Field(default_factory=list)
+    """Accepted bearer tokens. The gateway does not start without at least one."""
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_batch_events: int = Field(5_000, ge=1)
+    ack_timeout_s: float = Field(10.0, gt=0)
+    """Longest wait for Kafka to acknowledge a batch before answering 503."""
+    producers: int = Field(4, ge=1)
+    """Transactional Kafka producers, i.e. batches written concurrently."""
+
+
 class DashboardConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8501, ge=1, le=65535)
@@ -190,6 +230,8 @@ class Config(_Section):
     store: StoreConfig = StoreConfig()
     envelope: EnvelopeConfig = EnvelopeConfig()
     stream: StreamConfig = StreamConfig()
+    sdk: SdkConfig = SdkConfig()
+    gateway: GatewayConfig = GatewayConfig()
     dashboard: DashboardConfig = DashboardConfig()
     demo: DemoConfig = DemoConfig()
 
@@ -214,6 +256,10 @@ class Config(_Section):
     @property
     def checkpoint_dir(self) -> Path:
         return self._abs(self.stream.checkpoint_dir) if self.stream.checkpoint_dir else self.data_dir / "checkpoints"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self._abs(self.sdk.spool_dir) if self.sdk.spool_dir else self.data_dir / "spool"
 
     @property
     def store_url(self) -> str:
