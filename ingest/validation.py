@@ -1,0 +1,254 @@
+"""Envelope v1 validation in pure Python, mirroring the stream job's rules (``analytics.envelope._rules``).
+
+The HTTP gateway runs this before it writes anything, so a client learns at once why an event was refused,
+and an event the gateway accepts is one the stream job accepts. The rules, their order (the first failure is the
+reason) and the reason strings are the stream job's. Type names in ``mistyped field`` reasons are the ones
+Spark's ``schema_of_variant`` reports for the same JSON (``BIGINT``, ``DECIMAL(2,1)``, ``DOUBLE``, ``STRING``,
+``BOOLEAN``, ``VOID``, ``OBJECT<a: BIGINT>``, ``ARRAY<…>``), measured on Spark 4.1.
+
+JSON typing is strict, as in the stream job: ``true`` is not an integer or a number, ``"5"`` is not an integer,
+``5.0`` is not an integer ms. A JSON ``null`` in an optional field counts as absent, in a required one as missing.
+
+Known difference: the stream job tests tag values on the rendered type string, so a tag *key* containing
+``": "`` would be refused there and is accepted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Context, Decimal, InvalidOperation
+from typing import Any, Final
+
+from ingest.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS
+
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
+_MAX_DECIMAL_DIGITS: Final = 38
+# Exact arithmetic on any decimal a JSON text can hold; the default context rounds at 28 digits.
+_EXACT: Final = Context(prec=1000)
+_DECIMAL_CHARS: Final = frozenset("-.0123456789")
+
+
+class JsonFloat(float):
+    """A JSON number with a fraction or exponent that remembers its source text.
+
+    Spark types such a number by its text (``1.5`` is ``DECIMAL(2,1)``, ``1e3`` is ``DOUBLE``), which a plain
+    float has lost; :func:`loads` builds these so reasons name the type the stream job would name.
+    """
+
+    __slots__ = ("text",)
+    text: str
+
+    def __new__(cls, text: str) -> JsonFloat:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads`` for envelopes: numbers with a fraction keep their text, ``NaN``/``Infinity`` are refused.
+
+    Python's parser accepts ``NaN`` and ``Infinity`` literals, which are not JSON and which Spark cannot parse.
+    ``1e999`` is valid JSON and becomes an infinite float, as in Spark (then ``value must be finite``).
+    """
+    return json.loads(text, parse_float=JsonFloat, parse_constant=_reject_constant)
+
+
+# Types as small tuples, rendered like Spark's schema_of_variant; tuples so array element types can be merged.
+_Type = tuple[Any, ...]
+_VOID: Final[_Type] = ("VOID",)
+_BIGINT: Final[_Type] = ("BIGINT",)
+_DOUBLE: Final[_Type] = ("DOUBLE",)
+_VARIANT: Final[_Type] = ("VARIANT",)
+
+
+def _number_text_type(text: str) -> _Type:
+    # Spark's variant builder stores a number as a decimal when its text has no exponent and it fits
+    # DECIMAL(38); the schema then shows it with trailing zeros stripped (5.0 -> DECIMAL(1,0)).
+    if not set(text) <= _DECIMAL_CHARS:
+        return _DOUBLE
+    try:
+        parsed = Decimal(text)
+    except InvalidOperation:
+        return _DOUBLE
+    exponent = parsed.as_tuple().exponent
+    assert isinstance(exponent, int)  # finite: only digits, '-' and '.'
+    if len(parsed.as_tuple().digits) > _MAX_DECIMAL_DIGITS or -exponent > _MAX_DECIMAL_DIGITS:
+        return _DOUBLE
+    stripped = _EXACT.normalize(parsed).as_tuple()
+    assert isinstance(stripped.exponent, int)
+    if stripped.exponent > 0:
+        precision, scale = len(stripped.digits) + stripped.exponent, 0
+    else:
+        precision, scale = len(stripped.digits), -stripped.exponent
+    return ("DECIMAL", max(precision, scale), scale)
+
+
+def _type_of(value: object) -> _Type:
+    if value is None:
+        return _VOID
+    if isinstance(value, bool):
+        return ("BOOLEAN",)
+    if isinstance(value, str):
+        return ("STRING",)
+    if isinstance(value, int):
+        return _BIGINT if _INT64_MIN <= value <= _INT64_MAX else _number_text_type(str(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return _DOUBLE
+        return _number_text_type(value.text if isinstance(value, JsonFloat) else repr(value))
+    if isinstance(value, dict):
+        return ("OBJECT", tuple(sorted((str(k), _type_of(v)) for k, v in value.items())))
+    if isinstance(value, list | tuple):
+        element = _VOID
+        for item in value:
+            element = _merge(element, _type_of(item))
+        return ("ARRAY", element)
+    return _VARIANT
+
+
+def _as_decimal(t: _Type) -> tuple[int, int]:
+    return (20, 0) if t == _BIGINT else (t[1], t[2])
+
+
+def _merge(a: _Type, b: _Type) -> _Type:
+    """The element type Spark reports for an array holding values of types ``a`` and ``b``."""
+    if a in (_VOID, b):
+        return b
+    if b == _VOID:
+        return a
+    numeric = {"BIGINT", "DECIMAL", "DOUBLE"}
+    if a[0] in numeric and b[0] in numeric:
+        if _DOUBLE in (a, b):
+            return _DOUBLE
+        (pa, sa), (pb, sb) = _as_decimal(a), _as_decimal(b)
+        scale = max(sa, sb)
+        precision = max(pa - sa, pb - sb) + scale
+        return ("DECIMAL", precision, scale) if precision <= _MAX_DECIMAL_DIGITS else _DOUBLE
+    if a[0] == b[0] == "ARRAY":
+        return ("ARRAY", _merge(a[1], b[1]))
+    if a[0] == b[0] == "OBJECT":
+        fields = dict(a[1])
+        for name, t in b[1]:
+            fields[name] = _merge(fields[name], t) if name in fields else t
+        return ("OBJECT", tuple(sorted(fields.items())))
+    return _VARIANT
+
+
+def _render(t: _Type) -> str:
+    if t[0] == "DECIMAL":
+        return f"DECIMAL({t[1]},{t[2]})"
+    if t[0] == "OBJECT":
+        return "OBJECT<" + ", ".join(f"{name}: {_render(ft)}" for name, ft in t[1]) + ">"
+    if t[0] == "ARRAY":
+        return f"ARRAY<{_render(t[1])}>"
+    return str(t[0])
+
+
+def json_type(value: object) -> str:
+    """The JSON type of a parsed value as Spark's ``schema_of_variant`` names it, e.g. ``OBJECT<a: BIGINT>``."""
+    return _render(_type_of(value))
+
+
+def encoded_size(event: object) -> int:
+    """Bytes of ``event`` as compact JSON, as :func:`ingest.envelope.encode` writes it (non-finite numbers
+    written as ``Infinity``, which ``encode`` refuses, so an invalid event still has a size)."""
+    return len(json.dumps(event, separators=(",", ":")).encode())
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and _INT64_MIN <= value <= _INT64_MAX
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond the double range: Spark reads it as an infinite double
+        return False
+
+
+def _is_string_map(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def validation_error(event: object, max_record_bytes: int, *, record_bytes: int | None = None) -> str | None:
+    """Why the stream job would dead-letter ``event`` (a parsed JSON value), or None when it is a valid envelope.
+
+    ``max_record_bytes`` is ``config.envelope.max_record_bytes``. ``record_bytes`` is the size of the record as
+    written to Kafka when the caller has already encoded it; by default ``event`` is measured as compact JSON.
+    """
+    size = encoded_size(event) if record_bytes is None else record_bytes
+    if size > max_record_bytes:
+        return f"record too large: {size} bytes > {max_record_bytes}"
+    if not isinstance(event, dict):
+        return "not a JSON object"
+    fields: dict[str, Any] = event  # narrowed once, for the helpers below
+
+    def absent(field: str) -> bool:
+        return fields.get(field) is None
+
+    def mistyped(field: str, expected: str) -> str:
+        return f"mistyped field: {field} (expected {expected}, got {json_type(fields[field])})"
+
+    def required(field: str, expected: str, ok: bool) -> str | None:
+        if absent(field):
+            return f"missing field: {field}"
+        return None if ok else mistyped(field, expected)
+
+    def bounded_string(field: str, high: int) -> str | None:
+        value = fields.get(field)
+        reason = required(field, "string", isinstance(value, str))
+        if reason is None and not 1 <= len(value) <= high:
+            return f"invalid field: {field} must be 1-{high} characters"
+        return reason
+
+    v = fields.get("v")
+    if reason := required("v", "integer", _is_integer(v)):
+        return reason
+    if v != ENVELOPE_VERSION:
+        return f"unsupported envelope version: {v}"
+    if reason := required("id", "string", isinstance(fields.get("id"), str)):
+        return reason
+    if fields["id"] == "":
+        return "invalid field: id must not be empty"
+    kind = fields.get("kind")
+    if reason := required("kind", "string", isinstance(kind, str)):
+        return reason
+    if kind not in KINDS:
+        return f"invalid field: kind must be one of {', '.join(KINDS)}"
+    for field, high in (("app", MAX_APP_CHARS), ("device", MAX_DEVICE_CHARS), ("name", MAX_NAME_CHARS)):
+        if reason := bounded_string(field, high):
+            return reason
+    for field in ("event_time", "sent_time"):
+        if reason := required(field, "integer ms", _is_integer(fields.get(field))):
+            return reason
+    for field, expected, ok in (("received_time", "integer ms", _is_integer),
+                                ("user", "string", lambda x: isinstance(x, str)),
+                                ("tags", "object of strings", _is_string_map)):
+        if not absent(field) and not ok(fields[field]):
+            return mistyped(field, expected)
+    if kind == "metric":
+        value = fields.get("value")
+        if reason := required("value", "number", _is_number(value)):
+            return reason
+        if not _is_finite(value):
+            return "invalid field: value must be finite"
+    else:
+        if absent("level"):
+            return "missing field: level"
+        if not isinstance(fields["level"], str) or fields["level"] not in LEVELS:
+            return f"invalid field: level must be one of {', '.join(LEVELS)}"
+        if reason := required("message", "string", isinstance(fields.get("message"), str)):
+            return reason
+    if fields["event_time"] > fields["sent_time"]:
+        return "event_time is after sent_time"
+    return None
