@@ -56,7 +56,7 @@ def emit_one(client: Client, config: Config, rng: random.Random) -> None:
         client.metric("cart_value", round(rng.uniform(5, 250), 2), user=user, tags=tags, event_time=event_time)
     else:
         level = rng.choices(LEVELS, weights=_LEVEL_WEIGHTS)[0]
-        client.log(level, f"demo {level} message", name="app.server", user=user, tags=tags, event_time=event_time)
+        client.log(level, f"demo {level} message", name="app.server", user=user, event_time=event_time, **tags)
 
 
 def run(config: Config, rate: float | None = None, duration_s: float | None = None, seed: int | None = None) -> int:

@@ -1,99 +1,265 @@
-"""Minimal ingest SDK: emit metric and log events in the v1 envelope to Kafka.
+"""The ingest SDK: instrument an app in three lines.
 
     from ingest.sdk import Client
-    with Client(app="checkout") as events:
-        events.metric("latency_ms", 12.5, user="u-42")
+    events = Client(app="checkout")
+    events.counter("orders").inc(user="u-42")
 
-``event_time`` is read from the device clock when the call is made; ``sent_time`` is stamped, from the same clock,
-when the event is handed to the Kafka producer. The record key is the device, so one device's events stay ordered
-in one partition. (Batching in a background thread, overflow policies and the offline spool are the SDK issue's.)
+Instruments: ``counter(name).inc()``, ``gauge(name).set()``, ``histogram(name).observe()``, ``timer(name)`` (a
+context manager and a decorator that observes milliseconds), ``log(level, message, **tags)`` and
+:class:`EventHandler` for Python's ``logging``. Every call takes an optional ``user=`` and tags.
+
+A call only stamps ``event_time`` from the device clock and appends a tuple to a bounded in-memory buffer; a
+background thread (:mod:`ingest.sender`) encodes, stamps ``sent_time`` and hands events to Kafka, or to the
+on-disk spool (:mod:`ingest.spool`) while Kafka is unreachable. When the buffer is full the configured overflow
+policy applies (``sdk.overflow_policy``: block, drop_oldest, drop_newest) and drops are counted exactly
+(:meth:`Client.stats`, and the SDK's own ``eventide.sdk.*`` health metrics).
+
+Thread-safe; after ``os.fork`` the child gets its own empty buffer, sender and Kafka producer (events buffered
+before the fork are sent by the parent only). At interpreter exit every open client is closed, so buffered events
+reach Kafka or the spool.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
+import logging
+import os
 import socket
+import threading
+import time
+import weakref
 from collections.abc import Callable, Mapping
+from math import isfinite
 from types import TracebackType
-from typing import Any
-
-from confluent_kafka import Producer
+from typing import Any, ParamSpec, TypeVar
 
 from eventide.config import Config, load_config
-from ingest.envelope import encode, log_event, metric_event, now_ms
+from ingest.buffer import EventBuffer
+from ingest.envelope import LEVELS, now_ms
+from ingest.sender import HEALTH_PREFIX, LOG, METRIC, RAW, SdkStats, Sender, envelope_head
+from ingest.spool import Spool, spool_directory
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_open_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+_orphaned_producers: list[Any] = []   # parents' producers inherited by a fork child: never destroyed
 
 
-class DeliveryError(RuntimeError):
-    """Kafka did not acknowledge some events before ``flush`` timed out or failed them."""
+def _merge_tags(fixed: Mapping[str, str] | None, call: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    if not call:
+        return fixed
+    return {**fixed, **call} if fixed else call
+
+
+class _Instrument:
+    __slots__ = ("_head", "_now", "_put", "_tags", "name")
+
+    def __init__(self, client: Client, name: str, tags: Mapping[str, str] | None) -> None:
+        self.name = name
+        self._head = envelope_head("metric", client.app, client.device, name)
+        self._tags = dict(tags) if tags else None
+        self._put = client._buffer.put       # the buffer object survives fork (it resets itself)
+        self._now = client._now
+
+    def _record(self, value: float, user: str | None, tags: Mapping[str, Any]) -> None:
+        # The hot path: a check, a clock read, one tuple, one deque append.
+        if not isfinite(value):
+            raise ValueError(f"{self.name}: value must be finite, not {value!r}")
+        self._put((METRIC, self._head, value, self._now(), user,
+                   _merge_tags(self._tags, tags) if tags else self._tags))
+
+
+class Counter(_Instrument):
+    """Counts things. Each ``inc`` is one metric event whose value is the increment."""
+
+    __slots__ = ()
+
+    def inc(self, amount: float = 1.0, *, user: str | None = None, **tags: str) -> None:
+        if amount < 0:
+            raise ValueError(f"{self.name}: a counter only goes up; use a gauge for {amount!r}")
+        self._record(amount, user, tags)
+
+
+class Gauge(_Instrument):
+    """A current level (queue length, temperature). Each ``set`` is one metric event."""
+
+    __slots__ = ()
+
+    def set(self, value: float, *, user: str | None = None, **tags: str) -> None:
+        self._record(value, user, tags)
+
+
+class Histogram(_Instrument):
+    """A distribution (latency, size). Each ``observe`` is one metric event; windows keep its quantiles."""
+
+    __slots__ = ()
+
+    def observe(self, value: float, *, user: str | None = None, **tags: str) -> None:
+        self._record(value, user, tags)
+
+
+class Timer(_Instrument):
+    """Observes elapsed wall time in milliseconds: ``with timer:`` or ``@timer`` on a function."""
+
+    __slots__ = ("_starts",)
+
+    def __init__(self, client: Client, name: str, tags: Mapping[str, str] | None) -> None:
+        super().__init__(client, name, tags)
+        self._starts = threading.local()   # a stack per thread: one timer may be entered in many threads
+
+    def observe_ms(self, elapsed_ms: float, *, user: str | None = None, **tags: str) -> None:
+        self._record(elapsed_ms, user, tags)
+
+    def __enter__(self) -> Timer:
+        stack = self._starts.__dict__.setdefault("stack", [])
+        stack.append(time.perf_counter_ns())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._record((time.perf_counter_ns() - self._starts.stack.pop()) / 1e6, None, {})
+
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._record((time.perf_counter_ns() - start) / 1e6, None, {})
+        return timed
 
 
 class Client:
-    """Emits events for one app running on one device."""
+    """Emits metric and log events for one app on one device (default: the host name).
+
+    Settings come from the shared config's ``[sdk]`` section (``load_config()`` unless ``config`` is given).
+    ``clock`` returns the device clock in Unix ms; override it to simulate a device whose clock is off.
+    """
 
     def __init__(self, app: str, device: str | None = None, *, config: Config | None = None,
-                 clock: Callable[[], int] = now_ms, producer_settings: Mapping[str, Any] | None = None) -> None:
-        """``clock`` returns the device clock in Unix ms (override it to simulate a skewed device)."""
+                 clock: Callable[[], int] = now_ms) -> None:
         self.config = config or load_config()
         self.app = app
         self.device = device or socket.gethostname()
         self.clock = clock
-        self._failed: list[str] = []
-        self._producer = Producer({
-            "bootstrap.servers": self.config.kafka.bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "compression.type": "lz4",
-            "linger.ms": 20,
-            **(producer_settings or {}),
-        })
+        # With the default clock the hot path reads time.time_ns itself and the sender converts to ms.
+        self._now, self._units_per_ms = (time.time_ns, 1_000_000) if clock is now_ms else (clock, 1)
+        self._buffer = EventBuffer(self.config.sdk.buffer_capacity, self.config.sdk.overflow_policy)
+        self._log_heads: dict[str, str] = {}
+        self._instruments: dict[tuple[type, str, tuple[tuple[str, str], ...]], Any] = {}
+        self._closed = False
+        self._start()
+        _open_clients.add(self)
+
+    def _start(self) -> None:
+        sdk = self.config.sdk
+        self._spool = Spool(spool_directory(self.config.spool_dir, self.app, self.device),
+                            sdk.spool_max_bytes, sdk.spool_segment_bytes)
+        self._last_health = self._health_counts()
+        self._sender = Sender(self.config, self._buffer, self._spool, self.device, self.clock,
+                              self._health_events if sdk.health_interval_s > 0 else None, self._units_per_ms)
+
+    # Instruments -----------------------------------------------------------------------------------------
+    def _instrument(self, cls: type[_Instrument], name: str, tags: Mapping[str, str] | None) -> Any:
+        key = (cls, name, tuple(sorted((tags or {}).items())))
+        instrument = self._instruments.get(key)
+        if instrument is None:
+            instrument = self._instruments.setdefault(key, cls(self, name, tags))
+        return instrument
+
+    def counter(self, name: str, *, tags: Mapping[str, str] | None = None) -> Counter:
+        return self._instrument(Counter, name, tags)
+
+    def gauge(self, name: str, *, tags: Mapping[str, str] | None = None) -> Gauge:
+        return self._instrument(Gauge, name, tags)
+
+    def histogram(self, name: str, *, tags: Mapping[str, str] | None = None) -> Histogram:
+        return self._instrument(Histogram, name, tags)
+
+    def timer(self, name: str, *, tags: Mapping[str, str] | None = None) -> Timer:
+        """A timer observing milliseconds; nests and may be shared across threads."""
+        return self._instrument(Timer, name, tags)
 
     def metric(self, name: str, value: float, *, user: str | None = None,
-               tags: Mapping[str, str] | None = None, event_time: int | None = None) -> str:
-        """Record one metric observation; returns the event id."""
-        event = metric_event(app=self.app, device=self.device, name=name, value=value,
-                             event_time=self.clock() if event_time is None else event_time, sent_time=0,
-                             user=user, tags=tags)
-        return self._send(event)
+               tags: Mapping[str, str] | None = None, event_time: int | None = None) -> None:
+        """One metric observation; ``event_time`` (device-clock ms) defaults to now."""
+        if not isfinite(value):
+            raise ValueError(f"{name}: value must be finite, not {value!r}")
+        self._buffer.put((METRIC, envelope_head("metric", self.app, self.device, name), value,
+                          self._event_time(event_time), user, tags))
 
     def log(self, level: str, message: str, *, name: str = "app", user: str | None = None,
-            tags: Mapping[str, str] | None = None, event_time: int | None = None) -> str:
-        """Record one log line at ``level`` (debug, info, warning, error, critical); returns the event id."""
-        event = log_event(app=self.app, device=self.device, name=name, level=level, message=message,
-                          event_time=self.clock() if event_time is None else event_time, sent_time=0,
-                          user=user, tags=tags)
-        return self._send(event)
+            event_time: int | None = None, **tags: str) -> None:
+        """One log line at ``level`` (debug, info, warning, error, critical) from logger ``name``."""
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+        head = self._log_heads.get(name)
+        if head is None:
+            head = self._log_heads.setdefault(name, envelope_head("log", self.app, self.device, name))
+        self._buffer.put((LOG, head, (level, str(message)), self._event_time(event_time), user, tags or None))
 
-    def send_raw(self, value: bytes, key: str | None = None) -> None:
-        """Produce an already-encoded record as is (tests and the demo use it for malformed input)."""
-        self._produce(value, key or self.device)
+    def _event_time(self, event_time_ms: int | None) -> int:
+        """An event time in the buffer's unit (see ``_now``)."""
+        return self._now() if event_time_ms is None else event_time_ms * self._units_per_ms
 
-    def _send(self, event: dict[str, Any]) -> str:
-        event["sent_time"] = max(self.clock(), event["event_time"])
-        self._produce(encode(event), self.device)
-        return str(event["id"])
+    def send_raw(self, value: bytes) -> None:
+        """Send an already-encoded record as is, keyed by this device (tests and the demo send malformed input)."""
+        self._buffer.put((RAW, None, bytes(value), 0, None, None))
 
-    def _produce(self, value: bytes, key: str) -> None:
-        while True:
-            try:
-                self._producer.produce(self.config.kafka.events_topic, value=value, key=key.encode(),
-                                       on_delivery=self._on_delivery)
-                break
-            except BufferError:  # local queue full: let the producer drain, then retry
-                self._producer.poll(0.05)
-        self._producer.poll(0)
+    def logging_handler(self, level: int = logging.NOTSET) -> EventHandler:
+        """A ``logging.Handler`` sending records as log events through this client."""
+        return EventHandler(self, level)
 
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._failed.append(str(err))
+    # Health ----------------------------------------------------------------------------------------------
+    def stats(self) -> SdkStats:
+        """Exact counters: accepted, dropped by reason, produced, acknowledged, spooled, replayed."""
+        b, s, spool = self._buffer, self._sender, self._spool
+        accepted, depth = b.counts()
+        return SdkStats(enqueued=accepted, queue_depth=depth, dropped_oldest=b.dropped_oldest,
+                        dropped_newest=b.dropped_newest, dropped_spool_full=spool.dropped_full,
+                        send_errors=s.send_errors, produced=s.produced, acknowledged=s.acknowledged(),
+                        spooled=s.spooled, replayed=s.replayed, spool_bytes=spool.size_bytes, online=s.online,
+                        blocked_puts=b.blocked_puts)
 
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """Block until Kafka acknowledged everything sent so far; raises :class:`DeliveryError` otherwise."""
-        remaining = self._producer.flush(timeout_s)
-        if remaining or self._failed:
-            failed, self._failed = self._failed, []
-            raise DeliveryError(f"{remaining} events unacknowledged, {len(failed)} failed: {failed[:3]}")
+    def _health_counts(self) -> dict[str, int]:
+        b, spool = self._buffer, self._spool
+        sender = getattr(self, "_sender", None)
+        return {"overflow": b.dropped_oldest + b.dropped_newest, "spool_full": spool.dropped_full,
+                "send_error": sender.send_errors if sender else 0}
+
+    def _health_events(self) -> list[tuple[Any, ...]]:
+        """Buffer items for the SDK's own metrics: gauges now, drops since the previous report."""
+        now = self._now()
+        counts, last = self._health_counts(), self._last_health
+        self._last_health = counts
+        gauges = {"queue_depth": len(self._buffer), "spool_bytes": self._spool.size_bytes}
+        items = [(METRIC, envelope_head("metric", self.app, self.device, HEALTH_PREFIX + name), float(value), now,
+                  None, None) for name, value in gauges.items()]
+        items += [(METRIC, envelope_head("metric", self.app, self.device, HEALTH_PREFIX + "dropped"),
+                   float(counts[reason] - last[reason]), now, None, {"reason": reason}) for reason in counts]
+        return items
+
+    # Lifecycle -------------------------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every event recorded so far is acknowledged by Kafka (True), or, while Kafka is
+        unreachable, safely in the spool (False); False as well if ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._sender.idle():
+                return self._sender.online
+            self._sender.wake()     # the sender serves delivery reports when it wakes
+            time.sleep(0.002)
+        return False
 
     def close(self, timeout_s: float = 30.0) -> None:
-        self.flush(timeout_s)
+        """Flush, then stop the sender; what Kafka has not acknowledged by then is kept in the spool."""
+        if self._closed:
+            return
+        self._closed = True
+        self._sender.close(timeout_s)
+        _open_clients.discard(self)
 
     def __enter__(self) -> Client:
         return self
@@ -101,3 +267,45 @@ class Client:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    def _restart_after_fork(self) -> None:
+        # The parent's sender thread does not exist here and librdkafka is not fork-safe: start afresh, and
+        # keep the parent's producer referenced forever so it is never torn down from this process.
+        _orphaned_producers.append(self._sender.orphan())
+        self._spool.forget_after_fork()
+        self._buffer.reset_after_fork()
+        self._start()
+
+
+class EventHandler(logging.Handler):
+    """A ``logging.Handler`` that turns log records into log events (logger name → ``name``)."""
+
+    _LEVELS = ((logging.CRITICAL, "critical"), (logging.ERROR, "error"), (logging.WARNING, "warning"),
+               (logging.INFO, "info"))
+
+    def __init__(self, client: Client, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self.client = client
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level = next((name for number, name in self._LEVELS if record.levelno >= number), "debug")
+            user = getattr(record, "user", None)
+            self.client.log(level, self.format(record), name=record.name, user=user)
+        except Exception:
+            self.handleError(record)
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_open_clients):
+        if not client._closed:
+            client._restart_after_fork()
+
+
+def _close_all_at_exit() -> None:
+    for client in list(_open_clients):
+        client.close(timeout_s=5.0)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_close_all_at_exit)

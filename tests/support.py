@@ -45,14 +45,16 @@ def produce(config: Config, events: list[Metric]) -> None:
             clients[key] = Client(e.app, e.device, config=config, clock=offset_clock(e.clock_offset_ms))
         clients[key].metric(e.name, e.value, user=e.user, event_time=e.at + e.clock_offset_ms)
     for client in clients.values():
-        client.flush()
+        assert client.flush(), "Kafka did not acknowledge every event"
+        client.close()
 
 
 def produce_raw(config: Config, values: list[bytes]) -> None:
     client = Client("raw", "raw-device", config=config)
     for value in values:
         client.send_raw(value)
-    client.flush()
+    assert client.flush(), "Kafka did not acknowledge every record"
+    client.close()
 
 
 def run_job(spark: Any, config: Config) -> None:
