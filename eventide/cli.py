@@ -8,6 +8,7 @@
     eventide job             run the stream job in the foreground (--until-idle: drain Kafka and exit)
     eventide load            run the demo load generator in the foreground
     eventide dashboard       run the Streamlit dashboard in the foreground
+    eventide gateway         run the HTTP gateway (POST /v1/events) in the foreground
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--rate", type=float)
     load.add_argument("--duration", type=float)
     sub.add_parser("dashboard", help="run the dashboard (foreground)")
+    sub.add_parser("gateway", help="run the HTTP gateway (foreground)")
     args = parser.parse_args(argv)
     if args.config:  # background services and child processes load the same file
         os.environ["EVENTIDE_CONFIG"] = str(Path(args.config).resolve())
@@ -150,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         demo_load.run(config, args.rate, args.duration)
     elif args.command == "dashboard":
         os.execv(sys.executable, dashboard_argv(config))
+    elif args.command == "gateway":
+        from ingest import gateway
+
+        return gateway.serve(config)
     return 0
 
 

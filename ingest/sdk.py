@@ -247,8 +247,9 @@ class Client:
         unreachable, safely in the spool (False); False as well if ``timeout_s`` passes first."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._sender.idle():
-                return self._sender.online
+            sender = self._sender
+            if sender.idle() and (sender.online or not sender.replaying):
+                return sender.online
             self._sender.wake()     # the sender serves delivery reports when it wakes
             time.sleep(0.002)
         return False

@@ -118,7 +118,7 @@ class Sender:
             "delivery.report.only.error": True,    # success is counted as produced − failed − still queued
             "on_delivery": self._on_delivery,
             "error_cb": self._on_error,
-            "log_level": 3,
+            "log_level": 3, **({"debug": "eos,msg"} if os.environ.get("SDKDEBUG") else {}),
         })
         self._thread = threading.Thread(target=self._run, name="eventide-sender", daemon=True)
         self._thread.start()
@@ -128,7 +128,13 @@ class Sender:
         return len(self._producer)
 
     def acknowledged(self) -> int:
-        return self.produced - self.acknowledged_failed - len(self._producer)
+        # Exact when the producer is idle; during a purge a record can leave the queue before its report.
+        return max(0, self.produced - self.acknowledged_failed - len(self._producer))
+
+    @property
+    def replaying(self) -> bool:
+        """The broker is back and the spool is being sent."""
+        return self._replaying
 
     def idle(self) -> bool:
         """Nothing in the buffer, nothing being encoded, nothing waiting for Kafka."""
@@ -305,6 +311,9 @@ class Sender:
     def close(self, timeout_s: float) -> None:
         """Send what is buffered; whatever Kafka has not acknowledged by the deadline goes to the spool."""
         deadline = time.monotonic() + timeout_s
+        if self._health is not None:        # a last report, so the health metrics add up to the final counts
+            for item in self._health():
+                self.buffer.put_unbounded(item)
         self.buffer.wait_empty(deadline)
         self._stop.set()
         self._wake.set()
