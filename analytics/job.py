@@ -66,6 +66,8 @@ def kafka_records(spark: SparkSession, config: Config) -> DataFrame:
         .option("subscribe", config.kafka.events_topic)
         .option("startingOffsets", config.stream.starting_offsets)
         .option("maxOffsetsPerTrigger", config.stream.max_offsets_per_trigger)
+        # The HTTP gateway writes in transactions; records of aborted ones must never be counted.
+        .option("kafka.isolation.level", "read_committed")
         # Retention may delete records an idle job never read; report it, keep running.
         .option("failOnDataLoss", "false")
         .load()

@@ -38,6 +38,8 @@ def batch_records(spark: SparkSession, config: Config, info: BatchInfo) -> DataF
         .option("subscribe", config.kafka.events_topic)
         .option("startingOffsets", json.dumps(info.start_offsets))
         .option("endingOffsets", json.dumps(info.end_offsets))
+        # Same records as the streaming read: aborted gateway transactions stay invisible.
+        .option("kafka.isolation.level", "read_committed")
         .option("failOnDataLoss", "false")
         .load()
     )

@@ -291,3 +291,31 @@ def test_openapi_documents_the_events_endpoint(client: TestClient) -> None:
     assert post["responses"]["503"]["content"]["application/json"]["schema"]["$ref"].endswith("/Unavailable")
     assert "/health" in doc["paths"]
     assert any("HTTPBearer" in scheme for scheme in doc["components"]["securitySchemes"])
+
+
+def test_the_stream_job_counts_committed_batches_only(kafka: Config, spark: Any) -> None:
+    """End to end: an aborted gateway batch stays invisible to the job (read_committed), a committed one counts."""
+    from tests.conftest import fresh_stack
+    from tests.support import minute_in_past, run_job, window_rows
+
+    limited = kafka.model_copy(update={"kafka": kafka.kafka.model_copy(update={"max_message_bytes": 4096})})
+    stack = fresh_stack(limited, "gateway_job")
+    config = stack.model_copy(update={"gateway": stack.gateway.model_copy(update={"tokens": [TOKEN]})})
+    _wait_for_topic(config)
+    t0 = minute_in_past()
+
+    def happened(offset_ms: int, value: float, device: str, **changes: Any) -> dict[str, Any]:
+        # Sent now, happened in the past (an offline device): corrected_event_time = event_time + network delay.
+        return metric(device, value=value, event_time=t0 + offset_ms, sent_time=now_ms(), **changes)
+
+    with TestClient(create_app(config)) as client:
+        aborted = client.post("/v1/events", headers=AUTH, json=[
+            happened(1000, 100.0, "d1"), happened(2000, 100.0, "d2"),
+            happened(3000, 100.0, "d3", tags={"blob": os.urandom(8000).hex()})])  # refused by the broker
+        committed_batch = client.post("/v1/events", headers=AUTH,
+                                      json=[happened(1000, 1.0, "d1"), happened(2000, 2.0, "d2")])
+    assert aborted.status_code == 503
+    assert committed_batch.status_code == 200
+    run_job(spark, config)
+    [window] = window_rows(config, 10)
+    assert (window["window_start"].timestamp() * 1000, window["event_count"], window["sum"]) == (t0, 2, 3.0)
