@@ -6,7 +6,7 @@ microsecond). Only a full buffer takes the lock, and there the overflow policy d
 counted under that lock, so the counters are exact whatever the threads do.
 
 Accounting identity, exact whenever read under the lock (:meth:`counts`):
-``accepted = taken + len(buffer) + dropped_oldest``.
+``accepted = taken + len(buffer) + dropped_oldest − internal`` (internal: the SDK's own health events).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class EventBuffer:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self.taken = 0
+        self.internal = 0
         self.dropped_oldest = 0
         self.dropped_newest = 0
         self.blocked_puts = 0
@@ -77,8 +78,10 @@ class EventBuffer:
             return True
 
     def put_unbounded(self, item: Any) -> None:
-        """Append without applying the overflow policy (the SDK's own few health events)."""
-        self._items.append(item)
+        """Append without applying the overflow policy or counting it as accepted (the SDK's health events)."""
+        with self._lock:
+            self._items.append(item)
+            self.internal += 1
 
     def take(self, max_items: int) -> list[Any]:
         """Remove and return up to ``max_items`` oldest events."""
@@ -97,7 +100,7 @@ class EventBuffer:
         """(accepted, queue depth), read consistently."""
         with self._lock:
             depth = len(self._items)
-            return self.taken + depth + self.dropped_oldest, depth
+            return self.taken + depth + self.dropped_oldest - self.internal, depth
 
     def __len__(self) -> int:
         return len(self._items)

@@ -118,7 +118,7 @@ class Sender:
             "delivery.report.only.error": True,    # success is counted as produced − failed − still queued
             "on_delivery": self._on_delivery,
             "error_cb": self._on_error,
-            "log_level": 3, **({"debug": "eos,msg"} if os.environ.get("SDKDEBUG") else {}),
+            "logger": log,        # librdkafka logs via logging, only when polled: quiet once closed
         })
         self._thread = threading.Thread(target=self._run, name="eventide-sender", daemon=True)
         self._thread.start()

@@ -1,0 +1,151 @@
+"""The SDK keeps its promises while Kafka is away: spool, survive a kill, replay in order, keep times right.
+
+These tests stop and start a broker of their own (the session broker keeps serving the other tests).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from eventide import broker
+from eventide.config import Config, load_config
+from eventide.services import free_port
+from ingest.envelope import now_ms, offset_clock
+from ingest.sdk import Client
+from tests.sdk_support import consume_all, fresh_topic
+from tests.support import minute_in_past, run_job, wait_until, window_rows
+
+REPO = Path(__file__).resolve().parent.parent
+HOUR_MS = 3_600_000
+
+_KILLED_APP = """
+import json, sys, time
+from eventide.config import load_config
+from ingest.sdk import Client
+overrides, n = json.loads(sys.argv[1]), int(sys.argv[2])
+events = Client("killed-app", "phone-7", config=load_config(environ={}, **overrides))
+seq = events.gauge("seq")
+for i in range(n):
+    seq.set(i)
+while events.stats().spooled < n:
+    time.sleep(0.05)
+print("spooled", events.stats().spool_bytes, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
+    data = tmp_path_factory.mktemp("own-broker")
+    config = load_config(
+        environ={}, root=str(REPO),
+        paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
+        kafka={"port": free_port(), "controller_port": free_port(), "events_topic": "sdk.offline"},
+        sdk={"reconnect_probe_s": 0.3, "health_interval_s": 0, "spool_dir": str(data / "spool")},
+    )
+    broker.start(config)
+    broker.ensure_topics(config)
+    yield config
+    broker.stop(config)
+
+
+def _overrides(config: Config) -> dict[str, object]:
+    return {"root": str(config.root), "paths": {"data_dir": str(config.data_dir), "cache_dir": str(config.cache_dir)},
+            "kafka": {"port": config.kafka.port, "controller_port": config.kafka.controller_port,
+                      "events_topic": config.kafka.events_topic},
+            "sdk": {"reconnect_probe_s": 0.3, "health_interval_s": 0, "spool_dir": str(config.spool_dir)}}
+
+
+def _seq_of(config: Config, app: str) -> list[float]:
+    return [r["value"] for r in consume_all(config) if r["app"] == app]
+
+
+def test_broker_stopped_mid_stream_every_event_arrives_once_in_order(own_broker: Config) -> None:
+    n = 20_000
+    events = Client("stream-app", "phone-1", config=own_broker)
+    seq = events.gauge("seq")
+    recorded = threading.Event()
+
+    def record() -> None:
+        for i in range(n):
+            seq.set(i)
+            if i % 200 == 0:
+                time.sleep(0.01)       # ~20k events/s for about a second
+        recorded.set()
+
+    assert events.flush(30)              # the topic's leader is up before the stream starts
+    writer = threading.Thread(target=record)
+    writer.start()
+    time.sleep(0.3)
+    broker.stop(own_broker)
+    wait_until(lambda: not events.stats().online and events.stats().spool_bytes > 0, timeout_s=30)
+    time.sleep(0.5)
+    broker.start(own_broker)
+    writer.join()
+    assert events.flush(120)
+    stats = events.stats()
+    events.close()
+
+    assert stats.spooled > 0 and stats.replayed == stats.spooled and stats.dropped == 0
+    assert _seq_of(own_broker, "stream-app") == list(range(n))
+
+
+def test_process_killed_with_a_full_spool_is_replayed_after_restart(own_broker: Config) -> None:
+    n = 5_000
+    broker.stop(own_broker)
+    app = subprocess.Popen([sys.executable, "-c", _KILLED_APP, json.dumps(_overrides(own_broker)), str(n)],
+                           cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = app.stdout.readline() if app.stdout else ""
+        assert line.startswith("spooled"), line
+    finally:
+        app.send_signal(signal.SIGKILL)
+        app.wait()
+    killed_at = now_ms()
+    broker.start(own_broker)
+
+    restarted = Client("killed-app", "phone-7", config=own_broker)
+    assert restarted.flush(60)
+    assert restarted.stats().replayed == n
+    restarted.close()
+    records = [r for r in consume_all(own_broker) if r["app"] == "killed-app"]
+    assert [r["value"] for r in records] == list(range(n))
+    assert all(r["event_time"] < killed_at <= r["sent_time"] for r in records)   # sent when really sent
+    assert not list((own_broker.spool_dir / "killed-app").rglob("*.spool"))
+
+
+def test_skewed_clock_and_hours_offline_still_give_the_true_event_time(spark, kafka: Config, tmp_path) -> None:
+    """A phone whose clock is 2 h slow recorded events 3 h ago, kept them offline, and sends them now."""
+    from tests.conftest import fresh_stack
+
+    config = fresh_topic(fresh_stack(kafka, "skew-offline"), "skew-offline", tmp_path, partitions=1)
+    offline = config.model_copy(update={"kafka": config.kafka.model_copy(
+        update={"bootstrap_servers": f"127.0.0.1:{free_port()}"})})     # nothing listens there
+    slow_clock = offset_clock(-2 * HOUR_MS)
+    minute = minute_in_past(180)
+    truly_at = minute + 10_000
+
+    phone = Client("mobile", "phone-9", config=offline, clock=slow_clock)
+    for i in range(5):
+        phone.metric("latency_ms", 10.0 * (i + 1), event_time=truly_at - 2 * HOUR_MS + 1000 * i)
+    assert phone.flush(30) is False and phone.stats().spooled == 5
+    phone.close()
+
+    back_online = Client("mobile", "phone-9", config=config, clock=slow_clock)
+    assert back_online.flush(30)
+    back_online.close()
+    run_job(spark, config)
+
+    windows = window_rows(config, 60, "app = 'mobile'")
+    assert [(w["window_start"].replace(tzinfo=UTC), w["event_count"], w["sum"]) for w in windows] == [
+        (datetime.fromtimestamp(minute / 1000, UTC), 5, 150.0)]
