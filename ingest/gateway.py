@@ -217,6 +217,10 @@ class PreparedBatch:
     rejected: list[Rejection]
 
 
+_COMPACT: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""``ingest.envelope.encode``'s format; one encoder, as ``json.dumps`` builds a new one per call with options."""
+
+
 def prepare_batch(events: Sequence[object], received_time: int, max_record_bytes: int) -> PreparedBatch:
     """Stamp ``received_time`` on every event object, encode it as compact JSON and validate it.
 
@@ -229,7 +233,7 @@ def prepare_batch(events: Sequence[object], received_time: int, max_record_bytes
         event = {**raw, "received_time": received_time} if isinstance(raw, dict) else raw
         value: bytes | None
         try:
-            value = json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
+            value = _COMPACT.encode(event).encode()
             size = len(value)
         except ValueError:  # a non-finite number (1e999): not representable in JSON
             value, size = None, encoded_size(event)

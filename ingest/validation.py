@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any, Final
 
@@ -169,15 +170,84 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _is_finite(value: int | float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer beyond the double range: Spark reads it as an infinite double
-        return False
+def _is_string(value: object) -> bool:
+    return isinstance(value, str)
 
 
 def _is_string_map(value: object) -> bool:
     return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _any(_: object) -> bool:
+    return True
+
+
+def _supported_version(v: Any) -> str | None:
+    return None if v == ENVELOPE_VERSION else f"unsupported envelope version: {v}"
+
+
+def _non_empty_id(value: Any) -> str | None:
+    return "invalid field: id must not be empty" if value == "" else None
+
+
+def _known_kind(value: Any) -> str | None:
+    return None if value in KINDS else f"invalid field: kind must be one of {', '.join(KINDS)}"
+
+
+def _known_level(value: Any) -> str | None:
+    # The stream job reads level as a string whatever its JSON type, so a number is "invalid", not "mistyped".
+    ok = isinstance(value, str) and value in LEVELS
+    return None if ok else f"invalid field: level must be one of {', '.join(LEVELS)}"
+
+
+def _finite(value: Any) -> str | None:
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer beyond the double range: Spark reads it as an infinite double
+        finite = False
+    return None if finite else "invalid field: value must be finite"
+
+
+def _length(field: str, high: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if 1 <= len(value) <= high else f"invalid field: {field} must be 1-{high} characters"
+    return check
+
+
+# (field, expected JSON type, type test, required, value check) in the stream job's rule order: absent (or
+# null) -> "missing field" when required; wrong type -> "mistyped field"; then the value check's reason.
+_Step = tuple[str, str, Callable[[object], bool], bool, Callable[[Any], str | None] | None]
+_COMMON_STEPS: Final[tuple[_Step, ...]] = (
+    ("v", "integer", _is_integer, True, _supported_version),
+    ("id", "string", _is_string, True, _non_empty_id),
+    ("kind", "string", _is_string, True, _known_kind),
+    ("app", "string", _is_string, True, _length("app", MAX_APP_CHARS)),
+    ("device", "string", _is_string, True, _length("device", MAX_DEVICE_CHARS)),
+    ("name", "string", _is_string, True, _length("name", MAX_NAME_CHARS)),
+    ("event_time", "integer ms", _is_integer, True, None),
+    ("sent_time", "integer ms", _is_integer, True, None),
+    ("received_time", "integer ms", _is_integer, False, None),
+    ("user", "string", _is_string, False, None),
+    ("tags", "object of strings", _is_string_map, False, None),
+)
+_KIND_STEPS: Final[dict[str, tuple[_Step, ...]]] = {
+    "metric": (("value", "number", _is_number, True, _finite),),
+    "log": (("level", "string", _any, True, _known_level), ("message", "string", _is_string, True, None)),
+}
+
+
+def _first_failure(fields: dict[str, Any], steps: tuple[_Step, ...]) -> str | None:
+    for field, expected, type_ok, required, check in steps:
+        value = fields.get(field)
+        if value is None:
+            if required:
+                return f"missing field: {field}"
+            continue
+        if not type_ok(value):
+            return f"mistyped field: {field} (expected {expected}, got {json_type(value)})"
+        if check is not None and (reason := check(value)) is not None:
+            return reason
+    return None
 
 
 def validation_error(event: object, max_record_bytes: int, *, record_bytes: int | None = None) -> str | None:
@@ -191,64 +261,7 @@ def validation_error(event: object, max_record_bytes: int, *, record_bytes: int 
         return f"record too large: {size} bytes > {max_record_bytes}"
     if not isinstance(event, dict):
         return "not a JSON object"
-    fields: dict[str, Any] = event  # narrowed once, for the helpers below
-
-    def absent(field: str) -> bool:
-        return fields.get(field) is None
-
-    def mistyped(field: str, expected: str) -> str:
-        return f"mistyped field: {field} (expected {expected}, got {json_type(fields[field])})"
-
-    def required(field: str, expected: str, ok: bool) -> str | None:
-        if absent(field):
-            return f"missing field: {field}"
-        return None if ok else mistyped(field, expected)
-
-    def bounded_string(field: str, high: int) -> str | None:
-        value = fields.get(field)
-        reason = required(field, "string", isinstance(value, str))
-        if reason is None and not 1 <= len(value) <= high:
-            return f"invalid field: {field} must be 1-{high} characters"
-        return reason
-
-    v = fields.get("v")
-    if reason := required("v", "integer", _is_integer(v)):
-        return reason
-    if v != ENVELOPE_VERSION:
-        return f"unsupported envelope version: {v}"
-    if reason := required("id", "string", isinstance(fields.get("id"), str)):
-        return reason
-    if fields["id"] == "":
-        return "invalid field: id must not be empty"
-    kind = fields.get("kind")
-    if reason := required("kind", "string", isinstance(kind, str)):
-        return reason
-    if kind not in KINDS:
-        return f"invalid field: kind must be one of {', '.join(KINDS)}"
-    for field, high in (("app", MAX_APP_CHARS), ("device", MAX_DEVICE_CHARS), ("name", MAX_NAME_CHARS)):
-        if reason := bounded_string(field, high):
-            return reason
-    for field in ("event_time", "sent_time"):
-        if reason := required(field, "integer ms", _is_integer(fields.get(field))):
-            return reason
-    for field, expected, ok in (("received_time", "integer ms", _is_integer),
-                                ("user", "string", lambda x: isinstance(x, str)),
-                                ("tags", "object of strings", _is_string_map)):
-        if not absent(field) and not ok(fields[field]):
-            return mistyped(field, expected)
-    if kind == "metric":
-        value = fields.get("value")
-        if reason := required("value", "number", _is_number(value)):
-            return reason
-        if not _is_finite(value):
-            return "invalid field: value must be finite"
-    else:
-        if absent("level"):
-            return "missing field: level"
-        if not isinstance(fields["level"], str) or fields["level"] not in LEVELS:
-            return f"invalid field: level must be one of {', '.join(LEVELS)}"
-        if reason := required("message", "string", isinstance(fields.get("message"), str)):
-            return reason
-    if fields["event_time"] > fields["sent_time"]:
+    reason = _first_failure(event, _COMMON_STEPS) or _first_failure(event, _KIND_STEPS[event["kind"]])
+    if reason is None and event["event_time"] > event["sent_time"]:
         return "event_time is after sent_time"
-    return None
+    return reason
