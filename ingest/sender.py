@@ -42,6 +42,7 @@ RAW_SPOOL_PREFIX: Final = b"~"          # spooled raw records are hex-encoded af
 
 HEALTH_PREFIX: Final = "eventide.sdk."
 _SPOOL_CHUNK_LINES: Final = 5_000
+_ENCODING_CACHE_SIZE: Final = 10_000
 _SENT_TIME_CHUNK: Final = 512        # events per clock read: sent_time stays within about a millisecond
 _SENT_TIME_MARK: Final = b',"sent_time":'
 _VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
@@ -105,6 +106,8 @@ class Sender:
         self._replaying = not self.online
         self._next_probe = 0.0
         self._in_hand = 0
+        self._users: dict[object, str] = {}
+        self._tag_sets: dict[tuple[tuple[Any, Any], ...], str] = {}
         self.produced = self.acknowledged_failed = self.send_errors = self.spooled = self.replayed = 0
         self._next_health = time.monotonic() + sdk.health_interval_s
         self._producer = Producer({
@@ -233,6 +236,7 @@ class Sender:
         random_hex = os.urandom(9 * len(batch)).hex()
         units = self.time_units_per_ms
         last_t, prefix = -1, ""
+        users, tag_sets = self._users, self._tag_sets
         bodies = []
         append = bodies.append
         for i, (code, head, payload, t, user, tags) in enumerate(batch):
@@ -251,11 +255,30 @@ class Sender:
                 body = f'{prefix}{r[:3]}-8{r[3:6]}-{r[6:]}",{head},"level":"{payload[0]}",' \
                        f'"message":{encode_basestring(payload[1])}'
             if user is not None:
-                body += ',"user":' + encode_basestring(str(user))
+                body += users.get(user) or self._encode_user(user)
             if tags:
-                body += ',"tags":' + json.dumps({str(k): str(v) for k, v in tags.items()}, separators=(",", ":"))
+                key = tuple(tags.items())
+                try:
+                    body += tag_sets.get(key) or self._encode_tags(key)
+                except TypeError:       # an unhashable tag value: stringified, not cached
+                    body += self._encode_tags(key, cache=False)
             append(f'{body},"event_time":{t}'.encode())
         return bodies
+
+    # Users and tag sets repeat: their JSON is cached (bounded; cleared when full).
+    def _encode_user(self, user: object) -> str:
+        if len(self._users) >= _ENCODING_CACHE_SIZE:
+            self._users.clear()
+        encoded = self._users[user] = ',"user":' + encode_basestring(str(user))
+        return encoded
+
+    def _encode_tags(self, items: tuple[tuple[Any, Any], ...], cache: bool = True) -> str:
+        encoded = ',"tags":' + json.dumps({str(k): str(v) for k, v in items}, separators=(",", ":"))
+        if cache:
+            if len(self._tag_sets) >= _ENCODING_CACHE_SIZE:
+                self._tag_sets.clear()
+            self._tag_sets[items] = encoded
+        return encoded
 
     def _produce(self, bodies: list[bytes]) -> None:
         """Hand envelope bodies (or spooled raw records) to the producer, closing each with ``sent_time``."""
