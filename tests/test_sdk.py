@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 from collections import Counter as Tally
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +157,17 @@ def test_a_forked_child_sends_its_own_events_and_never_the_parents(topic: Config
     events.close()
     tally = Tally(r["tags"]["who"] for r in consume_all(topic))
     assert tally == {"parent-before": 50, "child": 30, "parent-after": 20}
+
+
+def test_the_readme_three_line_example_runs_as_written(topic: Config, tmp_path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Instrument your app"):]
+    example = section[section.index("```python\n") + len("```python\n"):section.index("```\n", 20)]
+    assert len(example.strip().splitlines()) == 3, example
+    env = {**os.environ, "EVENTIDE_KAFKA__PORT": str(topic.kafka.port),
+           "EVENTIDE_KAFKA__EVENTS_TOPIC": topic.kafka.events_topic,
+           "EVENTIDE_SDK__SPOOL_DIR": str(tmp_path / "readme-spool")}
+    subprocess.run([sys.executable, "-c", example], cwd=tmp_path, env=env, check=True, timeout=60,
+                   stdout=subprocess.DEVNULL)
+    [record] = [r for r in consume_all(topic) if not r["name"].startswith("eventide.sdk.")]
+    assert (record["app"], record["name"], record["value"], record["user"]) == ("checkout", "orders", 1.0, "u-42")
