@@ -32,16 +32,23 @@ def test_instruments_write_v1_envelopes_with_uuid7_ids_and_send_time_at_handoff(
         events.histogram("latency_ms").observe(12.5, user="u-1")
         with events.timer("block_ms"):
             pass
+
+        @events.timer("handler_ms")
+        def handler(x: int) -> int:
+            return x * 2
+
+        assert handler(21) == 42
         events.log("error", 'payment "declined"\nretrying', user="u-42", order="17")
         assert events.flush()
     after = now_ms()
 
     records = consume_all(topic)
     by_name = {r["name"]: r for r in records}
-    assert [r["name"] for r in records] == ["orders", "orders", "queue_len", "latency_ms", "block_ms", "app"]
+    assert [r["name"] for r in records] == ["orders", "orders", "queue_len", "latency_ms", "block_ms",
+                                            "handler_ms", "app"]
     assert records[0]["value"] == 1.0 and records[0]["user"] == "u-42" and records[0]["tags"] == {"region": "eu"}
     assert records[1]["value"] == 2.0 and records[1]["tags"] == {"region": "us"} and "user" not in records[1]
-    assert by_name["block_ms"]["value"] >= 0
+    assert by_name["block_ms"]["value"] >= 0 and by_name["handler_ms"]["value"] >= 0
     assert by_name["app"] | {"id": None, "event_time": None, "sent_time": None} == {
         "v": 1, "id": None, "kind": "log", "app": "shop", "device": "phone-1", "name": "app", "level": "error",
         "message": 'payment "declined"\nretrying', "user": "u-42", "tags": {"order": "17"},
