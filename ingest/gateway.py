@@ -42,6 +42,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
+import anyio
+import anyio.to_thread
 import uvicorn
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -50,6 +52,8 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from eventide.config import Config, ConfigError, load_config
 from ingest.envelope import KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS, now_ms
@@ -368,16 +372,18 @@ class TransactionalProducers:
             finally:
                 self._idle.put(slot)
 
-    def write(self, records: Sequence[tuple[bytes, bytes]]) -> None:
-        """Write ``records`` (key, value) to the events topic in one transaction, within ``ack_timeout_s``.
+    def write(self, records: Sequence[tuple[bytes, bytes]], timeout_s: float | None = None) -> None:
+        """Write ``records`` (key, value) to the events topic in one transaction, within ``timeout_s``
+        (default ``ack_timeout_s``). Blocking.
 
         Returns once the commit is acknowledged. Raises :class:`KafkaUnavailable` otherwise, after aborting.
         """
-        deadline = time.monotonic() + self._ack_timeout_s
+        timeout_s = self._ack_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         try:
-            slot = self._idle.get(timeout=self._ack_timeout_s)
+            slot = self._idle.get(timeout=timeout_s)
         except queue.Empty:
-            raise KafkaUnavailable(f"all {self.size} Kafka producers stayed busy for {self._ack_timeout_s}s",
+            raise KafkaUnavailable(f"all {self.size} Kafka producers stayed busy for {timeout_s:.1f}s",
                                    retry_after_s=RETRY_AFTER_BUSY_S) from None
         try:
             self._transaction(slot, records, deadline)
@@ -516,6 +522,9 @@ class Gateway:
         self._tokens = [t.encode() for t in tokens]
         self.producers = TransactionalProducers(config)
         self.probe = BrokerProbe(config)
+        # Requests wait for a producer here, in the event loop, so waiting ties up no worker thread (the
+        # thread pool is shared with health checks and decoding). Made in start(), inside the event loop.
+        self._permits: anyio.Semaphore | None = None
 
     def authorized(self, credentials: HTTPAuthorizationCredentials | None) -> bool:
         """Constant-time comparison against every configured token (no early exit on the first match)."""
@@ -532,13 +541,28 @@ class Gateway:
         events = parse_batch(body, content_type, gw.max_batch_events)
         return prepare_batch(events, received_time, self.config.envelope.max_record_bytes)
 
-    def write(self, records: Sequence[tuple[bytes, bytes]]) -> None:
-        """Fail fast when the broker is known to be down, else write in one transaction (blocking)."""
-        broker = self.probe.status()
+    async def write(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        """Write ``records`` in one transaction, within ``ack_timeout_s`` counted from now (waiting for a free
+        producer included). Fails fast when the broker is known to be down. Raises :class:`KafkaUnavailable`."""
+        deadline = time.monotonic() + self.config.gateway.ack_timeout_s
+        broker = await run_in_threadpool(self.probe.status)
         if not broker.reachable or not broker.events_topic_exists:
             raise KafkaUnavailable(f"Kafka not available at {broker.bootstrap}: {broker.detail}",
                                    retry_after_s=RETRY_AFTER_UNREACHABLE_S)
-        self.producers.write(records)
+        assert self._permits is not None, "start() not called"
+        acquired = False
+        with anyio.move_on_after(max(deadline - time.monotonic(), 0)):
+            await self._permits.acquire()
+            acquired = True
+        if not acquired:
+            raise KafkaUnavailable(f"all {self.producers.size} Kafka producers stayed busy for "
+                                   f"{self.config.gateway.ack_timeout_s}s", retry_after_s=RETRY_AFTER_BUSY_S)
+        try:
+            # Outside the timeout scope and not abandoned on cancel: a transaction once begun runs to its
+            # commit or abort, and the answer must say which.
+            await anyio.to_thread.run_sync(self.producers.write, records, max(deadline - time.monotonic(), 0.1))
+        finally:
+            self._permits.release()
 
     def health(self) -> tuple[int, Health]:
         broker = self.probe.status()
@@ -547,7 +571,10 @@ class Gateway:
                                             producers=self.producers.size, producers_ready=self.producers.ready)
 
     def start(self) -> None:
-        """Warm up the producers in the background when the broker is there; never blocks startup."""
+        """Call in the event loop at startup. Warms up the producers in the background when the broker is
+        there; never blocks startup."""
+        self._permits = anyio.Semaphore(self.producers.size)
+
         def warm() -> None:
             if self.probe.status().reachable:
                 self.producers.warm_up()
@@ -653,10 +680,12 @@ def create_app(config: Config) -> FastAPI:
                                                now_ms())
         except RequestProblem as problem:
             return problem.response()
+        except ClientDisconnect:  # gone before the whole body came: nothing to do, nobody to tell
+            return Response(status_code=400)
         if not prepared.records:
             return batch_response(prepared, 422 if prepared.rejected else 200)
         try:
-            await run_in_threadpool(gateway.write, prepared.records)
+            await gateway.write(prepared.records)
         except KafkaUnavailable as exc:
             return exc.response()
         return batch_response(prepared, 207 if prepared.rejected else 200)

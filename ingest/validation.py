@@ -57,7 +57,11 @@ def loads(text: str | bytes) -> Any:
     Python's parser accepts ``NaN`` and ``Infinity`` literals, which are not JSON and which Spark cannot parse.
     ``1e999`` is valid JSON and becomes an infinite float, as in Spark (then ``value must be finite``).
     """
-    return json.loads(text, parse_float=JsonFloat, parse_constant=_reject_constant)
+    return _DECODER.decode(text.decode() if isinstance(text, bytes) else text)
+
+
+# One decoder: json.loads with options builds a new one per call, which costs more than a short NDJSON line.
+_DECODER: Final = json.JSONDecoder(parse_float=JsonFloat, parse_constant=_reject_constant)
 
 
 # Types as small tuples, rendered like Spark's schema_of_variant; tuples so array element types can be merged.
