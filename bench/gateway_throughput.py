@@ -15,6 +15,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -186,6 +187,7 @@ def main() -> None:
             proc.wait(30)
         if config.kafka.managed:
             broker.stop(config)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":
