@@ -173,6 +173,10 @@ class Sender:
                 else:
                     self._to_spool(self._bodies(batch))
             self._producer.poll(0)
+            if self.online and not self._all_brokers_down and self.spool.size_bytes:
+                # Deliveries failed (timed out) while the broker looked reachable and went to the spool:
+                # route new events behind them and replay, to keep order.
+                self.online, self._replaying = False, True
         finally:
             self._in_hand = 0
         if not self.online:
