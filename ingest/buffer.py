@@ -34,10 +34,13 @@ class EventBuffer:
             raise ValueError(f"overflow policy must be one of {', '.join(OVERFLOW_POLICIES)}, not {policy!r}")
         self.capacity = capacity
         self.policy = policy
+        # Never replaced (instruments hold it, see ``items``): after fork it is emptied in place, which is safe
+        # because the child has a single thread.
+        self._items: deque[Any] = deque()
         self._reset()
 
     def _reset(self) -> None:
-        self._items: deque[Any] = deque()
+        self._items.clear()
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self.taken = 0
@@ -57,9 +60,16 @@ class EventBuffer:
         if len(items) < self.capacity:
             items.append(item)
             return True
-        return self._put_full(item)
+        return self.put_full(item)
 
-    def _put_full(self, item: Any) -> bool:
+    @property
+    def items(self) -> deque[Any]:
+        """The underlying deque, for callers that inline ``put``'s fast path (append while ``len < capacity``,
+        else :meth:`put_full`)."""
+        return self._items
+
+    def put_full(self, item: Any) -> bool:
+        """``put`` when the buffer looked full: applies the overflow policy under the lock."""
         with self._lock:
             items = self._items
             if len(items) >= self.capacity:

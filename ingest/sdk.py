@@ -54,21 +54,26 @@ def _merge_tags(fixed: Mapping[str, str] | None, call: Mapping[str, Any]) -> Map
 
 
 class _Instrument:
-    __slots__ = ("_head", "_now", "_put", "_tags", "name")
+    __slots__ = ("_capacity", "_head", "_items", "_now", "_put_full", "_tags", "name")
 
     def __init__(self, client: Client, name: str, tags: Mapping[str, str] | None) -> None:
         self.name = name
         self._head = envelope_head("metric", client.app, client.device, name)
         self._tags = dict(tags) if tags else None
-        self._put = client._buffer.put       # the buffer object survives fork (it resets itself)
+        # EventBuffer.put inlined (one Python call less per event); the deque survives fork (emptied in place).
+        self._items, self._capacity, self._put_full = client._buffer.items, client._buffer.capacity, \
+            client._buffer.put_full
         self._now = client._now
 
     def _record(self, value: float, user: str | None, tags: Mapping[str, Any]) -> None:
         # The hot path: a check, a clock read, one tuple, one deque append.
         if not isfinite(value):
             raise ValueError(f"{self.name}: value must be finite, not {value!r}")
-        self._put((METRIC, self._head, value, self._now(), user,
-                   _merge_tags(self._tags, tags) if tags else self._tags))
+        item = (METRIC, self._head, value, self._now(), user, _merge_tags(self._tags, tags) if tags else self._tags)
+        if len(self._items) < self._capacity:
+            self._items.append(item)
+        else:
+            self._put_full(item)
 
 
 class Counter(_Instrument):
