@@ -26,8 +26,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
 from eventide import broker
 from eventide.config import Config, load_config, to_environ
 from eventide.services import free_port
@@ -105,25 +103,7 @@ def _post_all(port: int, bodies: list[bytes], clients: int, ndjson: bool) -> tup
 
 
 def _committed_count(config: Config) -> int:
-    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": f"bench-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "enable.auto.commit": False})
-    try:
-        topic = config.kafka.events_topic
-        partitions = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        count, at_end = 0, set()
-        while len(at_end) < len(partitions):
-            for msg in consumer.consume(10_000, timeout=1.0):
-                if msg.error() is None:
-                    count += 1
-                elif msg.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(msg.partition())
-                else:
-                    raise SystemExit(f"consumer error: {msg.error()}")
-        return count
-    finally:
-        consumer.close()
+    return len(broker.read_committed(config, timeout_s=120))
 
 
 def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:

@@ -15,7 +15,7 @@ import uuid
 from importlib import resources
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from eventide import jars, services
@@ -178,3 +178,32 @@ def ensure_topics(config: Config, timeout_s: float = 30.0) -> list[str]:
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise
     return created
+
+
+def read_committed(config: Config, topic: str | None = None, timeout_s: float = 30.0) -> list[Message]:
+    """Every record of ``topic`` (default: the events topic) that a ``read_committed`` reader sees, up to each
+    partition's end, in partition then offset order. For tests, benchmarks and checks, not for processing."""
+    topic = topic or config.kafka.events_topic
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": f"check-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "enable.auto.commit": False})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        records: dict[int, list[Message]] = {p: [] for p in partitions}
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(at_end) < len(partitions):
+            if time.monotonic() > deadline:
+                raise BrokerError(f"{topic}: partitions {set(partitions) - at_end} did not reach their end "
+                                  f"within {timeout_s}s")
+            for msg in consumer.consume(10_000, 0.5):
+                if msg.error() is None:
+                    records[msg.partition()].append(msg)
+                elif msg.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition())
+                else:
+                    raise BrokerError(f"{topic}: {msg.error()}")
+        return [msg for p in partitions for msg in records[p]]
+    finally:
+        consumer.close()

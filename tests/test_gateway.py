@@ -8,13 +8,12 @@ import re
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import uvicorn
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Message
 from fastapi.testclient import TestClient
 
 from eventide import broker, cli
@@ -61,29 +60,7 @@ def _wait_for_topic(config: Config, timeout_s: float = 15.0) -> None:
 
 def committed(config: Config, timeout_s: float = 20.0) -> list[Message]:
     """Every record of the events topic a ``read_committed`` reader sees (up to the last stable offset)."""
-    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": f"check-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "enable.auto.commit": False})
-    try:
-        topic = config.kafka.events_topic
-        partitions = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        records: list[Message] = []
-        at_end: set[int] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(at_end) < len(partitions):
-            assert time.monotonic() < deadline, f"partitions {set(partitions) - at_end} never reached their end"
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
-                at_end.add(msg.partition())
-                continue
-            records.append(msg)
-        return records
-    finally:
-        consumer.close()
+    return broker.read_committed(config, timeout_s=timeout_s)
 
 
 def metric(device: str = "dev-1", **changes: Any) -> dict[str, Any]:
