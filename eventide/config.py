@@ -198,6 +198,21 @@ class GatewayConfig(_Section):
     """Transactional Kafka producers, i.e. batches written concurrently."""
 
 
+class AlertingConfig(_Section):
+    """The alert evaluator: rules file, schedule and where notifications go."""
+
+    rules_file: Path = Path("alerts.toml")
+    """TOML file of ``[[rule]]`` tables (see ``alerting/rules.py``); relative to the config file."""
+    evaluation_interval_s: float = Field(15.0, gt=0)
+    webhook_url: str = ""
+    """POSTed a JSON body per firing/resolved transition; empty: no webhook."""
+    webhook_attempts: int = Field(5, ge=1)
+    webhook_backoff_s: float = Field(1.0, gt=0)
+    """First retry delay; doubles on each further attempt."""
+    alerts_topic: str = "eventide.alerts"
+    """Kafka topic that receives every firing/resolved transition (key: rule name)."""
+
+
 class DashboardConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8501, ge=1, le=65535)
@@ -232,6 +247,7 @@ class Config(_Section):
     stream: StreamConfig = StreamConfig()
     sdk: SdkConfig = SdkConfig()
     gateway: GatewayConfig = GatewayConfig()
+    alerting: AlertingConfig = AlertingConfig()
     dashboard: DashboardConfig = DashboardConfig()
     demo: DemoConfig = DemoConfig()
 
@@ -260,6 +276,10 @@ class Config(_Section):
     @property
     def spool_dir(self) -> Path:
         return self._abs(self.sdk.spool_dir) if self.sdk.spool_dir else self.data_dir / "spool"
+
+    @property
+    def alert_rules_file(self) -> Path:
+        return self._abs(self.alerting.rules_file)
 
     @property
     def store_url(self) -> str:

@@ -1,0 +1,132 @@
+"""Alert rules: loaded from a TOML file, validated at startup with messages that name the rule and the field.
+
+    [[rule]]
+    name = "checkout p99 latency"
+    series = { app = "checkout", kind = "metric", name = "latency_ms" }
+    window_s = 60              # the tumbling window length evaluated (one of stream.tumbling_windows_s)
+    statistic = "p99"          # see STATISTICS
+    comparator = ">"
+    threshold = 250
+    for = 3                    # consecutive finished windows before firing
+    severity = "warning"       # info | warning | critical
+    week_over_week = false     # true: compare value / value of the same window a week earlier
+
+Series-free statistics (``dead_letters``, ``lag``, ``freshness``) describe the pipeline and take no ``series``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from eventide.config import ConfigError, SeriesSelector
+
+SERIES_STATISTICS = ("count", "rate", "sum", "mean", "min", "max", "distinct_users", "distinct_devices",
+                     "error_ratio", "dropped_stragglers")
+PIPELINE_STATISTICS = ("dead_letters", "lag", "freshness")
+QUANTILE_PATTERN = re.compile(r"^p(\d{1,2}(\.\d+)?)$")
+"""``p50``, ``p99``, ``p99.9``: a quantile merged from the window's KLL sketch."""
+STATISTICS_HELP = f"one of {', '.join(SERIES_STATISTICS + PIPELINE_STATISTICS)}, or pXX such as p50, p99, p99.9"
+
+Comparator = Literal[">", ">=", "<", "<=", "==", "!="]
+COMPARATORS: dict[str, str] = {">": "gt", ">=": "ge", "<": "lt", "<=": "le", "==": "eq", "!=": "ne"}
+
+
+def quantile_of(statistic: str) -> float | None:
+    """0.99 for ``p99``; None for statistics that are not quantiles."""
+    match = QUANTILE_PATTERN.match(statistic)
+    return float(match.group(1)) / 100 if match else None
+
+
+class AlertRule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=200)
+    series: SeriesSelector | None = None
+    window_s: int = Field(60, gt=0)
+    statistic: str
+    comparator: Comparator
+    threshold: float
+    for_windows: int = Field(1, ge=1, alias="for")
+    """Consecutive finished windows that must breach before the alert fires (``for`` in the file)."""
+    severity: Literal["info", "warning", "critical"] = "warning"
+    week_over_week: bool = False
+    """Compare the ratio value / value of the same window one week earlier (a missing or zero base: no breach)."""
+
+    @field_validator("statistic")
+    @classmethod
+    def _known_statistic(cls, statistic: str) -> str:
+        if statistic in SERIES_STATISTICS or statistic in PIPELINE_STATISTICS:
+            return statistic
+        q = quantile_of(statistic)
+        if q is None or not 0 < q < 1:
+            raise ValueError(f"unknown statistic {statistic!r}: {STATISTICS_HELP}")
+        return statistic
+
+    @model_validator(mode="after")
+    def _series_matches_statistic(self) -> AlertRule:
+        if self.statistic in PIPELINE_STATISTICS:
+            if self.series is not None:
+                raise ValueError(f"statistic {self.statistic!r} describes the pipeline and takes no series")
+        elif self.series is None:
+            raise ValueError(f"statistic {self.statistic!r} needs a series = {{ app, kind, name }}")
+        if self.statistic == "error_ratio" and self.series is not None and self.series.kind != "log":
+            raise ValueError("error_ratio is computed from log levels: series.kind must be \"log\"")
+        return self
+
+
+class AlertRules(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rule: list[AlertRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> AlertRules:
+        seen: set[str] = set()
+        for rule in self.rule:
+            if rule.name in seen:
+                raise ValueError(f"two rules are named {rule.name!r}; names identify alert states")
+            seen.add(rule.name)
+        return self
+
+
+def _describe(error: ValidationError, data: dict[str, object], source: str) -> str:
+    rules = data.get("rule") if isinstance(data.get("rule"), list) else []
+    lines = [f"invalid alert rules ({source}):"]
+    for item in error.errors():
+        loc = list(item["loc"])
+        where = "(file)"
+        if len(loc) >= 2 and loc[0] == "rule" and isinstance(loc[1], int):
+            index = loc[1]
+            raw = rules[index] if index < len(rules) else None   # type: ignore[index]
+            name = raw.get("name") if isinstance(raw, dict) else None
+            field = ".".join(str(p) for p in loc[2:]) or "(rule)"
+            where = f"rule {name!r} (rule #{index + 1}), field {field}" if name else \
+                f"rule #{index + 1}, field {field}"
+        elif loc:
+            where = f"field {'.'.join(str(p) for p in loc)}"
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_rules(text: str, source: str = "<string>") -> AlertRules:
+    """Rules from TOML text; raises :class:`ConfigError` naming the rule and field of every problem."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"alert rules {source} are not valid TOML: {exc}") from None
+    try:
+        return AlertRules.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, data, source)) from None
+
+
+def load_rules(path: Path) -> AlertRules:
+    if not path.exists():
+        raise ConfigError(f"alert rules file {path} does not exist (alerting.rules_file)")
+    return parse_rules(path.read_text(), str(path))

@@ -1,0 +1,106 @@
+"""The alert state machine, pure: finished windows in, states and transitions out.
+
+Per (rule, series) the state is ``ok``, ``pending`` (breaching, fewer than ``for`` consecutive finished windows)
+or ``firing``. Each finished window is evaluated once, oldest first; a window at or before the last one evaluated
+is ignored, so re-running the evaluator over the same windows (a restart) changes nothing and emits nothing.
+
+Transitions: ``pending`` (first breach of a rule with ``for`` > 1), ``firing``, ``resolved`` (a firing alert's
+first non-breaching window) and ``ok`` (a pending alert that stopped breaching). Only ``firing`` and ``resolved``
+are notified. Every transition has a stable ``key``, so a notifier that records the keys it delivered never
+notifies one transition twice.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from alerting.rules import COMPARATORS, AlertRule
+
+State = Literal["ok", "pending", "firing"]
+NOTIFIED = ("firing", "resolved")
+_COMPARE: dict[str, Callable[[float, float], bool]] = {
+    symbol: getattr(operator, name) for symbol, name in COMPARATORS.items()}
+
+
+@dataclass(frozen=True)
+class AlertState:
+    """Where one (rule, series) stands after the newest evaluated window."""
+
+    rule: str
+    series: str
+    state: State = "ok"
+    breaches: int = 0
+    """Consecutive breaching finished windows up to ``evaluated_until_ms``."""
+    evaluated_until_ms: int = 0
+    """End of the newest finished window evaluated."""
+    since_ms: int = 0
+    """End of the window that entered the current state."""
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class Transition:
+    rule: str
+    series: str
+    to: Literal["pending", "firing", "resolved", "ok"]
+    window_end_ms: int
+    value: float | None
+    threshold: float
+    severity: str
+
+    @property
+    def key(self) -> str:
+        """Identifies the transition across restarts (the dedup key of notifications)."""
+        return f"{self.rule}|{self.series}|{self.to}|{self.window_end_ms}"
+
+    @property
+    def notify(self) -> bool:
+        return self.to in NOTIFIED
+
+
+def breaches(rule: AlertRule, value: float | None) -> bool:
+    """Whether ``value`` crosses the rule's threshold; a window without a value never breaches."""
+    return value is not None and _COMPARE[rule.comparator](value, rule.threshold)
+
+
+def step(rule: AlertRule, current: AlertState, window_end_ms: int,
+         value: float | None) -> tuple[AlertState, Transition | None]:
+    """Evaluate one finished window; returns the new state and the transition it caused, if any."""
+    if window_end_ms <= current.evaluated_until_ms:
+        return current, None
+    evaluated = replace(current, evaluated_until_ms=window_end_ms, value=value)
+
+    def to(state: State, transition: Literal["pending", "firing", "resolved", "ok"],
+           count: int) -> tuple[AlertState, Transition]:
+        return (replace(evaluated, state=state, breaches=count, since_ms=window_end_ms),
+                Transition(rule.name, current.series, transition, window_end_ms, value, rule.threshold,
+                           rule.severity))
+
+    if breaches(rule, value):
+        count = current.breaches + 1
+        if current.state == "firing":
+            return replace(evaluated, breaches=count), None
+        if count >= rule.for_windows:
+            return to("firing", "firing", count)
+        if current.state == "ok":
+            return to("pending", "pending", count)
+        return replace(evaluated, breaches=count), None
+    if current.state == "firing":
+        return to("ok", "resolved", 0)
+    if current.state == "pending":
+        return to("ok", "ok", 0)
+    return replace(evaluated, breaches=0), None
+
+
+def run(rule: AlertRule, current: AlertState,
+        windows: list[tuple[int, float | None]]) -> tuple[AlertState, list[Transition]]:
+    """``step`` over (window_end_ms, value) pairs in time order."""
+    transitions = []
+    for window_end_ms, value in sorted(windows, key=lambda w: w[0]):
+        current, transition = step(rule, current, window_end_ms, value)
+        if transition is not None:
+            transitions.append(transition)
+    return current, transitions
