@@ -159,6 +159,9 @@ def topic_specs(config: Config) -> list[NewTopic]:
                      "max.message.bytes": str(k.max_message_bytes * 2),
                      "cleanup.policy": "delete",
                  }),
+        # Alert transitions (firing, resolved) for other systems to consume; key = rule name.
+        NewTopic(config.alerting.alerts_topic, num_partitions=1, replication_factor=k.replication_factor,
+                 config={"retention.ms": str(k.dead_letter_retention_ms), "cleanup.policy": "delete"}),
     ]
 
 

@@ -21,6 +21,7 @@ from eventide.config import Config, load_config
 from store.client import connect
 from store.migrations import apply_migrations
 from store.range_query import SeriesKey, merge_hll, merge_kll, range_buckets, range_summary
+from tests.window_rows import Event, insert, window_row
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 SECOND, MINUTE, HOUR = timedelta(seconds=1), timedelta(minutes=1), timedelta(hours=1)
@@ -30,15 +31,6 @@ LATENCY = SeriesKey("shop", "metric", "latency_ms")  # an hour of random traffic
 BUSY = SeriesKey("shop", "metric", "checkout_ms")  # one busy, slow minute among 59 quiet, fast ones
 ERRORS = SeriesKey("shop", "log", "payments")  # log events: levels, no values
 ODD = SeriesKey("shop's", "metric", "{weird} 'name'", "region=eu")  # few values; quoting
-
-
-@dataclass(frozen=True)
-class Event:
-    at: datetime
-    value: float | None = None
-    user: str | None = None
-    device: str = "device-1"
-    level: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,50 +44,12 @@ def dyadic(x: float) -> float:
     return round(x * 1024) / 1024
 
 
-def window_row(config: Config, series: SeriesKey, start: datetime, length: timedelta, events: list[Event], *,
-               kind: str = "tumbling", hop: timedelta | None = None, version: int = 2) -> dict[str, Any]:
-    """The row the job would write for this window, sketches included."""
-    values = [e.value for e in events if e.value is not None]
-    kll = kll_doubles_sketch(config.stream.kll_k)
-    users, devices = hll_sketch(config.stream.hll_lg_k), hll_sketch(config.stream.hll_lg_k)
-    for v in values:
-        kll.update(v)
-    for e in events:
-        if e.user is not None:
-            users.update(e.user)
-        devices.update(e.device)
-    seconds = length / SECOND
-    return {
-        "window_kind": kind, "window_length_ms": length // timedelta(milliseconds=1),
-        "window_hop_ms": (hop or length) // timedelta(milliseconds=1),
-        "window_start": start, "window_end": start + length,
-        "app": series.app, "kind": series.kind, "name": series.name, "series_tags": series.series_tags,
-        "event_count": len(events), "value_count": len(values), "sum": math.fsum(values),
-        "min": min(values, default=None), "max": max(values, default=None),
-        "mean": math.fsum(values) / len(values) if values else None, "rate": len(events) / seconds,
-        **{col: kll.get_quantile(q, inclusive=True) if values else None
-           for col, q in {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}.items()},
-        "distinct_users": round(users.get_estimate()), "distinct_devices": round(devices.get_estimate()),
-        "value_sketch": kll.serialize() if values else b"",
-        "users_sketch": users.serialize_compact(), "devices_sketch": devices.serialize_compact(),
-        **{f"level_{lvl}": sum(e.level == lvl for e in events)
-           for lvl in ("debug", "info", "warning", "error", "critical")},
-        "version": version, "written_at": T0 + 2 * HOUR,
-    }
-
-
 def tumbling(config: Config, series: SeriesKey, events: list[Event], length: timedelta) -> list[dict[str, Any]]:
     """Tumbling windows of ``length`` (epoch-aligned) over the events, one row per non-empty window."""
     by_start: dict[datetime, list[Event]] = {}
     for e in events:
         by_start.setdefault(T0 + (e.at - T0) // length * length, []).append(e)
     return [window_row(config, series, start, length, evs) for start, evs in sorted(by_start.items())]
-
-
-def insert(config: Config, rows: list[dict[str, Any]]) -> None:
-    columns = list(rows[0])
-    with connect(config) as client:
-        client.insert("window_aggregates", [[r[c] for c in columns] for r in rows], column_names=columns)
 
 
 def random_hour(rng: random.Random) -> list[Event]:

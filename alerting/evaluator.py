@@ -1,0 +1,261 @@
+"""The alert evaluator: one pass per tick over every rule, on finished windows only.
+
+Series statistics come from the tumbling windows of length ``window_s`` through :mod:`store.range_query` (merged
+sketches, never averaged percentiles). A window is finished when the ``windows`` query's watermark has reached its
+end (the same clock as ``window_results.is_final``), so a window still receiving events is never judged.
+Pipeline statistics are measured by processing time: ``dead_letters`` and ``dropped_stragglers`` count what the
+job detected during the window (finished once the window is over), ``lag`` (records in Kafka the job has not yet
+read) and ``freshness`` (now − watermark, seconds) are sampled when the tick runs, as the value of the window that
+ends at that tick.
+
+States and transitions are stored in ClickHouse (``sql/0004_alerts.sql``); :func:`evaluate` is idempotent per
+window, so a restart re-evaluates nothing it already evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+from alerting.rules import AlertRule, AlertRules, quantile_of
+from alerting.state import AlertState, Transition, run
+from eventide.config import Config
+from ingest.envelope import now_ms
+from store.client import connect
+from store.range_query import SeriesKey, range_buckets
+
+log = logging.getLogger("eventide.alerting")
+
+WEEK_MS = 7 * 24 * 3600 * 1000
+PIPELINE_SERIES = "pipeline"
+WINDOWS_QUERY = "windows"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The statistic of one finished window."""
+
+    window_end_ms: int
+    value: float | None
+
+
+def _dt(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _ms(ts: datetime) -> int:
+    return int((ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+# Statistics ------------------------------------------------------------------------------------------------
+def matching_series(client: Client, rule: AlertRule) -> list[SeriesKey]:
+    """Every stored series the rule's selector matches (``app = "*"``: each app separately)."""
+    assert rule.series is not None
+    selector = rule.series
+    rows = client.query(
+        "SELECT DISTINCT app, kind, name, series_tags FROM window_aggregates "
+        "WHERE window_kind = 'tumbling' AND window_length_ms = {w:UInt64} AND kind = {k:String} "
+        "AND name = {n:String} AND ({a:String} = '*' OR app = {a:String}) ORDER BY app, series_tags",
+        parameters={"w": rule.window_s * 1000, "k": selector.kind, "n": selector.name, "a": selector.app},
+    ).result_rows
+    return [SeriesKey(*row) for row in rows]
+
+
+def watermark_ms(client: Client) -> int | None:
+    rows = client.query("SELECT max(watermark) FROM pipeline_progress WHERE query_name = {q:String}",
+                        parameters={"q": WINDOWS_QUERY}).result_rows
+    value = rows[0][0] if rows else None
+    return _ms(value) if value is not None and _ms(value) > 0 else None
+
+
+def _series_value(rule: AlertRule, bucket: Any) -> float | None:
+    stat, seconds = rule.statistic, rule.window_s
+    q = quantile_of(stat)
+    if q is not None:
+        return bucket.quantiles.get(q)
+    if stat == "count":
+        return float(bucket.count)
+    if stat == "rate":
+        return bucket.count / seconds
+    if stat == "sum":
+        return bucket.sum
+    if stat == "mean":
+        return bucket.sum / bucket.value_count if bucket.value_count else None
+    if stat in ("min", "max"):
+        return getattr(bucket, stat)
+    if stat == "distinct_users":
+        return float(bucket.distinct_users)
+    if stat == "distinct_devices":
+        return float(bucket.distinct_devices)
+    if stat == "error_ratio":
+        errors = bucket.levels.get("error", 0) + bucket.levels.get("critical", 0)
+        return errors / bucket.count if bucket.count else None
+    raise ValueError(f"not a series statistic: {stat}")
+
+
+def series_samples(client: Client, rule: AlertRule, series: SeriesKey, start_ms: int, end_ms: int) -> list[Sample]:
+    """The statistic of every window of ``rule.window_s`` ending in ``(start_ms, end_ms]``."""
+    if rule.statistic == "dropped_stragglers":
+        return _counted_by_window(client, rule, start_ms, end_ms, _STRAGGLERS_SQL, {
+            "app": series.app, "kind": series.kind, "name": series.name, "tags": series.series_tags})
+    q = quantile_of(rule.statistic)
+    buckets = range_buckets(client, series, _dt(start_ms), _dt(end_ms), rule.window_s,
+                            source_length_s=rule.window_s, quantiles=[q] if q is not None else [0.5])
+    return [Sample(_ms(b.end), _series_value(rule, b)) for b in buckets
+            if _ms(b.end) - _ms(b.start) == rule.window_s * 1000]
+
+
+_STRAGGLERS_SQL = (
+    "SELECT intDiv(toUnixTimestamp64Milli(detected_at), {w:UInt64}) AS k, "
+    "count(DISTINCT source_partition, source_offset) FROM stragglers "
+    "WHERE app = {app:String} AND kind = {kind:String} AND name = {name:String} AND series_tags = {tags:String} "
+    "AND detected_at >= fromUnixTimestamp64Milli({lo:Int64}) AND detected_at < fromUnixTimestamp64Milli({hi:Int64}) "
+    "GROUP BY k")
+_DEAD_LETTERS_SQL = (
+    "SELECT intDiv(toUnixTimestamp64Milli(detected_at), {w:UInt64}) AS k, count() FROM dead_letters FINAL "
+    "WHERE detected_at >= fromUnixTimestamp64Milli({lo:Int64}) AND detected_at < fromUnixTimestamp64Milli({hi:Int64}) "
+    "GROUP BY k")
+
+
+def _counted_by_window(client: Client, rule: AlertRule, start_ms: int, end_ms: int, sql: str,
+                       parameters: dict[str, Any]) -> list[Sample]:
+    """Counts per processing-time window; a window without rows counts 0."""
+    w = rule.window_s * 1000
+    lo, hi = -(-start_ms // w) * w, end_ms // w * w
+    if hi <= lo:
+        return []
+    counts = dict(client.query(sql, parameters={**parameters, "w": w, "lo": lo, "hi": hi}).result_rows)
+    return [Sample((k + 1) * w, float(counts.get(k, 0))) for k in range(lo // w, hi // w)]
+
+
+def kafka_lag(config: Config, client: Client) -> float | None:
+    """Records in the events topic the ``windows`` query has not processed yet (sum over partitions)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    rows = client.query("SELECT sources FROM pipeline_progress WHERE query_name = {q:String} "
+                        "ORDER BY batch_timestamp DESC LIMIT 1", parameters={"q": WINDOWS_QUERY}).result_rows
+    if not rows:
+        return None
+    processed: dict[int, int] = {}
+    for source in json.loads(rows[0][0]):
+        offsets = source.get("endOffset")
+        offsets = json.loads(offsets) if isinstance(offsets, str) else offsets or {}
+        for partition, offset in offsets.get(config.kafka.events_topic, {}).items():
+            processed[int(partition)] = int(offset)
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": "eventide-alerting-lag"})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(config.kafka.events_topic, p), timeout=5)[1]
+                for p in processed}
+    finally:
+        consumer.close()
+    return float(sum(max(0, ends[p] - processed[p]) for p in processed))
+
+
+def pipeline_samples(config: Config, client: Client, rule: AlertRule, start_ms: int, end_ms: int,
+                     now: int) -> list[Sample]:
+    if rule.statistic == "dead_letters":
+        return _counted_by_window(client, rule, start_ms, end_ms, _DEAD_LETTERS_SQL, {})
+    tick_end = now // (rule.window_s * 1000) * (rule.window_s * 1000)
+    if tick_end <= start_ms:
+        return []
+    if rule.statistic == "freshness":
+        mark = watermark_ms(client)
+        return [Sample(tick_end, (now - mark) / 1000 if mark is not None else None)]
+    if rule.statistic == "lag":
+        return [Sample(tick_end, kafka_lag(config, client))]
+    raise ValueError(f"not a pipeline statistic: {rule.statistic}")
+
+
+# Evaluation ------------------------------------------------------------------------------------------------
+def load_states(client: Client) -> dict[tuple[str, str], AlertState]:
+    rows = client.query("SELECT rule, series, state, breaches, evaluated_until, since, value "
+                        "FROM alert_states FINAL").result_rows
+    return {(r[0], r[1]): AlertState(r[0], r[1], r[2], r[3], _ms(r[4]), _ms(r[5]), r[6]) for r in rows}
+
+
+def _save(client: Client, rule: AlertRule, states: Iterable[AlertState], transitions: list[Transition]) -> None:
+    now = datetime.now(UTC)
+    state_rows = [[s.rule, s.series, s.state, s.breaches, _dt(s.evaluated_until_ms), _dt(s.since_ms), s.value,
+                   rule.threshold, rule.severity, now] for s in states]
+    if state_rows:
+        client.insert("alert_states", state_rows, column_names=[
+            "rule", "series", "state", "breaches", "evaluated_until", "since", "value", "threshold", "severity",
+            "updated_at"])
+    if transitions:
+        client.insert("alert_transitions", [
+            [t.key, t.rule, t.series, t.to, _dt(t.window_end_ms), t.value, t.threshold, t.severity, int(t.notify),
+             now] for t in transitions], column_names=[
+            "transition_key", "rule", "series", "to_state", "window_end", "value", "threshold", "severity",
+            "notify", "recorded_at"])
+
+
+def _with_week_over_week(rule: AlertRule, samples: list[Sample],
+                         base: Callable[[int, int], list[Sample]]) -> list[Sample]:
+    """value / value of the same window a week earlier; no base (missing or 0): no value, so no breach."""
+    if not rule.week_over_week or not samples:
+        return samples
+    lo = samples[0].window_end_ms - rule.window_s * 1000 - WEEK_MS
+    hi = samples[-1].window_end_ms - WEEK_MS
+    earlier = {s.window_end_ms + WEEK_MS: s.value for s in base(lo, hi)}
+    return [Sample(s.window_end_ms, s.value / b if s.value is not None and (b := earlier.get(s.window_end_ms))
+                   else None) for s in samples]
+
+
+def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[Transition]:
+    """One evaluation pass: every rule, every matching series, every window finished since the last pass.
+    Stores states and transitions; returns the new transitions (oldest first per series)."""
+    now = now_ms() if now is None else now
+    found: list[Transition] = []
+    with connect(config) as client:
+        states = load_states(client)
+        mark = watermark_ms(client)
+        for rule in rules.rule:
+            width = rule.window_s * 1000
+            first_window = now - (rule.for_windows + 2) * width    # a new rule looks back a few windows only
+            keys: list[tuple[str, Callable[[int, int], list[Sample]]]]
+            if rule.series is None:
+                finished = now - round(config.stream.trigger_interval_s * 1000)   # the job's last writes are in
+                keys = [(PIPELINE_SERIES,
+                         lambda lo, hi, r=rule: pipeline_samples(config, client, r, lo, hi, now))]
+            else:
+                if mark is None:
+                    continue
+                finished = mark
+                keys = [(series.label, lambda lo, hi, r=rule, s=series: series_samples(client, r, s, lo, hi))
+                        for series in matching_series(client, rule)]
+            new_states, transitions = [], []
+            for label, samples_of in keys:
+                current = states.get((rule.name, label), AlertState(rule.name, label))
+                start = max(current.evaluated_until_ms, first_window // width * width)
+                end = finished // width * width
+                if end <= start:
+                    continue
+                samples = _with_week_over_week(rule, samples_of(start, end), samples_of)
+                state, moved = run(rule, current, [(s.window_end_ms, s.value) for s in samples
+                                                   if start < s.window_end_ms <= end])
+                if state != current:
+                    new_states.append(state)
+                transitions += moved
+            _save(client, rule, new_states, transitions)
+            found += transitions
+    for t in found:
+        log.info("alert %s [%s] %s at %s (value %s, threshold %s)", t.rule, t.series, t.to,
+                 _dt(t.window_end_ms).isoformat(), t.value, t.threshold)
+    return found
+
+
+def undelivered(client: Client, channel: str) -> list[dict[str, Any]]:
+    """Transitions to notify that ``channel`` has not delivered yet, oldest first."""
+    result = client.query(
+        "SELECT transition_key, rule, series, to_state, window_end, value, threshold, severity "
+        "FROM alert_transitions FINAL WHERE notify = 1 AND transition_key NOT IN "
+        "(SELECT transition_key FROM alert_notifications FINAL WHERE channel = {c:String}) "
+        "ORDER BY window_end, rule, series", parameters={"c": channel})
+    return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+
