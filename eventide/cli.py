@@ -9,6 +9,7 @@
     eventide load            run the demo load generator in the foreground
     eventide dashboard       run the Streamlit dashboard in the foreground
     eventide gateway         run the HTTP gateway (POST /v1/events) in the foreground
+    eventide alerts          run the alert evaluator in the foreground (--once: one pass)
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from pathlib import Path
 from eventide import broker, jars, services
 from eventide.config import Config, ConfigError, load_config
 
-JOB, LOAD, DASHBOARD = "stream-job", "demo-load", "dashboard"
-_BACKGROUND = (LOAD, DASHBOARD, JOB)  # stopped in this order, before the broker
+JOB, LOAD, DASHBOARD, ALERTS = "stream-job", "demo-load", "dashboard", "alerting"
+_BACKGROUND = (LOAD, ALERTS, DASHBOARD, JOB)  # stopped in this order, before the broker
 
 
 def _python_module(module: str, *args: str) -> list[str]:
@@ -91,8 +92,11 @@ def _wait_http(url: str, timeout_s: float) -> bool:
 
 def demo(config: Config) -> None:
     stack_up(config)
+    from alerting.rules import load_rules
+
+    load_rules(config.alert_rules_file)   # invalid rules stop the demo here, naming the rule and field
     for name, argv in ((JOB, _python_module("analytics.job")), (LOAD, _python_module("ingest.demo_load")),
-                       (DASHBOARD, dashboard_argv(config))):
+                       (ALERTS, _python_module("alerting.service")), (DASHBOARD, dashboard_argv(config))):
         if services.state(config, name).running:
             print(f"{name} already running")
             continue
@@ -120,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--duration", type=float)
     sub.add_parser("dashboard", help="run the dashboard (foreground)")
     sub.add_parser("gateway", help="run the HTTP gateway (foreground)")
+    alerts = sub.add_parser("alerts", help="run the alert evaluator (foreground)")
+    alerts.add_argument("--once", action="store_true")
     args = parser.parse_args(argv)
     if args.config:  # background services and child processes load the same file
         os.environ["EVENTIDE_CONFIG"] = str(Path(args.config).resolve())
@@ -128,34 +134,42 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if args.command == "stack":
-        if args.action == "up":
-            stack_up(config)
+    try:
+        if args.command == "stack":
+            if args.action == "up":
+                stack_up(config)
+                return stack_status(config)
+            if args.action == "down":
+                stack_down(config)
+                return 0
             return stack_status(config)
-        if args.action == "down":
-            stack_down(config)
-            return 0
-        return stack_status(config)
-    if args.command == "demo":
-        demo(config)
-    elif args.command == "migrate":
-        from store.migrations import apply_migrations
+        if args.command == "demo":
+            demo(config)
+        elif args.command == "migrate":
+            from store.migrations import apply_migrations
 
-        print("applied:", apply_migrations(config) or "nothing (up to date)")
-    elif args.command == "job":
-        from analytics import job as stream_job
+            print("applied:", apply_migrations(config) or "nothing (up to date)")
+        elif args.command == "job":
+            from analytics import job as stream_job
 
-        stream_job.main(["--until-idle"] if args.until_idle else [])
-    elif args.command == "load":
-        from ingest import demo_load
+            stream_job.main(["--until-idle"] if args.until_idle else [])
+        elif args.command == "load":
+            from ingest import demo_load
 
-        demo_load.run(config, args.rate, args.duration)
-    elif args.command == "dashboard":
-        os.execv(sys.executable, dashboard_argv(config))
-    elif args.command == "gateway":
-        from ingest import gateway
+            demo_load.run(config, args.rate, args.duration)
+        elif args.command == "dashboard":
+            os.execv(sys.executable, dashboard_argv(config))
+        elif args.command == "gateway":
+            from ingest import gateway
 
-        return gateway.serve(config)
+            return gateway.serve(config)
+        elif args.command == "alerts":
+            from alerting import service
+
+            return service.run(config, once=args.once)
+    except ConfigError as exc:  # e.g. invalid alert rules: name the rule and field, exit 2
+        print(exc, file=sys.stderr)
+        return 2
     return 0
 
 
