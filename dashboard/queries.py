@@ -51,3 +51,20 @@ def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: 
 
 def dead_letter_count(client: Client) -> int:
     return int(client.query("SELECT count() FROM dead_letters FINAL").result_rows[0][0])
+
+
+def alert_states(client: Client) -> pd.DataFrame:
+    """Current state of every (rule, series), firing first."""
+    result = client.query(
+        "SELECT rule, series, state, severity, value, threshold, since, evaluated_until FROM alert_states FINAL "
+        "ORDER BY state = 'firing' DESC, state = 'pending' DESC, rule, series")
+    return pd.DataFrame(result.result_rows, columns=result.column_names)
+
+
+def alert_history(client: Client, since: datetime, until: datetime) -> pd.DataFrame:
+    """Transitions with their window end in ``[since, until)``, oldest first."""
+    result = client.query(
+        "SELECT window_end, rule, series, to_state, value, threshold, severity FROM alert_transitions FINAL "
+        "WHERE window_end >= {lo:DateTime64(3)} AND window_end < {hi:DateTime64(3)} ORDER BY window_end",
+        parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None)})
+    return pd.DataFrame(result.result_rows, columns=result.column_names)

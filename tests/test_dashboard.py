@@ -17,7 +17,7 @@ from store.client import connect
 from store.migrations import apply_migrations
 from tests.conftest import REPO
 
-APP = str(REPO / "dashboard" / "app.py")
+APP = str(REPO / "dashboard" / "pages" / "explorer.py")
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_series_page_charts_rate_and_p99(store):
     assert not at.exception
     assert at.sidebar.selectbox[0].value.label == "shop · metric · latency_ms"
     charts = at.get("plotly_chart")
-    assert len(charts) == 2
+    assert len(charts) == 3
     assert any("5 buckets of 10 s" in c.value for c in at.caption)
     traces = {t["name"]: _values(t["y"]) for t in json.loads(charts[1].proto.spec)["data"]}
     assert traces["p99"] == [5.0, 4.0, 3.0, 2.0, 1.0]   # read from each window's KLL sketch, oldest first
@@ -78,3 +78,56 @@ def test_unreachable_store_shows_the_url_it_tried(store, monkeypatch):
     monkeypatch.setenv("EVENTIDE_STORE__URL", "http://127.0.0.1:1")
     at = AppTest.from_file(APP, default_timeout=30).run()
     assert any("127.0.0.1:1" in err.value for err in at.error)
+
+
+ALERTS_PAGE = str(REPO / "dashboard" / "pages" / "alerts.py")
+RULES = """
+[[rule]]
+name = "checkout p99"
+series = { app = "checkout", kind = "metric", name = "latency_ms" }
+statistic = "p99"
+comparator = ">"
+threshold = 500
+for = 2
+"""
+
+
+def test_alerts_page_shows_firing_alerts_their_history_and_the_rules(store, tmp_path, monkeypatch):
+    rules = tmp_path / "alerts.toml"
+    rules.write_text(RULES)
+    monkeypatch.setenv("EVENTIDE_ALERTING__RULES_FILE", str(rules))
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    with connect(store) as client:
+        client.insert("alert_states", [["checkout p99", "checkout · metric · latency_ms", "firing", 3, now, now,
+                                        900.0, 500.0, "warning", now]],
+                      column_names=["rule", "series", "state", "breaches", "evaluated_until", "since", "value",
+                                    "threshold", "severity", "updated_at"])
+        client.insert("alert_transitions", [
+            [f"k{i}", "checkout p99", "checkout · metric · latency_ms", to, now - timedelta(minutes=3 - i), 900.0,
+             500.0, "warning", int(to == "firing"), now] for i, to in enumerate(["pending", "firing"])],
+            column_names=["transition_key", "rule", "series", "to_state", "window_end", "value", "threshold",
+                          "severity", "notify", "recorded_at"])
+    at = AppTest.from_file(ALERTS_PAGE, default_timeout=30).run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric} == {"firing": "1", "pending": "0", "rules": "1"}
+    [chart] = at.get("plotly_chart")
+    assert {t["name"] for t in json.loads(chart.proto.spec)["data"]} >= {"pending, warning", "firing, warning"}
+    assert len(at.dataframe) == 2 and list(at.dataframe[1].value["name"]) == ["checkout p99"]
+    assert at.query_params["minutes"] == "15"      # the range is in the URL
+
+
+def test_alerts_page_without_evaluations_and_with_broken_rules_says_so(store, tmp_path, monkeypatch):
+    rules = tmp_path / "alerts.toml"
+    rules.write_text(RULES.replace('"p99"', '"p100"'))
+    monkeypatch.setenv("EVENTIDE_ALERTING__RULES_FILE", str(rules))
+    at = AppTest.from_file(ALERTS_PAGE, default_timeout=30).run()
+    assert not at.exception
+    assert any("rule 'checkout p99' (rule #1), field statistic" in e.value for e in at.error)
+    assert any("No rule has been evaluated yet" in i.value for i in at.info)
+
+
+def test_a_shared_link_restores_the_time_range(store):
+    at = AppTest.from_file(ALERTS_PAGE, default_timeout=30)
+    at.query_params["minutes"] = "90"
+    at.run()
+    assert at.sidebar.slider[0].value == 90 and at.query_params["minutes"] == "90"

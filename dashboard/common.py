@@ -1,0 +1,67 @@
+"""What every dashboard page shares: config, store access with clear error states, and URL-backed pickers.
+
+Pickers keep their value in the page URL (``st.query_params``), so a link reproduces the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import TypeVar
+
+import streamlit as st
+from clickhouse_connect.driver.client import Client
+
+from eventide.config import Config, ConfigError, load_config
+from store.client import StoreUnavailable, connect
+
+T = TypeVar("T")
+
+
+def config_or_stop() -> Config:
+    try:
+        return load_config()
+    except ConfigError as exc:
+        st.error(str(exc))
+        st.stop()
+        raise
+
+
+@contextmanager
+def store(config: Config) -> Iterator[Client]:
+    """A store client; an unreachable store becomes an error naming the URL tried, and the page stops."""
+    try:
+        with connect(config) as client:
+            yield client
+    except StoreUnavailable as exc:
+        st.error(f"Store unreachable at {config.store_url}: {exc}")
+        st.stop()
+
+
+def url_select(label: str, key: str, options: Sequence[T], format_func: Callable[[T], str] = str,
+               to_param: Callable[[T], str] = str) -> T:
+    """A sidebar selectbox whose choice lives in the URL as ``?key=...``."""
+    params = [to_param(o) for o in options]
+    wanted = st.query_params.get(key)
+    index = params.index(wanted) if wanted in params else 0
+    chosen = st.sidebar.selectbox(label, options, index=index, format_func=format_func, key=f"url_{key}")
+    st.query_params[key] = to_param(chosen)
+    return chosen
+
+
+def range_minutes(config: Config) -> int:
+    """The sidebar's "last N minutes" slider (``?minutes=N`` in the URL)."""
+    try:
+        default = int(st.query_params.get("minutes", config.dashboard.default_range_minutes))
+    except ValueError:
+        default = config.dashboard.default_range_minutes
+    minutes = st.sidebar.slider("Last minutes", 1, 24 * 60, min(max(default, 1), 24 * 60), key="url_minutes")
+    st.query_params["minutes"] = str(minutes)
+    return minutes
+
+
+def last(minutes: int) -> tuple[datetime, datetime]:
+    """(now − minutes, now): computed at each refresh, so an auto-refreshing chart moves with time."""
+    until = datetime.now(UTC)
+    return until - timedelta(minutes=minutes), until

@@ -1,0 +1,65 @@
+"""Alerts: the rules in force, where each (rule, series) stands now, and the history of transitions."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from alerting.rules import AlertRule, load_rules
+from dashboard import common, queries
+from eventide.config import ConfigError
+
+STATE_COLOURS = {"firing": "#d62728", "pending": "#ff7f0e", "resolved": "#2ca02c", "ok": "#7f7f7f"}
+
+
+def page() -> None:
+    st.title("Alerts")
+    config = common.config_or_stop()
+    minutes = common.range_minutes(config)
+    try:
+        rules = load_rules(config.alert_rules_file).rule
+    except ConfigError as exc:
+        st.error(str(exc))
+        rules = []
+
+    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    def live() -> None:
+        since, until = common.last(minutes)
+        with common.store(config) as client:
+            states = queries.alert_states(client)
+            history = queries.alert_history(client, since, until)
+        firing = states[states["state"] == "firing"] if not states.empty else states
+        left, middle, right = st.columns(3)
+        left.metric("firing", len(firing))
+        middle.metric("pending", int((states["state"] == "pending").sum()) if not states.empty else 0)
+        right.metric("rules", len(rules))
+        if history.empty:
+            st.info("No alert transitions in the chosen range.")
+        else:
+            fig = px.scatter(history, x="window_end", y="rule", color="to_state", symbol="severity",
+                             color_discrete_map=STATE_COLOURS, hover_data=["series", "value", "threshold"],
+                             title="Transitions (window end, UTC)")
+            fig.update_layout(height=320, margin={"l": 40, "r": 20, "t": 50, "b": 40})
+            st.plotly_chart(fig, width="stretch")
+        st.subheader("Current state")
+        if states.empty:
+            st.info("No rule has been evaluated yet (the evaluator runs with `./run demo` or `./run alerts`).")
+        else:
+            st.dataframe(states, hide_index=True, width="stretch")
+
+    live()
+    st.subheader(f"Rules ({config.alert_rules_file})")
+    if rules:
+        st.dataframe(pd.DataFrame([{
+            "name": r.name, "series": _series_label(r), "window_s": r.window_s, "statistic": r.statistic,
+            "comparator": r.comparator, "threshold": r.threshold, "for": r.for_windows, "severity": r.severity,
+            "week_over_week": r.week_over_week} for r in rules]), hide_index=True, width="stretch")
+
+
+def _series_label(rule: AlertRule) -> str:
+    return f"{rule.series.app} · {rule.series.kind} · {rule.series.name}" if rule.series else "pipeline"
+
+page()

@@ -1,0 +1,67 @@
+"""Metric explorer: rate, percentiles and distinct users over time for any series, at any resolution.
+
+Every bucket is merged from the stored windows' sketches (``store.range_query``): percentiles are never averaged.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboard import common, queries
+from store.range_query import SeriesKey
+
+
+def line_chart(df: pd.DataFrame, columns: list[str], title: str, unit: str) -> go.Figure:
+    fig = go.Figure()
+    for col in columns:
+        fig.add_trace(go.Scatter(x=df["window_start"], y=df[col], mode="lines+markers", name=col))
+    fig.update_layout(title=title, yaxis_title=unit, xaxis_title="window start (UTC)", height=340,
+                      margin={"l": 40, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})
+    return fig
+
+
+def _param(series: SeriesKey) -> str:
+    return "|".join((series.app, series.kind, series.name, series.series_tags))
+
+
+def page() -> None:
+    st.title("Metric explorer")
+    config = common.config_or_stop()
+    with common.store(config) as client:
+        series = queries.list_series(client)
+        lengths = queries.window_lengths_ms(client)
+    if not series:
+        st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`); "
+                "the first windows appear once a micro-batch has run.")
+        return
+    chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
+    resolution_s = common.url_select("Resolution", "resolution", queries.resolutions_s(lengths),
+                                     lambda n: f"{n} s")
+    minutes = common.range_minutes(config)
+    st.sidebar.caption(f"store: {config.store_url}")
+
+    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    def charts() -> None:
+        since, until = common.last(minutes)
+        with common.store(config) as client:
+            df = queries.series_buckets(client, chosen, resolution_s, since, until)
+        if df.empty:
+            st.info("No windows for this series in the chosen range.")
+            return
+        left, right = st.columns(2)
+        left.plotly_chart(line_chart(df, ["rate"], f"Rate · {chosen.label}", "events / s"), width="stretch")
+        right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {chosen.label}", "value"),
+                           width="stretch")
+        st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {chosen.label}", "users"),
+                        width="stretch")
+        st.caption(f"{len(df)} buckets of {resolution_s} s (merged sketches) · "
+                   f"refreshes every {config.dashboard.refresh_s:g} s")
+
+    charts()
+
+
+page()
