@@ -14,7 +14,6 @@ window, so a restart re-evaluates nothing it already evaluated.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from alerting.rules import AlertRule, AlertRules, quantile_of
 from alerting.state import AlertState, Transition, run
 from eventide.config import Config
 from ingest.envelope import now_ms
+from store import pipeline
 from store.client import connect
 from store.range_query import SeriesKey, range_buckets
 
@@ -34,7 +34,6 @@ log = logging.getLogger("eventide.alerting")
 
 WEEK_MS = 7 * 24 * 3600 * 1000
 PIPELINE_SERIES = "pipeline"
-WINDOWS_QUERY = "windows"
 
 
 @dataclass(frozen=True)
@@ -68,10 +67,8 @@ def matching_series(client: Client, rule: AlertRule) -> list[SeriesKey]:
 
 
 def watermark_ms(client: Client) -> int | None:
-    rows = client.query("SELECT max(watermark) FROM pipeline_progress WHERE query_name = {q:String}",
-                        parameters={"q": WINDOWS_QUERY}).result_rows
-    value = rows[0][0] if rows else None
-    return _ms(value) if value is not None and _ms(value) > 0 else None
+    mark = pipeline.watermarks(client).get(pipeline.WINDOWS_QUERY)
+    return _ms(mark) if mark is not None else None
 
 
 def _series_value(rule: AlertRule, bucket: Any) -> float | None:
@@ -134,29 +131,6 @@ def _counted_by_window(client: Client, rule: AlertRule, start_ms: int, end_ms: i
     return [Sample((k + 1) * w, float(counts.get(k, 0))) for k in range(lo // w, hi // w)]
 
 
-def kafka_lag(config: Config, client: Client) -> float | None:
-    """Records in the events topic the ``windows`` query has not processed yet (sum over partitions)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    rows = client.query("SELECT sources FROM pipeline_progress WHERE query_name = {q:String} "
-                        "ORDER BY batch_timestamp DESC LIMIT 1", parameters={"q": WINDOWS_QUERY}).result_rows
-    if not rows:
-        return None
-    processed: dict[int, int] = {}
-    for source in json.loads(rows[0][0]):
-        offsets = source.get("endOffset")
-        offsets = json.loads(offsets) if isinstance(offsets, str) else offsets or {}
-        for partition, offset in offsets.get(config.kafka.events_topic, {}).items():
-            processed[int(partition)] = int(offset)
-    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": "eventide-alerting-lag"})
-    try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(config.kafka.events_topic, p), timeout=5)[1]
-                for p in processed}
-    finally:
-        consumer.close()
-    return float(sum(max(0, ends[p] - processed[p]) for p in processed))
-
-
 def pipeline_samples(config: Config, client: Client, rule: AlertRule, start_ms: int, end_ms: int,
                      now: int) -> list[Sample]:
     if rule.statistic == "dead_letters":
@@ -168,7 +142,8 @@ def pipeline_samples(config: Config, client: Client, rule: AlertRule, start_ms: 
         mark = watermark_ms(client)
         return [Sample(tick_end, (now - mark) / 1000 if mark is not None else None)]
     if rule.statistic == "lag":
-        return [Sample(tick_end, kafka_lag(config, client))]
+        lag = pipeline.consumer_lag(config, client)
+        return [Sample(tick_end, float(sum(lag.values())) if lag else None)]
     raise ValueError(f"not a pipeline statistic: {rule.statistic}")
 
 

@@ -1,0 +1,50 @@
+"""How far the stream job has got, from ``pipeline_progress``: watermarks, processed offsets and consumer lag.
+
+Shared by the dashboard (freshness, lag per partition) and the alert evaluator (``freshness``, ``lag`` rules).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from clickhouse_connect.driver.client import Client
+from confluent_kafka import Consumer, TopicPartition
+
+from eventide.config import Config
+
+WINDOWS_QUERY = "windows"
+"""The query whose watermark decides which tumbling/hopping windows are final."""
+
+
+def watermarks(client: Client) -> dict[str, datetime]:
+    """Latest watermark per streaming query (queries without one, like dead letters, are left out)."""
+    rows = client.query("SELECT query_name, max(watermark) FROM pipeline_progress GROUP BY query_name").result_rows
+    marks = {name: mark.replace(tzinfo=UTC) for name, mark in rows if mark is not None}
+    return {name: mark for name, mark in marks.items() if mark.timestamp() > 0}
+
+
+def processed_offsets(client: Client, topic: str, query: str = WINDOWS_QUERY) -> dict[int, int]:
+    """Next offset to read per partition of ``topic``, as of the query's latest recorded batch."""
+    rows = client.query("SELECT sources FROM pipeline_progress WHERE query_name = {q:String} "
+                        "ORDER BY batch_timestamp DESC LIMIT 1", parameters={"q": query}).result_rows
+    offsets: dict[int, int] = {}
+    for source in json.loads(rows[0][0]) if rows else []:
+        end = source.get("endOffset")
+        end = json.loads(end) if isinstance(end, str) else end or {}
+        offsets.update({int(p): int(o) for p, o in end.get(topic, {}).items()})
+    return offsets
+
+
+def consumer_lag(config: Config, client: Client, query: str = WINDOWS_QUERY) -> dict[int, int]:
+    """Records per partition of the events topic that ``query`` has not processed yet."""
+    topic = config.kafka.events_topic
+    processed = processed_offsets(client, topic, query)
+    if not processed:
+        return {}
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": "eventide-lag-probe"})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in processed}
+    finally:
+        consumer.close()
+    return {p: max(0, ends[p] - processed[p]) for p in sorted(processed)}
