@@ -13,6 +13,7 @@ PAGES = Path(__file__).resolve().parent / "pages"
 
 st.set_page_config(page_title="eventide", layout="wide")
 st.navigation([
-    st.Page(PAGES / "explorer.py", title="Metric explorer", url_path="explorer", default=True),
+    st.Page(PAGES / "overview.py", title="Overview", url_path="overview", default=True),
+    st.Page(PAGES / "explorer.py", title="Metric explorer", url_path="explorer"),
     st.Page(PAGES / "alerts.py", title="Alerts", url_path="alerts"),
 ]).run()

@@ -4,6 +4,7 @@ opens the store once per refresh, which matters for chDB where every open costs 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import pandas as pd
 from clickhouse_connect.driver.client import Client
@@ -68,3 +69,50 @@ def alert_history(client: Client, since: datetime, until: datetime) -> pd.DataFr
         "WHERE window_end >= {lo:DateTime64(3)} AND window_end < {hi:DateTime64(3)} ORDER BY window_end",
         parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None)})
     return pd.DataFrame(result.result_rows, columns=result.column_names)
+
+
+def overview_resolution_s(lengths_ms: list[int], minutes: int) -> int:
+    """About 60–150 points per chart: a whole multiple of the finest stored window length."""
+    finest = max(1, (min(lengths_ms) if lengths_ms else 60_000) // 1000)
+    target = max(finest, minutes * 60 // 120)
+    return -(-target // finest) * finest
+
+
+def _bucketed(client: Client, sql: str, since: datetime, until: datetime, resolution_s: int,
+              **parameters: Any) -> pd.DataFrame:
+    result = client.query(sql, parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None),
+                                           "r": resolution_s, **parameters})
+    df = pd.DataFrame(result.result_rows, columns=result.column_names)
+    if not df.empty:
+        df["t"] = pd.to_datetime(df["t"], utc=True)
+    return df
+
+
+def app_rates(client: Client, since: datetime, until: datetime, resolution_s: int,
+              length_ms: int) -> pd.DataFrame:
+    """Per app and bucket: events/s and error+critical log lines/s, from tumbling windows of ``length_ms``."""
+    return _bucketed(client,
+        "SELECT toStartOfInterval(window_start, toIntervalSecond({r:UInt32})) AS t, app, "
+        "sum(event_count) / {r:UInt32} AS events_per_s, "
+        "sum(level_error + level_critical) / {r:UInt32} AS errors_per_s "
+        "FROM window_aggregates FINAL WHERE window_kind = 'tumbling' AND window_length_ms = {l:UInt64} "
+        "AND window_start >= {lo:DateTime64(3)} AND window_start < {hi:DateTime64(3)} "
+        "GROUP BY t, app ORDER BY t, app", since, until, resolution_s, l=length_ms)
+
+
+def dropped_stragglers(client: Client, since: datetime, until: datetime, resolution_s: int) -> pd.DataFrame:
+    """Per bucket of detection time and window kind: distinct events dropped as stragglers."""
+    return _bucketed(client,
+        "SELECT toStartOfInterval(detected_at, toIntervalSecond({r:UInt32})) AS t, window_kind, "
+        "count(DISTINCT source_partition, source_offset) AS dropped FROM stragglers "
+        "WHERE detected_at >= {lo:DateTime64(3)} AND detected_at < {hi:DateTime64(3)} "
+        "GROUP BY t, window_kind ORDER BY t, window_kind", since, until, resolution_s)
+
+
+def dead_letter_rate(client: Client, since: datetime, until: datetime, resolution_s: int) -> pd.DataFrame:
+    """Per bucket of detection time: dead-lettered records per second."""
+    return _bucketed(client,
+        "SELECT toStartOfInterval(detected_at, toIntervalSecond({r:UInt32})) AS t, "
+        "count() / {r:UInt32} AS per_s FROM dead_letters FINAL "
+        "WHERE detected_at >= {lo:DateTime64(3)} AND detected_at < {hi:DateTime64(3)} GROUP BY t ORDER BY t",
+        since, until, resolution_s)

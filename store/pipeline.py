@@ -36,15 +36,19 @@ def processed_offsets(client: Client, topic: str, query: str = WINDOWS_QUERY) ->
     return offsets
 
 
-def consumer_lag(config: Config, client: Client, query: str = WINDOWS_QUERY) -> dict[int, int]:
-    """Records per partition of the events topic that ``query`` has not processed yet."""
+def consumer_lag(config: Config, client: Client, query: str = WINDOWS_QUERY, timeout_s: float = 2.0) -> dict[int, int]:
+    """Records per partition of the events topic that ``query`` has not processed yet. Raises
+    ``KafkaException`` when the broker does not answer within ``timeout_s``."""
     topic = config.kafka.events_topic
     processed = processed_offsets(client, topic, query)
     if not processed:
         return {}
-    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": "eventide-lag-probe"})
+    # log_level 0: an unreachable broker is reported by the exception, not by librdkafka lines on stderr.
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": "eventide-lag-probe",
+                         "log_level": 0})
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in processed}
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                for p in processed}
     finally:
         consumer.close()
     return {p: max(0, ends[p] - processed[p]) for p in sorted(processed)}

@@ -131,3 +131,37 @@ def test_a_shared_link_restores_the_time_range(store):
     at.query_params["minutes"] = "90"
     at.run()
     assert at.sidebar.slider[0].value == 90 and at.query_params["minutes"] == "90"
+
+
+OVERVIEW_PAGE = str(REPO / "dashboard" / "pages" / "overview.py")
+
+
+def test_overview_charts_rates_stragglers_dead_letters_and_shows_freshness(store):
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    now -= timedelta(seconds=now.second % 10)
+    rows = [_window(now - timedelta(seconds=10 * i), 10 * i, float(i)) for i in range(1, 6)]
+    with connect(store) as client:
+        client.insert("window_aggregates", [[*r, 1, now] for r in rows],
+                      column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+        client.insert("stragglers", [["tumbling", 10_000, 10_000, "shop", "metric", "latency_ms", "",
+                                      now - timedelta(minutes=5), now, 0, i, f"e{i}", "d", now, now, 500,
+                                      "windows", 1, now - timedelta(seconds=20)] for i in range(3)],
+                      column_names=["window_kind", "window_length_ms", "window_hop_ms", "app", "kind", "name",
+                                    "series_tags", "window_start", "window_end", "source_partition",
+                                    "source_offset", "event_id", "device", "corrected_event_time", "watermark",
+                                    "lateness_ms", "query_name", "batch_id", "detected_at"])
+        client.insert("dead_letters", [["events", 0, i, now, "unparseable JSON", "x", 1, now - timedelta(seconds=30)]
+                                       for i in range(7)],
+                      column_names=["source_topic", "source_partition", "source_offset", "kafka_timestamp",
+                                    "reason", "raw", "raw_bytes", "detected_at"])
+        client.insert("pipeline_progress", [["windows", "q", "r", 1, now, now - timedelta(seconds=40), now]],
+                      column_names=["query_name", "query_id", "run_id", "batch_id", "batch_timestamp", "watermark",
+                                    "recorded_at"])
+    at = AppTest.from_file(OVERVIEW_PAGE, default_timeout=30).run()
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["dead letters in range"] == "7" and metrics["alerts firing"] == "0"
+    assert 40 <= int(metrics["freshness (now − watermark)"].removesuffix(" s")) < 100
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert titles[:2] == ["Events/s per app", "Error + critical log lines/s per app"]
+    assert any(t.startswith("Dropped stragglers") for t in titles) and "Dead-letter rate" in titles

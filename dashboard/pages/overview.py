@@ -1,0 +1,92 @@
+"""Overview: is data flowing, is the pipeline keeping up, is anything on fire?
+
+Events/s and error-log rate per app, dropped stragglers, dead-letter rate, pipeline freshness (now − watermark),
+consumer lag per partition and the alerts firing.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboard import common, queries
+from store import pipeline
+
+
+def _chart(df: pd.DataFrame, y: str, title: str, unit: str, colour: str | None = None,
+           kind: str = "line") -> go.Figure:
+    draw = px.bar if kind == "bar" else px.line
+    fig = draw(df, x="t", y=y, color=colour, title=title)
+    fig.update_layout(height=300, yaxis_title=unit, xaxis_title="UTC", margin={"l": 40, "r": 20, "t": 50, "b": 40},
+                      legend={"orientation": "h"})
+    return fig
+
+
+def page() -> None:
+    st.title("Overview")
+    config = common.config_or_stop()
+    minutes = common.range_minutes(config)
+    st.sidebar.caption(f"store: {config.store_url}")
+
+    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    def live() -> None:
+        since, until = common.last(minutes)
+        with common.store(config) as client:
+            lengths = queries.window_lengths_ms(client)
+            resolution = queries.overview_resolution_s(lengths, minutes)
+            rates = queries.app_rates(client, since, until, resolution, min(lengths)) if lengths else pd.DataFrame()
+            dropped = queries.dropped_stragglers(client, since, until, resolution)
+            dead = queries.dead_letter_rate(client, since, until, resolution)
+            marks = pipeline.watermarks(client)
+            states = queries.alert_states(client)
+            try:
+                lag = pipeline.consumer_lag(config, client)
+            except Exception as exc:  # the broker may be down while the store is up: say so, keep the page
+                lag, lag_error = {}, str(exc)
+            else:
+                lag_error = ""
+        now = datetime.now(UTC)
+        cols = st.columns(4)
+        mark = marks.get(pipeline.WINDOWS_QUERY)
+        cols[0].metric("freshness (now − watermark)", f"{(now - mark).total_seconds():.0f} s" if mark else "—")
+        cols[1].metric("consumer lag (records)", f"{sum(lag.values()):,}" if lag else "—")
+        cols[2].metric("alerts firing", int((states["state"] == "firing").sum()) if not states.empty else 0)
+        cols[3].metric("dead letters in range", f"{dead['per_s'].sum() * resolution:,.0f}" if not dead.empty else "0")
+        if rates.empty:
+            st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`).")
+            return
+        left, right = st.columns(2)
+        left.plotly_chart(_chart(rates, "events_per_s", "Events/s per app", "events / s", "app"), width="stretch")
+        right.plotly_chart(_chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s",
+                                  "app"), width="stretch")
+        left, right = st.columns(2)
+        if dropped.empty:
+            left.info("No dropped stragglers in the chosen range.")
+        else:
+            left.plotly_chart(_chart(dropped, "dropped", f"Dropped stragglers per {resolution} s", "events",
+                                     "window_kind", "bar"), width="stretch")
+        if dead.empty:
+            right.info("No dead letters in the chosen range.")
+        else:
+            right.plotly_chart(_chart(dead, "per_s", "Dead-letter rate", "records / s"), width="stretch")
+        if lag:
+            fig = px.bar(x=[str(p) for p in lag], y=list(lag.values()), title="Consumer lag per partition",
+                         labels={"x": "partition", "y": "records behind"})
+            fig.update_layout(height=260, margin={"l": 40, "r": 20, "t": 50, "b": 40})
+            st.plotly_chart(fig, width="stretch")
+        elif lag_error:
+            st.warning(f"Consumer lag unknown: Kafka at {config.kafka.bootstrap} did not answer ({lag_error}).")
+        firing = states[states["state"] == "firing"] if not states.empty else states
+        if not firing.empty:
+            st.subheader("Alerts firing")
+            st.dataframe(firing, hide_index=True, width="stretch")
+        st.caption(f"buckets of {resolution} s · refreshes every {config.dashboard.refresh_s:g} s")
+
+    live()
+
+
+page()
