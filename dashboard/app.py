@@ -15,5 +15,7 @@ st.set_page_config(page_title="eventide", layout="wide")
 st.navigation([
     st.Page(PAGES / "overview.py", title="Overview", url_path="overview", default=True),
     st.Page(PAGES / "explorer.py", title="Metric explorer", url_path="explorer"),
+    st.Page(PAGES / "logs.py", title="Logs", url_path="logs"),
+    st.Page(PAGES / "sessions.py", title="Sessions", url_path="sessions"),
     st.Page(PAGES / "alerts.py", title="Alerts", url_path="alerts"),
 ]).run()

@@ -10,6 +10,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
 import streamlit as st
 from clickhouse_connect.driver.client import Client
 
@@ -65,3 +68,20 @@ def last(minutes: int) -> tuple[datetime, datetime]:
     """(now − minutes, now): computed at each refresh, so an auto-refreshing chart moves with time."""
     until = datetime.now(UTC)
     return until - timedelta(minutes=minutes), until
+
+
+def time_chart(df: pd.DataFrame, y: str, title: str, unit: str, colour: str | None = None,
+               kind: str = "line", height: int = 300) -> go.Figure:
+    """A line (or bar) chart over the ``t`` column, one trace per value of ``colour``."""
+    draw = px.bar if kind == "bar" else px.line
+    fig = draw(df, x="t", y=y, color=colour, title=title)
+    fig.update_layout(height=height, yaxis_title=unit, xaxis_title="UTC", legend={"orientation": "h"},
+                      margin={"l": 40, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+def histogram(df: pd.DataFrame, x: str, title: str, colour: str | None = None, log_y: bool = True) -> go.Figure:
+    fig = px.histogram(df, x=x, color=colour, title=title, log_y=log_y, nbins=60)
+    fig.update_layout(height=300, bargap=0.05, legend={"orientation": "h"},
+                      margin={"l": 40, "r": 20, "t": 50, "b": 40})
+    return fig

@@ -116,3 +116,46 @@ def dead_letter_rate(client: Client, since: datetime, until: datetime, resolutio
         "count() / {r:UInt32} AS per_s FROM dead_letters FINAL "
         "WHERE detected_at >= {lo:DateTime64(3)} AND detected_at < {hi:DateTime64(3)} GROUP BY t ORDER BY t",
         since, until, resolution_s)
+
+
+def log_levels(client: Client, since: datetime, until: datetime, resolution_s: int, length_ms: int) -> pd.DataFrame:
+    """Per bucket, app and level: log lines (from tumbling windows of ``length_ms``), long format."""
+    df = _bucketed(client,
+        "SELECT toStartOfInterval(window_start, toIntervalSecond({r:UInt32})) AS t, app, "
+        "sum(level_debug) AS debug, sum(level_info) AS info, sum(level_warning) AS warning, "
+        "sum(level_error) AS error, sum(level_critical) AS critical "
+        "FROM window_aggregates FINAL WHERE window_kind = 'tumbling' AND kind = 'log' "
+        "AND window_length_ms = {l:UInt64} "
+        "AND window_start >= {lo:DateTime64(3)} AND window_start < {hi:DateTime64(3)} "
+        "GROUP BY t, app ORDER BY t, app", since, until, resolution_s, l=length_ms)
+    if df.empty:
+        return df
+    return df.melt(id_vars=["t", "app"], var_name="level", value_name="lines")
+
+
+def error_burst_peaks(client: Client, since: datetime, until: datetime, resolution_s: int) -> pd.DataFrame:
+    """Per bucket and app: the most error + critical lines any sliding window ending in the bucket held."""
+    return _bucketed(client,
+        "SELECT toStartOfInterval(window_end, toIntervalSecond({r:UInt32})) AS t, app, "
+        "max(level_error + level_critical) AS peak, any(window_length_ms) / 1000 AS window_s "
+        "FROM sliding_windows FINAL WHERE kind = 'log' "
+        "AND window_end >= {lo:DateTime64(3)} AND window_end < {hi:DateTime64(3)} "
+        "GROUP BY t, app ORDER BY t, app", since, until, resolution_s)
+
+
+def sessions_per_app(client: Client, since: datetime, until: datetime, resolution_s: int) -> pd.DataFrame:
+    """Per bucket of session end and app: sessions closed."""
+    return _bucketed(client,
+        "SELECT toStartOfInterval(session_end, toIntervalSecond({r:UInt32})) AS t, app, count() AS sessions "
+        "FROM sessions FINAL WHERE session_end >= {lo:DateTime64(3)} AND session_end < {hi:DateTime64(3)} "
+        "GROUP BY t, app ORDER BY t, app", since, until, resolution_s)
+
+
+def session_shapes(client: Client, since: datetime, until: datetime, limit: int = 100_000) -> pd.DataFrame:
+    """Duration (s) and events of sessions that ended in the range (the newest ``limit``), for distributions."""
+    result = client.query(
+        "SELECT app, duration_ms / 1000 AS duration_s, event_count FROM sessions FINAL "
+        "WHERE session_end >= {lo:DateTime64(3)} AND session_end < {hi:DateTime64(3)} "
+        "ORDER BY session_end DESC LIMIT {n:UInt32}",
+        parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None), "n": limit})
+    return pd.DataFrame(result.result_rows, columns=result.column_names)

@@ -165,3 +165,60 @@ def test_overview_charts_rates_stragglers_dead_letters_and_shows_freshness(store
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     assert titles[:2] == ["Events/s per app", "Error + critical log lines/s per app"]
     assert any(t.startswith("Dropped stragglers") for t in titles) and "Dead-letter rate" in titles
+
+
+def _log_window(start: datetime, app: str, **levels: int) -> dict:
+    row = dict.fromkeys(WINDOW_COLUMNS, 0)
+    row.update(window_kind="tumbling", window_length_ms=10_000, window_hop_ms=10_000, window_start=start,
+               window_end=start + timedelta(seconds=10), app=app, kind="log", name="app.server", series_tags="",
+               event_count=sum(levels.values()), value_sketch=b"", users_sketch=b"", devices_sketch=b"",
+               min=None, max=None, mean=None, p50=None, p90=None, p95=None, p99=None, p999=None,
+               **{f"level_{lvl}": n for lvl, n in levels.items()})
+    return row
+
+
+def test_logs_page_charts_levels_errors_per_app_and_error_burst_peaks(store):
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    now -= timedelta(seconds=now.second % 10)
+    windows = [_log_window(now - timedelta(seconds=10 * i), app, info=20, error=i, critical=1)
+               for i in range(1, 4) for app in ("shop", "search")]
+    slides = [[300_000, "shop", "log", "app.server", "", now - timedelta(seconds=300 - i), now - timedelta(seconds=i),
+               0, i, f"e{i}", 5, 0, 0.0, None, None, None, 5 / 300, 0, 0, 0, 4 + i, 1, 1, now] for i in range(3)]
+    with connect(store) as client:
+        client.insert("window_aggregates", [[w[c] for c in WINDOW_COLUMNS] + [1, now] for w in windows],
+                      column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+        client.insert("sliding_windows", slides, column_names=[
+            "window_length_ms", "app", "kind", "name", "series_tags", "window_start", "window_end",
+            "source_partition", "source_offset", "event_id", "event_count", "value_count", "sum", "min", "max",
+            "mean", "rate", "level_debug", "level_info", "level_warning", "level_error", "level_critical",
+            "version", "written_at"])
+    at = AppTest.from_file(str(REPO / "dashboard" / "pages" / "logs.py"), default_timeout=30).run()
+    assert not at.exception
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert [s["layout"]["title"]["text"] for s in specs] == [
+        "Log lines per 10 s by level", "Error + critical lines per 10 s by app",
+        "Error bursts: most error lines in any 300 s"]
+    levels = {t["name"]: sum(_values(t["y"])) for t in specs[0]["data"]}
+    assert levels == {"debug": 0, "info": 120, "warning": 0, "error": 12, "critical": 6}
+    [peak] = specs[2]["data"]
+    assert max(_values(peak["y"])) == 7          # 4 + 2 errors + 1 critical in the fullest sliding window
+
+
+def test_sessions_page_counts_sessions_and_shows_duration_and_size_distributions(store):
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    ended = now - timedelta(minutes=1)
+    rows = [[300_000, app, "user", f"u{i}", now - timedelta(minutes=9), ended - timedelta(seconds=i),
+             now - timedelta(minutes=6), 1000 * (60 + i), 2 + i, 2 + i, 0, 0, 0, 0, 0, 0, 1, now]
+            for i in range(10) for app in ("shop", "search")]
+    with connect(store) as client:
+        client.insert("sessions", rows, column_names=[
+            "gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time",
+            "duration_ms", "event_count", "metric_count", "log_count", "level_debug", "level_info", "level_warning",
+            "level_error", "level_critical", "version", "written_at"])
+    at = AppTest.from_file(str(REPO / "dashboard" / "pages" / "sessions.py"), default_timeout=30).run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric} == {
+        "sessions ended": "20", "median duration": "64 s", "median events": "6"}
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    # No tumbling windows are stored, so buckets fall back to 60 s.
+    assert titles == ["Sessions ended per 60 s by app", "Session duration (s)", "Events per session"]

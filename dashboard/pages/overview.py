@@ -10,20 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import common, queries
 from store import pipeline
-
-
-def _chart(df: pd.DataFrame, y: str, title: str, unit: str, colour: str | None = None,
-           kind: str = "line") -> go.Figure:
-    draw = px.bar if kind == "bar" else px.line
-    fig = draw(df, x="t", y=y, color=colour, title=title)
-    fig.update_layout(height=300, yaxis_title=unit, xaxis_title="UTC", margin={"l": 40, "r": 20, "t": 50, "b": 40},
-                      legend={"orientation": "h"})
-    return fig
 
 
 def page() -> None:
@@ -60,19 +50,20 @@ def page() -> None:
             st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`).")
             return
         left, right = st.columns(2)
-        left.plotly_chart(_chart(rates, "events_per_s", "Events/s per app", "events / s", "app"), width="stretch")
-        right.plotly_chart(_chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s",
-                                  "app"), width="stretch")
+        chart = common.time_chart
+        left.plotly_chart(chart(rates, "events_per_s", "Events/s per app", "events / s", "app"), width="stretch")
+        right.plotly_chart(chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s", "app"),
+                           width="stretch")
         left, right = st.columns(2)
         if dropped.empty:
             left.info("No dropped stragglers in the chosen range.")
         else:
-            left.plotly_chart(_chart(dropped, "dropped", f"Dropped stragglers per {resolution} s", "events",
-                                     "window_kind", "bar"), width="stretch")
+            left.plotly_chart(chart(dropped, "dropped", f"Dropped stragglers per {resolution} s", "events",
+                                    "window_kind", "bar"), width="stretch")
         if dead.empty:
             right.info("No dead letters in the chosen range.")
         else:
-            right.plotly_chart(_chart(dead, "per_s", "Dead-letter rate", "records / s"), width="stretch")
+            right.plotly_chart(chart(dead, "per_s", "Dead-letter rate", "records / s"), width="stretch")
         if lag:
             fig = px.bar(x=[str(p) for p in lag], y=list(lag.values()), title="Consumer lag per partition",
                          labels={"x": "partition", "y": "records behind"})

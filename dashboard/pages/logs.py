@@ -1,0 +1,51 @@
+"""Logs: lines by level and app over time, and the peaks of sliding windows that reveal error bursts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import streamlit as st
+
+from dashboard import common, queries
+
+LEVEL_COLOURS = {"debug": "#9edae5", "info": "#1f77b4", "warning": "#ff7f0e", "error": "#d62728",
+                 "critical": "#7b1fa2"}
+
+
+def page() -> None:
+    st.title("Logs")
+    config = common.config_or_stop()
+    minutes = common.range_minutes(config)
+
+    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    def live() -> None:
+        since, until = common.last(minutes)
+        with common.store(config) as client:
+            lengths = queries.window_lengths_ms(client)
+            resolution = queries.overview_resolution_s(lengths, minutes)
+            levels = queries.log_levels(client, since, until, resolution, min(lengths)) if lengths else None
+            peaks = queries.error_burst_peaks(client, since, until, resolution)
+        if levels is None or levels.empty:
+            st.info("No log windows in the chosen range yet.")
+            return
+        by_level = levels.groupby(["t", "level"], as_index=False)["lines"].sum()
+        fig = common.time_chart(by_level, "lines", f"Log lines per {resolution} s by level", "lines", "level",
+                                kind="bar")
+        fig.for_each_trace(lambda trace: trace.update(marker_color=LEVEL_COLOURS.get(trace.name)))
+        st.plotly_chart(fig, width="stretch")
+        severe = levels[levels["level"].isin(["error", "critical"])]
+        errors = severe.groupby(["t", "app"], as_index=False)["lines"].sum()
+        left, right = st.columns(2)
+        left.plotly_chart(common.time_chart(errors, "lines", f"Error + critical lines per {resolution} s by app",
+                                            "lines", "app"), width="stretch")
+        if peaks.empty:
+            right.info("No sliding windows yet (they are emitted once the watermark passes each event).")
+        else:
+            length = int(peaks["window_s"].iloc[0])
+            right.plotly_chart(common.time_chart(peaks, "peak", f"Error bursts: most error lines in any {length} s",
+                                                 "lines in a sliding window", "app"), width="stretch")
+
+    live()
+
+
+page()

@@ -1,0 +1,43 @@
+"""Sessions: how many per app, how long they last, how many events they hold (sessions that ended in range)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import streamlit as st
+
+from dashboard import common, queries
+
+
+def page() -> None:
+    st.title("Sessions")
+    config = common.config_or_stop()
+    minutes = common.range_minutes(config)
+    st.sidebar.caption(f"session gap: {config.stream.session_gap_s} s")
+
+    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    def live() -> None:
+        since, until = common.last(minutes)
+        with common.store(config) as client:
+            lengths = queries.window_lengths_ms(client)
+            resolution = queries.overview_resolution_s(lengths, minutes)
+            per_app = queries.sessions_per_app(client, since, until, resolution)
+            shapes = queries.session_shapes(client, since, until)
+        if per_app.empty:
+            st.info("No sessions ended in the chosen range yet (a session ends once the watermark passes its "
+                    f"last event + {config.stream.session_gap_s} s).")
+            return
+        cols = st.columns(3)
+        cols[0].metric("sessions ended", f"{len(shapes):,}")
+        cols[1].metric("median duration", f"{shapes['duration_s'].median():.0f} s")
+        cols[2].metric("median events", f"{shapes['event_count'].median():.0f}")
+        st.plotly_chart(common.time_chart(per_app, "sessions", f"Sessions ended per {resolution} s by app",
+                                          "sessions", "app", kind="bar"), width="stretch")
+        left, right = st.columns(2)
+        left.plotly_chart(common.histogram(shapes, "duration_s", "Session duration (s)", "app"), width="stretch")
+        right.plotly_chart(common.histogram(shapes, "event_count", "Events per session", "app"), width="stretch")
+
+    live()
+
+
+page()
