@@ -173,6 +173,9 @@ def accepted(parsed: DataFrame) -> DataFrame:
     return parsed.where(F.col("dead_letter_reason").isNull()).drop("dead_letter_reason", "value")
 
 
-def dead_letters(parsed: DataFrame) -> DataFrame:
-    return parsed.where(F.col("dead_letter_reason").isNotNull()).select(
-        "topic", "partition", "offset", "kafka_timestamp", "value", F.col("dead_letter_reason").alias("reason"))
+def validated(parsed: DataFrame) -> DataFrame:
+    """Every record with its Kafka position, ``reason`` (NULL when accepted) and, for accepted ones, the device
+    clock offset: what the ``dead_letters`` query stores (dead letters, and per-device clock offsets)."""
+    return parsed.select("topic", "partition", "offset", "kafka_timestamp", "value",
+                         F.col("dead_letter_reason").alias("reason"), "app", "device", "clock_offset_ms",
+                         "received_time")

@@ -80,7 +80,7 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
 
     - ``windows``: tumbling and hopping aggregates (update mode: early results, then corrections) + stragglers
     - ``keyed_windows``: sliding windows and sessions + their stragglers (append: each written once, final)
-    - ``dead_letters``: records that failed validation
+    - ``dead_letters``: records that failed validation, and the clock offset of every device (it sees every record)
     """
     trigger = trigger or {"processingTime": f"{config.stream.trigger_interval_s} seconds"}
     recorder = progress.progress_recorder(spark)
@@ -90,7 +90,7 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         (windows.WINDOWS_QUERY, windows.aggregate(events, config), "update", sinks.window_writer(config)),
         (keyed_windows.KEYED_WINDOWS_QUERY, keyed_windows.keyed_windows(events, config), "append",
          sinks.keyed_windows_writer(config)),
-        (DEAD_LETTER_QUERY, envelope.dead_letters(parsed), "append", sinks.dead_letter_writer(config)),
+        (DEAD_LETTER_QUERY, envelope.validated(parsed), "append", sinks.dead_letter_writer(config)),
     ]
     queries = []
     for name, frame, mode, writer in plans:

@@ -30,6 +30,7 @@ WINDOW_COLUMNS = (
     *LEVEL_FIELDS,
 )
 _SKETCHES = {"value_sketch", "users_sketch", "devices_sketch"}
+DEVICE_CLOCK_COLUMNS = ("app", "device", "events", "offset_min_ms", "offset_max_ms", "offset_avg_ms", "last_received")
 DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
                        "raw_bytes")
 SLIDING_COLUMNS = (
@@ -123,35 +124,47 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
 
 
 def dead_letter_writer(config: Config) -> BatchWriter:
-    """Store rejected records with their reason in ClickHouse and forward them to the dead-letter topic."""
+    """Store rejected records with their reason in ClickHouse and forward them to the dead-letter topic; store
+    each device's clock offsets (from the accepted records) per batch in ``device_clocks``."""
     limit = config.envelope.max_record_bytes
 
-    def write(batch: DataFrame, batch_id: int) -> None:
-        batch = batch.persist()
+    def write(records: DataFrame, batch_id: int) -> None:
+        records = records.persist()
         try:
-            rows = batch.select(
-                F.col("topic").alias("source_topic"), F.col("partition").alias("source_partition"),
-                F.col("offset").alias("source_offset"), "kafka_timestamp", "reason",
-                F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit).alias("raw"),
-                F.coalesce(F.octet_length("value"), F.lit(0)).alias("raw_bytes"),
-            )
-            if not insert_frame(config, "dead_letters", rows, DEAD_LETTER_COLUMNS, detected_at=datetime.now(UTC)):
-                return
-            # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
-            (batch.select(
-                F.col("value"),
-                F.array(
-                    F.struct(F.lit("reason").alias("key"), F.encode("reason", "UTF-8").alias("value")),
-                    F.struct(F.lit("source").alias("key"),
-                             F.encode(F.format_string("%s/%d/%d", "topic", "partition", "offset"), "UTF-8")
-                             .alias("value")),
-                ).alias("headers"))
-             .write.format("kafka")
-             .option("kafka.bootstrap.servers", config.kafka.bootstrap)
-             .option("topic", config.kafka.dead_letter_topic)
-             .option("includeHeaders", "true")
-             .save())
+            clocks = (records.where(F.col("reason").isNull()).groupBy("app", "device").agg(
+                F.count(F.lit(1)).alias("events"), F.min("clock_offset_ms").alias("offset_min_ms"),
+                F.max("clock_offset_ms").alias("offset_max_ms"), F.avg("clock_offset_ms").alias("offset_avg_ms"),
+                F.timestamp_millis(F.max("received_time")).alias("last_received")))
+            insert_frame(config, "device_clocks", clocks, DEVICE_CLOCK_COLUMNS, batch_id=batch_id,
+                         recorded_at=datetime.now(UTC))
+            _store_dead_letters(config, records.where(F.col("reason").isNotNull()), limit)
         finally:
-            batch.unpersist()
+            records.unpersist()
 
     return write
+
+
+def _store_dead_letters(config: Config, batch: DataFrame, limit: int) -> None:
+    """Rejected records: one row each in ``dead_letters`` and a copy on the dead-letter topic."""
+    rows = batch.select(
+        F.col("topic").alias("source_topic"), F.col("partition").alias("source_partition"),
+        F.col("offset").alias("source_offset"), "kafka_timestamp", "reason",
+        F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit).alias("raw"),
+        F.coalesce(F.octet_length("value"), F.lit(0)).alias("raw_bytes"),
+    )
+    if not insert_frame(config, "dead_letters", rows, DEAD_LETTER_COLUMNS, detected_at=datetime.now(UTC)):
+        return
+    # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
+    (batch.select(
+        F.col("value"),
+        F.array(
+            F.struct(F.lit("reason").alias("key"), F.encode("reason", "UTF-8").alias("value")),
+            F.struct(F.lit("source").alias("key"),
+                     F.encode(F.format_string("%s/%d/%d", "topic", "partition", "offset"), "UTF-8")
+                     .alias("value")),
+        ).alias("headers"))
+     .write.format("kafka")
+     .option("kafka.bootstrap.servers", config.kafka.bootstrap)
+     .option("topic", config.kafka.dead_letter_topic)
+     .option("includeHeaders", "true")
+     .save())

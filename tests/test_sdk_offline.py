@@ -23,7 +23,7 @@ from eventide.services import free_port
 from ingest.envelope import now_ms, offset_clock
 from ingest.sdk import Client
 from tests.sdk_support import consume_all, fresh_topic
-from tests.support import minute_in_past, run_job, wait_until, window_rows
+from tests.support import minute_in_past, rows, run_job, wait_until, window_rows
 
 REPO = Path(__file__).resolve().parent.parent
 HOUR_MS = 3_600_000
@@ -145,6 +145,11 @@ def test_skewed_clock_and_hours_offline_still_give_the_true_event_time(spark, ka
     assert back_online.flush(30)
     back_online.close()
     run_job(spark, config)
+
+    # The job also records the phone's clock offset: received - sent = +2 h (its clock is 2 h slow).
+    [clock] = rows(config, "SELECT sum(events) AS events, avg(offset_avg_ms) AS offset_ms FROM device_clocks "
+                           "WHERE app = 'mobile' AND device = 'phone-9'")
+    assert clock["events"] == 5 and abs(clock["offset_ms"] - 2 * HOUR_MS) < 5_000
 
     windows = window_rows(config, 60, "app = 'mobile'")
     assert [(w["window_start"].replace(tzinfo=UTC), w["event_count"], w["sum"]) for w in windows] == [
