@@ -17,5 +17,6 @@ st.navigation([
     st.Page(PAGES / "explorer.py", title="Metric explorer", url_path="explorer"),
     st.Page(PAGES / "logs.py", title="Logs", url_path="logs"),
     st.Page(PAGES / "sessions.py", title="Sessions", url_path="sessions"),
+    st.Page(PAGES / "stragglers.py", title="Stragglers & clocks", url_path="stragglers"),
     st.Page(PAGES / "alerts.py", title="Alerts", url_path="alerts"),
 ]).run()

@@ -159,3 +159,35 @@ def session_shapes(client: Client, since: datetime, until: datetime, limit: int 
         "ORDER BY session_end DESC LIMIT {n:UInt32}",
         parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None), "n": limit})
     return pd.DataFrame(result.result_rows, columns=result.column_names)
+
+
+def _frame(client: Client, sql: str, since: datetime, until: datetime, **parameters: Any) -> pd.DataFrame:
+    result = client.query(sql, parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None),
+                                           **parameters})
+    return pd.DataFrame(result.result_rows, columns=result.column_names)
+
+
+def straggler_lateness(client: Client, since: datetime, until: datetime, limit: int = 100_000) -> pd.DataFrame:
+    """Lateness (watermark − corrected event time, s) of dropped contributions detected in the range."""
+    return _frame(client,
+        "SELECT window_kind, lateness_ms / 1000 AS lateness_s FROM stragglers "
+        "WHERE detected_at >= {lo:DateTime64(3)} AND detected_at < {hi:DateTime64(3)} "
+        "ORDER BY detected_at DESC LIMIT {n:UInt32}", since, until, n=limit)
+
+
+def straggler_windows(client: Client, since: datetime, until: datetime, top: int = 20) -> pd.DataFrame:
+    """The windows that lost the most events to the watermark (detected in the range)."""
+    return _frame(client,
+        "SELECT window_kind, app, name, window_start, window_end, "
+        "count(DISTINCT source_partition, source_offset) AS dropped, max(lateness_ms) / 1000 AS max_lateness_s "
+        "FROM stragglers WHERE detected_at >= {lo:DateTime64(3)} AND detected_at < {hi:DateTime64(3)} "
+        "GROUP BY window_kind, window_length_ms, window_hop_ms, app, name, series_tags, window_start, window_end "
+        "ORDER BY dropped DESC, window_end DESC LIMIT {n:UInt32}", since, until, n=top)
+
+
+def device_clock_offsets(client: Client, since: datetime, until: datetime) -> pd.DataFrame:
+    """Per device seen in the range: its latest clock offset (received − sent, s; positive = clock behind)."""
+    return _frame(client,
+        "SELECT app, device, argMax(offset_avg_ms, last_received) / 1000 AS offset_s, sum(events) AS events "
+        "FROM device_clocks FINAL WHERE last_received >= {lo:DateTime64(3)} AND last_received < {hi:DateTime64(3)} "
+        "GROUP BY app, device ORDER BY abs(offset_s) DESC", since, until)

@@ -222,3 +222,32 @@ def test_sessions_page_counts_sessions_and_shows_duration_and_size_distributions
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     # No tumbling windows are stored, so buckets fall back to 60 s.
     assert titles == ["Sessions ended per 60 s by app", "Session duration (s)", "Events per session"]
+
+
+def test_stragglers_page_charts_drops_lateness_and_the_worst_device_clocks(store):
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    with connect(store) as client:
+        client.insert("stragglers", [[kind, 60_000, 60_000, "shop", "metric", "latency_ms", "",
+                                      now - timedelta(minutes=5), now - timedelta(minutes=4), 0, i, f"e{i}", "d",
+                                      now - timedelta(minutes=5), now, 1000 * (i + 1), "windows", 1,
+                                      now - timedelta(seconds=30)]
+                                     for i, kind in enumerate(["tumbling", "tumbling", "hopping"])],
+                      column_names=["window_kind", "window_length_ms", "window_hop_ms", "app", "kind", "name",
+                                    "series_tags", "window_start", "window_end", "source_partition",
+                                    "source_offset", "event_id", "device", "corrected_event_time", "watermark",
+                                    "lateness_ms", "query_name", "batch_id", "detected_at"])
+        client.insert("device_clocks", [["shop", f"phone-{d}", b, 10, 0, 0, 1000.0 * d * (b + 1),
+                                         now - timedelta(seconds=10 * (1 - b)), now]
+                                        for d in range(20) for b in range(2)],
+                      column_names=["app", "device", "batch_id", "events", "offset_min_ms", "offset_max_ms",
+                                    "offset_avg_ms", "last_received", "recorded_at"])
+    at = AppTest.from_file(str(REPO / "dashboard" / "pages" / "stragglers.py"), default_timeout=30).run()
+    assert not at.exception
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert [s["layout"]["title"]["text"] for s in specs] == [
+        "Dropped per 60 s by window kind", "Lateness behind the watermark (s)", "Clock offset per device (s)",
+        "Worst device clocks (s off)"]
+    assert {t["name"]: sum(_values(t["y"])) for t in specs[0]["data"]} == {"tumbling": 2, "hopping": 1}
+    assert list(at.dataframe[0].value["dropped"]) == [2, 1]
+    [worst] = specs[3]["data"]
+    assert max(_values(worst["x"])) == 38.0 and len(_values(worst["x"])) == 15   # phone-19, 2nd batch: 38 s

@@ -1,0 +1,60 @@
+"""Stragglers & clocks: what the watermark dropped, how late it was, and whose clocks are off.
+
+A dropped straggler is an event whose window had already closed (BRIEF §3); the job counts each one exactly.
+Device clock offsets are ``received_time − sent_time`` per device (positive: the device clock is behind).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import plotly.express as px
+import streamlit as st
+
+from dashboard import common, queries
+
+
+def page() -> None:
+    st.title("Stragglers & clocks")
+    config = common.config_or_stop()
+    minutes = common.range_minutes(config)
+    st.sidebar.caption(f"allowed lateness: {config.stream.allowed_lateness_s:g} s")
+
+    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    def live() -> None:
+        since, until = common.last(minutes)
+        with common.store(config) as client:
+            lengths = queries.window_lengths_ms(client)
+            resolution = queries.overview_resolution_s(lengths, minutes)
+            dropped = queries.dropped_stragglers(client, since, until, resolution)
+            lateness = queries.straggler_lateness(client, since, until)
+            worst_windows = queries.straggler_windows(client, since, until)
+            clocks = queries.device_clock_offsets(client, since, until)
+        st.subheader("Dropped stragglers")
+        if dropped.empty:
+            st.info("No stragglers dropped in the chosen range.")
+        else:
+            left, right = st.columns(2)
+            left.plotly_chart(common.time_chart(dropped, "dropped", f"Dropped per {resolution} s by window kind",
+                                                "events", "window_kind", kind="bar"), width="stretch")
+            right.plotly_chart(common.histogram(lateness, "lateness_s", "Lateness behind the watermark (s)",
+                                                "window_kind"), width="stretch")
+            st.caption("Windows that lost the most events")
+            st.dataframe(worst_windows, hide_index=True, width="stretch")
+        st.subheader("Device clocks")
+        if clocks.empty:
+            st.info("No device clock offsets in the chosen range yet.")
+            return
+        left, right = st.columns(2)
+        left.plotly_chart(common.histogram(clocks, "offset_s", "Clock offset per device (s)", "app", log_y=False),
+                          width="stretch")
+        worst = clocks.head(15).iloc[::-1]
+        fig = px.bar(worst, x="offset_s", y=worst["app"] + " · " + worst["device"], orientation="h",
+                     title="Worst device clocks (s off)", labels={"y": "device", "offset_s": "offset (s)"})
+        fig.update_layout(height=300, margin={"l": 40, "r": 20, "t": 50, "b": 40})
+        right.plotly_chart(fig, width="stretch")
+
+    live()
+
+
+page()
