@@ -191,3 +191,40 @@ def device_clock_offsets(client: Client, since: datetime, until: datetime) -> pd
         "SELECT app, device, argMax(offset_avg_ms, last_received) / 1000 AS offset_s, sum(events) AS events "
         "FROM device_clocks FINAL WHERE last_received >= {lo:DateTime64(3)} AND last_received < {hi:DateTime64(3)} "
         "GROUP BY app, device ORDER BY abs(offset_s) DESC", since, until)
+
+
+def _series_filter() -> str:
+    return "app = {app:String} AND kind = {kind:String} AND name = {name:String} AND series_tags = {tags:String}"
+
+
+def _series_params(series: SeriesKey) -> dict[str, Any]:
+    return {"app": series.app, "kind": series.kind, "name": series.name, "tags": series.series_tags}
+
+
+def hopping_specs(client: Client, series: SeriesKey) -> list[tuple[int, int]]:
+    """(length_ms, hop_ms) of the hopping windows stored for the series."""
+    rows = client.query("SELECT DISTINCT window_length_ms, window_hop_ms FROM window_aggregates "
+                        f"WHERE window_kind = 'hopping' AND {_series_filter()} ORDER BY 1, 2",
+                        parameters=_series_params(series)).result_rows
+    return [(int(length), int(hop)) for length, hop in rows]
+
+
+def hopping_windows(client: Client, series: SeriesKey, length_ms: int, hop_ms: int, since: datetime,
+                    until: datetime) -> pd.DataFrame:
+    """Each hopping window's own aggregates (newest version), by window start."""
+    return _frame(client,
+        "SELECT window_start, event_count, rate, p50, p90, p99, distinct_users FROM window_aggregates FINAL "
+        f"WHERE window_kind = 'hopping' AND window_length_ms = {{l:UInt64}} AND window_hop_ms = {{h:UInt64}} "
+        f"AND {_series_filter()} AND window_start >= {{lo:DateTime64(3)}} AND window_start < {{hi:DateTime64(3)}} "
+        "ORDER BY window_start", since, until, l=length_ms, h=hop_ms, **_series_params(series))
+
+
+def sliding_windows(client: Client, series: SeriesKey, since: datetime, until: datetime,
+                    limit: int = 5_000) -> pd.DataFrame:
+    """The trailing window of each event of the series (newest ``limit``), by window end."""
+    df = _frame(client,
+        "SELECT window_end, event_count, rate, mean, max, level_error + level_critical AS errors, "
+        "window_length_ms / 1000 AS window_s FROM sliding_windows FINAL "
+        f"WHERE {_series_filter()} AND window_end >= {{lo:DateTime64(3)}} AND window_end < {{hi:DateTime64(3)}} "
+        "ORDER BY window_end DESC LIMIT {n:UInt32}", since, until, n=limit, **_series_params(series))
+    return df.iloc[::-1].reset_index(drop=True)

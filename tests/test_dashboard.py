@@ -251,3 +251,40 @@ def test_stragglers_page_charts_drops_lateness_and_the_worst_device_clocks(store
     assert list(at.dataframe[0].value["dropped"]) == [2, 1]
     [worst] = specs[3]["data"]
     assert max(_values(worst["x"])) == 38.0 and len(_values(worst["x"])) == 15   # phone-19, 2nd batch: 38 s
+
+
+def test_explorer_shows_hopping_and_sliding_windows_of_the_series(store):
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    now -= timedelta(seconds=now.second % 60)
+    tumbling = [_window(now - timedelta(seconds=10 * i), 10, 5.0) for i in range(1, 3)]
+    hopping = []
+    for i in range(1, 4):
+        row = dict(zip(WINDOW_COLUMNS, _window(now - timedelta(minutes=5 + i), 20 * i, 7.0 * i), strict=True))
+        row.update(window_kind="hopping", window_length_ms=300_000, window_hop_ms=60_000,
+                   window_end=row["window_start"] + timedelta(minutes=5))
+        hopping.append([row[c] for c in WINDOW_COLUMNS])
+    slides = [[300_000, "shop", "metric", "latency_ms", "", now - timedelta(seconds=300 - i),
+               now - timedelta(seconds=60 - i), 0, i, f"e{i}", 3 + i, 3 + i, 10.0, 1.0, 9.0 + i, 3.0, (3 + i) / 300,
+               0, 0, 0, 0, 0, 1, now] for i in range(4)]
+    with connect(store) as client:
+        client.insert("window_aggregates", [[*r, 1, now] for r in tumbling + hopping],
+                      column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+        client.insert("sliding_windows", slides, column_names=[
+            "window_length_ms", "app", "kind", "name", "series_tags", "window_start", "window_end",
+            "source_partition", "source_offset", "event_id", "event_count", "value_count", "sum", "min", "max",
+            "mean", "rate", "level_debug", "level_info", "level_warning", "level_error", "level_critical",
+            "version", "written_at"])
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.query_params["kind"] = "hopping"
+    at.run()
+    assert not at.exception and at.sidebar.selectbox[1].value == "hopping"
+    assert at.sidebar.selectbox[2].options == ["300 s every 60 s"]
+    p99 = {t["name"]: _values(t["y"]) for t in json.loads(at.get("plotly_chart")[1].proto.spec)["data"]}["p99"]
+    assert p99 == [21.0, 14.0, 7.0]                       # each hopping window's own sketch, oldest first
+    assert any("3 hopping windows of 300 s every 60 s" in c.value for c in at.caption)
+
+    at.sidebar.selectbox[1].select("sliding").run()
+    assert not at.exception and at.query_params["kind"] == "sliding"
+    traces = {t["name"]: _values(t["y"]) for t in json.loads(at.get("plotly_chart")[1].proto.spec)["data"]}
+    assert traces["max"] == [9.0, 10.0, 11.0, 12.0]
+    assert any("4 sliding windows" in c.value for c in at.caption)

@@ -15,11 +15,12 @@ from dashboard import common, queries
 from store.range_query import SeriesKey
 
 
-def line_chart(df: pd.DataFrame, columns: list[str], title: str, unit: str) -> go.Figure:
+def line_chart(df: pd.DataFrame, columns: list[str], title: str, unit: str,
+               x_title: str = "window start (UTC)") -> go.Figure:
     fig = go.Figure()
     for col in columns:
         fig.add_trace(go.Scatter(x=df["window_start"], y=df[col], mode="lines+markers", name=col))
-    fig.update_layout(title=title, yaxis_title=unit, xaxis_title="window start (UTC)", height=340,
+    fig.update_layout(title=title, yaxis_title=unit, xaxis_title=x_title, height=340,
                       margin={"l": 40, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})
     return fig
 
@@ -39,8 +40,16 @@ def page() -> None:
                 "the first windows appear once a micro-batch has run.")
         return
     chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
-    resolution_s = common.url_select("Resolution", "resolution", queries.resolutions_s(lengths),
-                                     lambda n: f"{n} s")
+    with common.store(config) as client:
+        hopping = queries.hopping_specs(client, chosen)
+    kinds = ["tumbling", *(["hopping"] if hopping else []), "sliding"]
+    kind = common.url_select("Window kind", "kind", kinds)
+    if kind == "tumbling":
+        resolution_s = common.url_select("Resolution", "resolution", queries.resolutions_s(lengths),
+                                         lambda n: f"{n} s")
+    elif kind == "hopping":
+        spec = common.url_select("Hopping window", "hopping", hopping,
+                                 lambda s: f"{s[0] // 1000} s every {s[1] // 1000} s", lambda s: f"{s[0]}-{s[1]}")
     minutes = common.range_minutes(config)
     st.sidebar.caption(f"store: {config.store_url}")
 
@@ -48,20 +57,39 @@ def page() -> None:
     def charts() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
-            df = queries.series_buckets(client, chosen, resolution_s, since, until)
+            if kind == "tumbling":
+                df = queries.series_buckets(client, chosen, resolution_s, since, until)
+            elif kind == "hopping":
+                df = queries.hopping_windows(client, chosen, *spec, since, until)
+            else:
+                df = queries.sliding_windows(client, chosen, since, until)
         if df.empty:
-            st.info("No windows for this series in the chosen range.")
+            st.info(f"No {kind} windows for this series in the chosen range.")
             return
         left, right = st.columns(2)
+        if kind == "sliding":
+            df = df.rename(columns={"window_end": "window_start"})
+            length = int(df["window_s"].iloc[0])
+            left.plotly_chart(line_chart(df, ["rate"], f"Rate over the trailing {length} s · {chosen.label}",
+                                         "events / s", x_title="event time (window end, UTC)"), width="stretch")
+            value_columns = ["mean", "max"] if chosen.kind == "metric" else ["errors"]
+            right.plotly_chart(line_chart(df, value_columns, f"Trailing {length} s · {chosen.label}", "value",
+                                          x_title="event time (window end, UTC)"), width="stretch")
+            st.caption(f"{len(df)} sliding windows (one per event; quantiles and distinct counts are kept for "
+                       "tumbling and hopping windows only)")
+            return
         left.plotly_chart(line_chart(df, ["rate"], f"Rate · {chosen.label}", "events / s"), width="stretch")
         right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {chosen.label}", "value"),
                            width="stretch")
         st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {chosen.label}", "users"),
                         width="stretch")
-        st.caption(f"{len(df)} buckets of {resolution_s} s (merged sketches) · "
-                   f"refreshes every {config.dashboard.refresh_s:g} s")
+        if kind == "tumbling":
+            st.caption(f"{len(df)} buckets of {resolution_s} s (merged sketches) · "
+                       f"refreshes every {config.dashboard.refresh_s:g} s")
+        else:
+            st.caption(f"{len(df)} hopping windows of {spec[0] // 1000} s every {spec[1] // 1000} s "
+                       "(each window's own sketches)")
 
     charts()
-
 
 page()
