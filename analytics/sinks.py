@@ -18,7 +18,13 @@ from pyspark.sql import functions as F
 
 from analytics.keyed_windows import KEYED_WINDOWS_QUERY, SESSION, SLIDING
 from analytics.progress import batch_info
-from analytics.stragglers import STRAGGLER_COLUMNS, tumbling_hopping_stragglers
+from analytics.stragglers import (
+    CORRECTION_COLUMNS,
+    STRAGGLER_COLUMNS,
+    corrections,
+    late_contributions,
+    stragglers,
+)
 from analytics.windows import LEVEL_FIELDS, QUANTILES, SERIES, WINDOWS_QUERY
 from eventide.config import Config
 from store.client import connect
@@ -64,7 +70,7 @@ def insert_frame(config: Config, table: str, frame: DataFrame, columns: tuple[st
 
 def window_writer(config: Config) -> BatchWriter:
     """Upsert the window rows a micro-batch changed (``version`` = batch id orders corrections), then count the
-    batch's dropped stragglers with the batch's own offsets and watermark."""
+    batch's dropped stragglers and corrections with the batch's own offsets and watermark."""
     checkpoint = config.checkpoint_dir / WINDOWS_QUERY
 
     def write(batch: DataFrame, batch_id: int) -> None:
@@ -72,9 +78,14 @@ def window_writer(config: Config) -> BatchWriter:
         insert_frame(config, "window_aggregates", batch, WINDOW_COLUMNS, version=batch_id, written_at=now)
         info = batch_info(checkpoint, batch_id)
         if info.has_records:
-            dropped = tumbling_hopping_stragglers(batch.sparkSession, config, info)
-            insert_frame(config, "stragglers", dropped, STRAGGLER_COLUMNS, query_name=WINDOWS_QUERY,
-                        batch_id=batch_id, detected_at=now)
+            late = late_contributions(batch.sparkSession, config, info).persist()
+            try:
+                insert_frame(config, "stragglers", stragglers(late), STRAGGLER_COLUMNS, query_name=WINDOWS_QUERY,
+                             batch_id=batch_id, detected_at=now)
+                insert_frame(config, "corrections", corrections(late), CORRECTION_COLUMNS, batch_id=batch_id,
+                             detected_at=now)
+            finally:
+                late.unpersist()
 
     return write
 

@@ -7,7 +7,9 @@ applies the same rule Spark applied, with the same watermark: an accepted event'
 dropped iff ``window_end <= watermark``. The window assignment is the aggregation's own
 (``windows.window_assignments``), so both agree by construction.
 
-Only events older than the watermark can be dropped, so records are first screened on three fields
+The late events whose window was still open are the **corrections**: the same pass counts them per window.
+
+Only events older than the watermark can be late, so records are first screened on three fields
 (``json_tuple``, cheap); only those candidates go through full validation.
 """
 
@@ -28,6 +30,10 @@ STRAGGLER_COLUMNS = (
     "window_end", "source_partition", "source_offset", "event_id", "device", "corrected_event_time", "watermark",
     "lateness_ms",
 )
+
+
+CORRECTION_KEY = ("window_kind", "window_length_ms", "window_hop_ms", *SERIES, "window_start", "window_end")
+CORRECTION_COLUMNS = (*CORRECTION_KEY, "late_events", "max_lateness_ms")
 
 
 def batch_records(spark: SparkSession, config: Config, info: BatchInfo) -> DataFrame:
@@ -54,13 +60,14 @@ def _maybe_older_than(records: DataFrame, watermark_ms: int) -> DataFrame:
     return fields.where(corrected < watermark_ms).drop("_et", "_st", "_rt")
 
 
-def tumbling_hopping_stragglers(spark: SparkSession, config: Config, info: BatchInfo) -> DataFrame:
-    """One row per dropped contribution (event, closed window) of the batch, with its lateness."""
+def late_contributions(spark: SparkSession, config: Config, info: BatchInfo) -> DataFrame:
+    """Every contribution (event, window) of the batch's late events (corrected time behind the watermark), with
+    ``dropped``: True when Spark dropped it (window already closed), False when it corrected an open window."""
     wm = info.watermark_ms
     candidates = _maybe_older_than(batch_records(spark, config, info), wm)
     events = envelope.accepted(envelope.parse(candidates, config))
-    contributions = events.select("*", F.inline(window_assignments(window_specs(config))))
-    return contributions.where(F.col("window_end_ms") <= wm).select(
+    contributions = events.where(event_time_ms() < wm).select("*", F.inline(window_assignments(window_specs(config))))
+    return contributions.select(
         "window_kind", "window_length_ms", "window_hop_ms", *SERIES,
         F.timestamp_millis("window_start_ms").alias("window_start"),
         F.timestamp_millis("window_end_ms").alias("window_end"),
@@ -68,4 +75,16 @@ def tumbling_hopping_stragglers(spark: SparkSession, config: Config, info: Batch
         F.col("id").alias("event_id"), "device", "corrected_event_time",
         F.timestamp_millis(F.lit(wm)).alias("watermark"),
         (F.lit(wm) - event_time_ms()).alias("lateness_ms"),
+        (F.col("window_end_ms") <= wm).alias("dropped"),
     )
+
+
+def stragglers(late: DataFrame) -> DataFrame:
+    """One row per dropped contribution, with its lateness."""
+    return late.where("dropped").select(*STRAGGLER_COLUMNS)
+
+
+def corrections(late: DataFrame) -> DataFrame:
+    """Per open window the late events corrected: how many, and the latest of them."""
+    return late.where(~F.col("dropped")).groupBy(*CORRECTION_KEY).agg(
+        F.count(F.lit(1)).alias("late_events"), F.max("lateness_ms").alias("max_lateness_ms"))

@@ -86,6 +86,15 @@ def test_late_events_correct_open_windows_and_are_counted_when_their_window_clos
     [events] = rows(stack, "SELECT uniqExact(source_partition, source_offset) AS n FROM stragglers FINAL")
     assert events["n"] == 2
 
+    # Corrections: late events (behind the watermark 170) absorbed by windows still open. late-a (165) and
+    # late-c (50); late-b (170) is not behind the watermark.
+    corrected = [(r["window_kind"], r["window_length_ms"] // S, (r["ws"] - T0) // S, r["late_events"]) for r in rows(
+        stack, "SELECT window_kind, window_length_ms, toUnixTimestamp64Milli(window_start) AS ws, late_events "
+               "FROM corrections FINAL ORDER BY window_kind, window_length_ms, window_start")]
+    assert corrected == [
+        ("hopping", 300, -120, 2), ("hopping", 300, -60, 2), ("hopping", 300, 0, 2), ("hopping", 300, 60, 1),
+        ("hopping", 300, 120, 1), ("tumbling", 60, 120, 1)]
+
     # Progress: the watermark each batch ran with, and Spark's own dropped-rows signal.
     wait_until(lambda: rows(stack, "SELECT max(watermark) = fromUnixTimestamp64Milli("
                                    f"{at(170)}, 'UTC') AS ok FROM pipeline_progress WHERE query_name = 'windows'"
