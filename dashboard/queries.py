@@ -228,3 +228,12 @@ def sliding_windows(client: Client, series: SeriesKey, since: datetime, until: d
         f"WHERE {_series_filter()} AND window_end >= {{lo:DateTime64(3)}} AND window_end < {{hi:DateTime64(3)}} "
         "ORDER BY window_end DESC LIMIT {n:UInt32}", since, until, n=limit, **_series_params(series))
     return df.iloc[::-1].reset_index(drop=True)
+
+
+def corrections_published(client: Client, since: datetime, until: datetime, resolution_s: int) -> pd.DataFrame:
+    """Per bucket of detection time and window kind: windows re-published with late events, and those events."""
+    return _bucketed(client,
+        "SELECT toStartOfInterval(detected_at, toIntervalSecond({r:UInt32})) AS t, window_kind, "
+        "count() AS windows, sum(late_events) AS late_events FROM corrections FINAL "
+        "WHERE detected_at >= {lo:DateTime64(3)} AND detected_at < {hi:DateTime64(3)} "
+        "GROUP BY t, window_kind ORDER BY t, window_kind", since, until, resolution_s)

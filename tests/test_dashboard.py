@@ -241,15 +241,22 @@ def test_stragglers_page_charts_drops_lateness_and_the_worst_device_clocks(store
                                         for d in range(20) for b in range(2)],
                       column_names=["app", "device", "batch_id", "events", "offset_min_ms", "offset_max_ms",
                                     "offset_avg_ms", "last_received", "recorded_at"])
+        client.insert("corrections", [["hopping", 300_000, 60_000, "shop", "metric", "latency_ms", "",
+                                       now - timedelta(minutes=5 + w), now - timedelta(minutes=w), 7, 2, 1500,
+                                       now - timedelta(seconds=30)] for w in range(3)],
+                      column_names=["window_kind", "window_length_ms", "window_hop_ms", "app", "kind", "name",
+                                    "series_tags", "window_start", "window_end", "batch_id", "late_events",
+                                    "max_lateness_ms", "detected_at"])
     at = AppTest.from_file(str(REPO / "dashboard" / "pages" / "stragglers.py"), default_timeout=30).run()
     assert not at.exception
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert [s["layout"]["title"]["text"] for s in specs] == [
-        "Dropped per 60 s by window kind", "Lateness behind the watermark (s)", "Clock offset per device (s)",
-        "Worst device clocks (s off)"]
+        "Dropped per 60 s by window kind", "Lateness behind the watermark (s)",
+        "Windows corrected by late events per 60 s", "Clock offset per device (s)", "Worst device clocks (s off)"]
+    assert [sum(_values(t["y"])) for t in specs[2]["data"]] == [3]
     assert {t["name"]: sum(_values(t["y"])) for t in specs[0]["data"]} == {"tumbling": 2, "hopping": 1}
     assert list(at.dataframe[0].value["dropped"]) == [2, 1]
-    [worst] = specs[3]["data"]
+    [worst] = specs[4]["data"]
     assert max(_values(worst["x"])) == 38.0 and len(_values(worst["x"])) == 15   # phone-19, 2nd batch: 38 s
 
 

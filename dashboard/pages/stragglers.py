@@ -1,4 +1,5 @@
-"""Stragglers & clocks: what the watermark dropped, how late it was, and whose clocks are off.
+"""Stragglers & clocks: what the watermark dropped, how late it was, which windows late events corrected, and
+whose clocks are off.
 
 A dropped straggler is an event whose window had already closed (BRIEF §3); the job counts each one exactly.
 Device clock offsets are ``received_time − sent_time`` per device (positive: the device clock is behind).
@@ -30,6 +31,7 @@ def page() -> None:
             lateness = queries.straggler_lateness(client, since, until)
             worst_windows = queries.straggler_windows(client, since, until)
             clocks = queries.device_clock_offsets(client, since, until)
+            corrected = queries.corrections_published(client, since, until, resolution)
         st.subheader("Dropped stragglers")
         if dropped.empty:
             st.info("No stragglers dropped in the chosen range.")
@@ -41,6 +43,13 @@ def page() -> None:
                                                 "window_kind"), width="stretch")
             st.caption("Windows that lost the most events")
             st.dataframe(worst_windows, hide_index=True, width="stretch")
+        st.subheader("Corrections")
+        if corrected.empty:
+            st.info("No window was corrected by late events in the chosen range.")
+        else:
+            st.plotly_chart(common.time_chart(corrected, "windows", f"Windows corrected by late events per "
+                                              f"{resolution} s", "windows re-published", "window_kind", kind="bar"),
+                            width="stretch")
         st.subheader("Device clocks")
         if clocks.empty:
             st.info("No device clock offsets in the chosen range yet.")
