@@ -9,7 +9,8 @@ from pathlib import Path
 
 import streamlit as st
 
-PAGES = Path(__file__).resolve().parent / "pages"
+# Not "pages/": Streamlit would also list that folder on its own, beside st.navigation.
+PAGES = Path(__file__).resolve().parent / "views"
 
 st.set_page_config(page_title="eventide", layout="wide")
 st.navigation([

@@ -17,7 +17,7 @@ from store.client import connect
 from store.migrations import apply_migrations
 from tests.conftest import REPO
 
-APP = str(REPO / "dashboard" / "pages" / "explorer.py")
+APP = str(REPO / "dashboard" / "views" / "explorer.py")
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_unreachable_store_shows_the_url_it_tried(store, monkeypatch):
     assert any("127.0.0.1:1" in err.value for err in at.error)
 
 
-ALERTS_PAGE = str(REPO / "dashboard" / "pages" / "alerts.py")
+ALERTS_PAGE = str(REPO / "dashboard" / "views" / "alerts.py")
 RULES = """
 [[rule]]
 name = "checkout p99"
@@ -133,7 +133,7 @@ def test_a_shared_link_restores_the_time_range(store):
     assert at.sidebar.slider[0].value == 90 and at.query_params["minutes"] == "90"
 
 
-OVERVIEW_PAGE = str(REPO / "dashboard" / "pages" / "overview.py")
+OVERVIEW_PAGE = str(REPO / "dashboard" / "views" / "overview.py")
 
 
 def test_overview_charts_rates_stragglers_dead_letters_and_shows_freshness(store):
@@ -192,7 +192,7 @@ def test_logs_page_charts_levels_errors_per_app_and_error_burst_peaks(store):
             "source_partition", "source_offset", "event_id", "event_count", "value_count", "sum", "min", "max",
             "mean", "rate", "level_debug", "level_info", "level_warning", "level_error", "level_critical",
             "version", "written_at"])
-    at = AppTest.from_file(str(REPO / "dashboard" / "pages" / "logs.py"), default_timeout=30).run()
+    at = AppTest.from_file(str(REPO / "dashboard" / "views" / "logs.py"), default_timeout=30).run()
     assert not at.exception
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert [s["layout"]["title"]["text"] for s in specs] == [
@@ -215,7 +215,7 @@ def test_sessions_page_counts_sessions_and_shows_duration_and_size_distributions
             "gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time",
             "duration_ms", "event_count", "metric_count", "log_count", "level_debug", "level_info", "level_warning",
             "level_error", "level_critical", "version", "written_at"])
-    at = AppTest.from_file(str(REPO / "dashboard" / "pages" / "sessions.py"), default_timeout=30).run()
+    at = AppTest.from_file(str(REPO / "dashboard" / "views" / "sessions.py"), default_timeout=30).run()
     assert not at.exception
     assert {m.label: m.value for m in at.metric} == {
         "sessions ended": "20", "median duration": "64 s", "median events": "6"}
@@ -247,7 +247,7 @@ def test_stragglers_page_charts_drops_lateness_and_the_worst_device_clocks(store
                       column_names=["window_kind", "window_length_ms", "window_hop_ms", "app", "kind", "name",
                                     "series_tags", "window_start", "window_end", "batch_id", "late_events",
                                     "max_lateness_ms", "detected_at"])
-    at = AppTest.from_file(str(REPO / "dashboard" / "pages" / "stragglers.py"), default_timeout=30).run()
+    at = AppTest.from_file(str(REPO / "dashboard" / "views" / "stragglers.py"), default_timeout=30).run()
     assert not at.exception
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert [s["layout"]["title"]["text"] for s in specs] == [
