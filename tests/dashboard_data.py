@@ -46,6 +46,18 @@ def straggler(detected_at: datetime, offset: int, *, window_start: datetime, win
     }
 
 
+def correction(detected_at: datetime, batch_id: int, *, window_start: datetime, window_kind: str = "tumbling",
+               length_s: int = 10, hop_s: int | None = None, app: str = "shop", kind: str = "metric",
+               name: str = "latency_ms", late_events: int = 1, max_lateness_s: float = 5.0) -> dict[str, Any]:
+    """A window re-published in micro-batch ``batch_id`` with ``late_events`` events that arrived behind the
+    watermark while it was still open."""
+    return {"window_kind": window_kind, "window_length_ms": length_s * 1000,
+            "window_hop_ms": (hop_s or length_s) * 1000, "app": app, "kind": kind, "name": name, "series_tags": "",
+            "window_start": window_start, "window_end": window_start + timedelta(seconds=length_s),
+            "batch_id": batch_id, "late_events": late_events, "max_lateness_ms": round(max_lateness_s * 1000),
+            "detected_at": detected_at}
+
+
 def dead_letter(detected_at: datetime, offset: int, *, reason: str = "unparseable JSON",
                 partition: int = 0) -> dict[str, Any]:
     """A record the job refused, keyed by its Kafka position."""

@@ -59,7 +59,7 @@ PAGES = {
     "explorer": PageSpec("Metric explorer", 3),
     "logs": PageSpec("Logs", 3),
     "sessions": PageSpec("Sessions", 3),
-    "stragglers": PageSpec("Stragglers & clocks", 4),
+    "stragglers": PageSpec("Stragglers & clocks", 5),
     "alerts": PageSpec("Alerts", 1, minutes=90),
 }
 
@@ -104,6 +104,9 @@ def populate(config: Config) -> None:
     stragglers = [data.straggler(ago[40 * k + 5], k, window_start=grid - timedelta(seconds=60 + 10 * k),
                                  window_kind=("tumbling", "hopping")[k % 2], lateness_s=2.0 + 3 * k)
                   for k in range(12)]
+    corrections = [data.correction(ago[45 * k + 20], k, window_start=grid - timedelta(seconds=40 + 10 * k),
+                                   window_kind=("tumbling", "hopping")[k % 2], late_events=1 + k % 3)
+                   for k in range(10)]
     dead = [data.dead_letter(ago[30 * k + 3], k, reason=("unparseable JSON", "missing field: value")[k % 2])
             for k in range(8)]
     sessions = [data.session(ago[25 * k + 10], app, f"u{k}", duration_s=30.0 + 11 * k, events=3 + k)
@@ -122,6 +125,7 @@ def populate(config: Config) -> None:
     with connect(config) as client:
         data.insert_rows(client, "window_aggregates", windows)
         data.insert_rows(client, "stragglers", stragglers)
+        data.insert_rows(client, "corrections", corrections)
         data.insert_rows(client, "dead_letters", dead)
         data.insert_rows(client, "pipeline_progress", [data.progress(now - timedelta(seconds=40))])
         data.insert_rows(client, "sessions", sessions)
