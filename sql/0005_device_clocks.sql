@@ -14,4 +14,5 @@ CREATE TABLE IF NOT EXISTS device_clocks
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(last_received)
-ORDER BY (app, device, batch_id);
+ORDER BY (app, device, batch_id)
+TTL toDateTime(last_received) + INTERVAL 30 DAY;   -- one row per device and batch: keep a month
