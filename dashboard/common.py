@@ -64,6 +64,29 @@ def range_minutes(config: Config) -> int:
     return minutes
 
 
+def start_page(title: str, note: str | Callable[[Config], str] | None = None) -> tuple[Config, int]:
+    """What every time-range page starts with: its title, the config, the range slider (and a sidebar note)."""
+    st.title(title)
+    config = config_or_stop()
+    minutes = range_minutes(config)
+    if note:
+        st.sidebar.caption(note(config) if callable(note) else note)
+    return config, minutes
+
+
+def refreshing(config: Config) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """Decorator: the page part that re-runs every ``dashboard.refresh_s`` (a Streamlit fragment)."""
+    return st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+
+
+def bucket_seconds(client: Client, minutes: int) -> tuple[list[int], int]:
+    """(stored tumbling lengths in ms, the chart bucket in s for a range of ``minutes``)."""
+    from dashboard.queries import overview_resolution_s, window_lengths_ms
+
+    lengths = window_lengths_ms(client)
+    return lengths, overview_resolution_s(lengths, minutes)
+
+
 def last(minutes: int) -> tuple[datetime, datetime]:
     """(now − minutes, now): computed at each refresh, so an auto-refreshing chart moves with time."""
     until = datetime.now(UTC)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pandas as pd
 import plotly.express as px
 import streamlit as st
@@ -16,16 +14,14 @@ STATE_COLOURS = {"firing": "#d62728", "pending": "#ff7f0e", "resolved": "#2ca02c
 
 
 def page() -> None:
-    st.title("Alerts")
-    config = common.config_or_stop()
-    minutes = common.range_minutes(config)
+    config, minutes = common.start_page("Alerts")
     try:
         rules = load_rules(config.alert_rules_file).rule
     except ConfigError as exc:
         st.error(str(exc))
         rules = []
 
-    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    @common.refreshing(config)
     def live() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:

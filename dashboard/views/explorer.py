@@ -5,8 +5,6 @@ Every bucket is merged from the stored windows' sketches (``store.range_query``)
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -53,7 +51,7 @@ def page() -> None:
     minutes = common.range_minutes(config)
     st.sidebar.caption(f"store: {config.store_url}")
 
-    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    @common.refreshing(config)
     def charts() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import streamlit as st
 
 from dashboard import common, queries
@@ -13,16 +11,13 @@ LEVEL_COLOURS = {"debug": "#9edae5", "info": "#1f77b4", "warning": "#ff7f0e", "e
 
 
 def page() -> None:
-    st.title("Logs")
-    config = common.config_or_stop()
-    minutes = common.range_minutes(config)
+    config, minutes = common.start_page("Logs")
 
-    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    @common.refreshing(config)
     def live() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
-            lengths = queries.window_lengths_ms(client)
-            resolution = queries.overview_resolution_s(lengths, minutes)
+            lengths, resolution = common.bucket_seconds(client, minutes)
             levels = queries.log_levels(client, since, until, resolution, min(lengths)) if lengths else None
             peaks = queries.error_burst_peaks(client, since, until, resolution)
         if levels is None or levels.empty:

@@ -6,7 +6,7 @@ consumer lag per partition and the alerts firing.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pandas as pd
 import plotly.express as px
@@ -17,17 +17,13 @@ from store import pipeline
 
 
 def page() -> None:
-    st.title("Overview")
-    config = common.config_or_stop()
-    minutes = common.range_minutes(config)
-    st.sidebar.caption(f"store: {config.store_url}")
+    config, minutes = common.start_page("Overview", lambda c: f"store: {c.store_url}")
 
-    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    @common.refreshing(config)
     def live() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
-            lengths = queries.window_lengths_ms(client)
-            resolution = queries.overview_resolution_s(lengths, minutes)
+            lengths, resolution = common.bucket_seconds(client, minutes)
             rates = queries.app_rates(client, since, until, resolution, min(lengths)) if lengths else pd.DataFrame()
             dropped = queries.dropped_stragglers(client, since, until, resolution)
             dead = queries.dead_letter_rate(client, since, until, resolution)

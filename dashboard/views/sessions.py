@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import streamlit as st
 
 from dashboard import common, queries
 
 
 def page() -> None:
-    st.title("Sessions")
-    config = common.config_or_stop()
-    minutes = common.range_minutes(config)
-    st.sidebar.caption(f"session gap: {config.stream.session_gap_s} s")
+    config, minutes = common.start_page("Sessions", lambda c: f"session gap: {c.stream.session_gap_s} s")
 
-    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    @common.refreshing(config)
     def live() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
-            lengths = queries.window_lengths_ms(client)
-            resolution = queries.overview_resolution_s(lengths, minutes)
+            _, resolution = common.bucket_seconds(client, minutes)
             per_app = queries.sessions_per_app(client, since, until, resolution)
             shapes = queries.session_shapes(client, since, until)
         if per_app.empty:

@@ -7,8 +7,6 @@ Device clock offsets are ``received_time − sent_time`` per device (positive: t
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import plotly.express as px
 import streamlit as st
 
@@ -16,17 +14,14 @@ from dashboard import common, queries
 
 
 def page() -> None:
-    st.title("Stragglers & clocks")
-    config = common.config_or_stop()
-    minutes = common.range_minutes(config)
-    st.sidebar.caption(f"allowed lateness: {config.stream.allowed_lateness_s:g} s")
+    config, minutes = common.start_page("Stragglers & clocks",
+                                        lambda c: f"allowed lateness: {c.stream.allowed_lateness_s:g} s")
 
-    @st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    @common.refreshing(config)
     def live() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
-            lengths = queries.window_lengths_ms(client)
-            resolution = queries.overview_resolution_s(lengths, minutes)
+            _, resolution = common.bucket_seconds(client, minutes)
             dropped = queries.dropped_stragglers(client, since, until, resolution)
             lateness = queries.straggler_lateness(client, since, until)
             worst_windows = queries.straggler_windows(client, since, until)
