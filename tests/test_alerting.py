@@ -183,3 +183,48 @@ threshold = 0
 """
     # Processing time: minute 1 (12:01-12:02) holds the 3 dead letters.
     assert evaluate_minutes(store, rules, range(1, 4)) == [("firing", 2), ("resolved", 3)]
+
+
+def test_dropped_stragglers_of_a_series_per_minute_fire_a_rule(store: Config) -> None:
+    insert(store, [minute_of(store, m, [10.0] * 10) for m in range(4)])    # the series exists
+    with connect(store) as client:
+        client.insert("stragglers", [["tumbling", 60_000, 60_000, "checkout", "metric", "latency_ms", "", T0, T0,
+                                      0, i, f"e{i}", "d", T0, T0, 1000, "windows", 1,
+                                      T0 + 90 * timedelta(seconds=1)] for i in range(4)],
+                      column_names=["window_kind", "window_length_ms", "window_hop_ms", "app", "kind", "name",
+                                    "series_tags", "window_start", "window_end", "source_partition",
+                                    "source_offset", "event_id", "device", "corrected_event_time", "watermark",
+                                    "lateness_ms", "query_name", "batch_id", "detected_at"])
+    rules = P99_FOR_2.replace('statistic = "p99"', 'statistic = "dropped_stragglers"').replace(
+        "threshold = 500", "threshold = 3").replace("for = 2", "for = 1")
+    # detected during minute 1 (12:01-12:02): 4 distinct events > 3
+    assert evaluate_minutes(store, rules, range(1, 4)) == [("firing", 2), ("resolved", 3)]
+
+
+def test_freshness_and_lag_are_sampled_from_the_pipeline_when_the_evaluator_runs(store: Config) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": store.kafka.bootstrap})
+    for _ in range(25):
+        producer.produce(store.kafka.events_topic, b"{}", b"k", partition=0)
+    producer.flush(10)
+    processed = json.dumps([{"endOffset": json.dumps({store.kafka.events_topic: {"0": 5}})}])
+    now = T0 + 10 * MINUTE
+    with connect(store) as client:
+        client.insert("pipeline_progress", [["windows", "q", "r", 1, now, now - 5 * MINUTE, processed, now]],
+                      column_names=["query_name", "query_id", "run_id", "batch_id", "batch_timestamp", "watermark",
+                                    "sources", "recorded_at"])
+    rules = parse_rules("""
+[[rule]]
+name = "stale"
+statistic = "freshness"
+comparator = ">"
+threshold = 120
+[[rule]]
+name = "behind"
+statistic = "lag"
+comparator = ">="
+threshold = 20
+""")
+    moved = evaluate(store, rules, now=ms(now + timedelta(seconds=30)))
+    assert sorted((t.rule, t.to, t.value) for t in moved) == [("behind", "firing", 20.0), ("stale", "firing", 330.0)]
