@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -56,6 +57,11 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    # py4j's callback server (foreachBatch, the progress listener) waits on its socket with select(), which
+    # cannot watch a descriptor >= 1024: started later in a process that already holds many descriptors (chDB
+    # leaks ~15 per open, see docs/architecture.md), its thread dies and the JVM's first callback blocks
+    # forever. Started now, it gets a low descriptor for the life of the session.
+    ensure_callback_server_started(spark.sparkContext._gateway)
     return spark
 
 

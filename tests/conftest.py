@@ -51,6 +51,24 @@ def spark(kafka: Config):
     session.stop()
 
 
+NEEDS_SPARK = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[NEEDS_SPARK] = any("spark" in getattr(item, "fixturenames", ()) for item in items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_first(request: pytest.FixtureRequest) -> None:
+    """Start Spark before any test runs when some selected test needs it.
+
+    chDB leaks descriptors with every open (docs/architecture.md), and py4j's callback server must get a
+    descriptor below 1024 (see ``analytics.job.spark_session``); after a few hundred store opens by earlier tests
+    it would not, and the first streaming query would hang instead of failing."""
+    if request.config.stash.get(NEEDS_SPARK, False):
+        request.getfixturevalue("spark")
+
+
 @pytest.fixture
 def stack(kafka: Config, request: pytest.FixtureRequest) -> Config:
     """Per-test config: own topics, own ClickHouse database (migrated), own checkpoints."""
