@@ -51,21 +51,27 @@ SESSION_COLUMNS = (
 BatchWriter = Callable[[DataFrame, int], None]
 
 
-def insert_frame(config: Config, table: str, frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> int:
-    """Insert ``frame``'s ``columns`` (plus constant ``extra`` columns) into a store table through Arrow, without
-    building Python rows. Returns the number of rows written."""
+def arrow_rows(frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> pa.Table:
+    """``frame``'s ``columns`` (plus constant ``extra`` columns) as an Arrow table, without building Python rows."""
     selected = frame.select(*[
         # Sketch columns are non-nullable Strings in the store: a window without values stores ''.
         F.coalesce(F.col(c), F.unhex(F.lit(""))).alias(c) if c in _SKETCHES else F.col(c) for c in columns])
     table_data = selected.toArrow()
-    n = table_data.num_rows
-    if not n:
-        return 0
     for name, value in extra.items():
-        table_data = table_data.append_column(name, pa.array([value] * n))
-    with connect(config) as client:
-        client.insert_arrow(table, table_data)
-    return n
+        table_data = table_data.append_column(name, pa.array([value] * table_data.num_rows))
+    return table_data
+
+
+def insert_tables(config: Config, rows: list[tuple[str, pa.Table]]) -> int:
+    """Insert each (table, rows) pair, all in one store open (none if every one is empty): a micro-batch's writes
+    share one open because each chDB open restarts the embedded engine (costly, see docs/architecture.md).
+    Returns the number of rows written."""
+    rows = [(table, data) for table, data in rows if data.num_rows]
+    if rows:
+        with connect(config) as client:
+            for table, data in rows:
+                client.insert_arrow(table, data)
+    return sum(data.num_rows for _, data in rows)
 
 
 def window_writer(config: Config) -> BatchWriter:
@@ -75,17 +81,18 @@ def window_writer(config: Config) -> BatchWriter:
 
     def write(batch: DataFrame, batch_id: int) -> None:
         now = datetime.now(UTC)
-        insert_frame(config, "window_aggregates", batch, WINDOW_COLUMNS, version=batch_id, written_at=now)
+        rows = [("window_aggregates", arrow_rows(batch, WINDOW_COLUMNS, version=batch_id, written_at=now))]
         info = batch_info(checkpoint, batch_id)
         if info.has_records:
             late = late_contributions(batch.sparkSession, config, info).persist()
             try:
-                insert_frame(config, "stragglers", stragglers(late), STRAGGLER_COLUMNS, query_name=WINDOWS_QUERY,
-                             batch_id=batch_id, detected_at=now)
-                insert_frame(config, "corrections", corrections(late), CORRECTION_COLUMNS, batch_id=batch_id,
-                             detected_at=now)
+                rows.append(("stragglers", arrow_rows(stragglers(late), STRAGGLER_COLUMNS, query_name=WINDOWS_QUERY,
+                                                      batch_id=batch_id, detected_at=now)))
+                rows.append(("corrections", arrow_rows(corrections(late), CORRECTION_COLUMNS, batch_id=batch_id,
+                                                       detected_at=now)))
             finally:
                 late.unpersist()
+        insert_tables(config, rows)
 
     return write
 
@@ -109,15 +116,14 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
                 F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
                 (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), *LEVEL_FIELDS)
-            insert_frame(config, "sliding_windows", sliding, SLIDING_COLUMNS, version=batch_id,
-                        written_at=now)
+            rows = [("sliding_windows", arrow_rows(sliding, SLIDING_COLUMNS, version=batch_id, written_at=now))]
             sessions = windows.where(F.col("window_kind") == SESSION).select(
                 F.lit(gap_ms).alias("gap_ms"), "app", F.col("kind").alias("key_kind"),
                 F.col("name").alias("session_key"), ts("window_start_ms").alias("session_start"),
                 ts("window_end_ms").alias("session_end"), ts("event_time_ms").alias("last_event_time"),
                 (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
                 "event_count", "metric_count", "log_count", *LEVEL_FIELDS)
-            insert_frame(config, "sessions", sessions, SESSION_COLUMNS, version=batch_id, written_at=now)
+            rows.append(("sessions", arrow_rows(sessions, SESSION_COLUMNS, version=batch_id, written_at=now)))
             dropped = batch.where(F.col("row_type") == "straggler").select(
                 "window_kind",
                 F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
@@ -126,8 +132,9 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 "source_partition", "source_offset", "event_id", "device",
                 ts("event_time_ms").alias("corrected_event_time"), ts("watermark_ms").alias("watermark"),
                 "lateness_ms")
-            insert_frame(config, "stragglers", dropped, STRAGGLER_COLUMNS, query_name=KEYED_WINDOWS_QUERY,
-                        batch_id=batch_id, detected_at=now)
+            rows.append(("stragglers", arrow_rows(dropped, STRAGGLER_COLUMNS, query_name=KEYED_WINDOWS_QUERY,
+                                                  batch_id=batch_id, detected_at=now)))
+            insert_tables(config, rows)
         finally:
             batch.unpersist()
 
@@ -146,26 +153,33 @@ def dead_letter_writer(config: Config) -> BatchWriter:
                 F.count(F.lit(1)).alias("events"), F.min("clock_offset_ms").alias("offset_min_ms"),
                 F.max("clock_offset_ms").alias("offset_max_ms"), F.avg("clock_offset_ms").alias("offset_avg_ms"),
                 F.timestamp_millis(F.max("received_time")).alias("last_received")))
-            insert_frame(config, "device_clocks", clocks, DEVICE_CLOCK_COLUMNS, batch_id=batch_id,
-                         recorded_at=datetime.now(UTC))
-            _store_dead_letters(config, records.where(F.col("reason").isNotNull()), limit)
+            now = datetime.now(UTC)
+            rejected = records.where(F.col("reason").isNotNull())
+            dead = arrow_rows(_dead_letter_rows(rejected, limit), DEAD_LETTER_COLUMNS, detected_at=now)
+            insert_tables(config, [
+                ("device_clocks", arrow_rows(clocks, DEVICE_CLOCK_COLUMNS, batch_id=batch_id, recorded_at=now)),
+                ("dead_letters", dead)])
+            if dead.num_rows:
+                # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
+                _forward_dead_letters(config, rejected)
         finally:
             records.unpersist()
 
     return write
 
 
-def _store_dead_letters(config: Config, batch: DataFrame, limit: int) -> None:
-    """Rejected records: one row each in ``dead_letters`` and a copy on the dead-letter topic."""
-    rows = batch.select(
+def _dead_letter_rows(batch: DataFrame, limit: int) -> DataFrame:
+    """Rejected records as ``dead_letters`` rows: the raw record (truncated to ``limit``) with its reason."""
+    return batch.select(
         F.col("topic").alias("source_topic"), F.col("partition").alias("source_partition"),
         F.col("offset").alias("source_offset"), "kafka_timestamp", "reason",
         F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit).alias("raw"),
         F.coalesce(F.octet_length("value"), F.lit(0)).alias("raw_bytes"),
     )
-    if not insert_frame(config, "dead_letters", rows, DEAD_LETTER_COLUMNS, detected_at=datetime.now(UTC)):
-        return
-    # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
+
+
+def _forward_dead_letters(config: Config, batch: DataFrame) -> None:
+    """A copy of each rejected record on the dead-letter topic, its reason and source in headers."""
     (batch.select(
         F.col("value"),
         F.array(
