@@ -117,15 +117,13 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
 def run_until_idle(spark: SparkSession, config: Config) -> list[StreamingQuery]:
     """Process everything currently in Kafka (in as many micro-batches as the rate limit needs), then stop."""
     queries = start_queries(spark, config, {"availableNow": True})
-    recorder = progress.progress_recorder(spark)
     for query in queries:
         query.awaitTermination()
         if query.exception() is not None:
             raise RuntimeError(f"query {query.name} failed: {query.exception()}")
-        # Callers read the store next; its finality clock must include this run's last watermark. The write
-        # waits at most for the store lock.
-        if not recorder.wait_recorded(query, config.store.lock_timeout_s):
-            log.warning("progress of query %s's last batch not stored", query.name)
+    # Spark hands progress to listeners asynchronously: wait until the recorder has stored every query's last
+    # watermark (the finality clock), since callers read the store next. A write waits at most for the store lock.
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(config.store.lock_timeout_s * 1000))
     return queries
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,29 +91,15 @@ class ProgressRecorder(StreamingQueryListener):
 
     def __init__(self) -> None:
         self._stores: dict[str, Config] = {}
-        self._recorded: dict[str, int] = {}     # query id -> last batch id whose progress is stored
-        self._changed = threading.Condition()
 
     def track(self, query: StreamingQuery, config: Config) -> None:
         self._stores[str(query.id)] = config
-
-    def wait_recorded(self, query: StreamingQuery, timeout_s: float) -> bool:
-        """Wait until the progress of the query's last batch is stored. Spark delivers progress to listeners
-        asynchronously, so a query that has just stopped may not have its last watermark in the store yet.
-        False if that did not happen within ``timeout_s`` (a failed write is only logged)."""
-        last = query.lastProgress
-        if last is None:
-            return True
-        query_id = str(query.id)
-        with self._changed:
-            return self._changed.wait_for(lambda: self._recorded.get(query_id, -1) >= last.batchId, timeout_s)
 
     def onQueryStarted(self, event: Any) -> None:
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        query_id = str(event.progress.id)
-        config = self._stores.get(query_id)
+        config = self._stores.get(str(event.progress.id))
         if config is None:
             return
         try:
@@ -123,10 +108,6 @@ class ProgressRecorder(StreamingQueryListener):
                               column_names=list(PROGRESS_COLUMNS))
         except Exception:
             log.exception("could not record progress of %s", event.progress.name)
-            return
-        with self._changed:
-            self._recorded[query_id] = max(self._recorded.get(query_id, -1), event.progress.batchId)
-            self._changed.notify_all()
 
     def onQueryIdle(self, event: Any) -> None:
         pass
