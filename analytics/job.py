@@ -21,6 +21,8 @@ from pyspark.sql.streaming import StreamingQuery
 from analytics import envelope, keyed_windows, progress, sinks, windows
 from eventide import jars
 from eventide.config import Config, load_config
+from eventide.respawn import RECYCLE_EXIT
+from store.client import recycle_due
 
 log = logging.getLogger(__name__)
 DEAD_LETTER_QUERY = "dead_letters"
@@ -133,7 +135,12 @@ def run(config: Config) -> None:
     queries = start_queries(spark, config)
     log.info("started queries %s", [q.name for q in queries])
     try:
-        spark.streams.awaitAnyTermination()
+        while not spark.streams.awaitAnyTermination(config.stream.trigger_interval_s):
+            if recycle_due(config):
+                # Checkpoints make the restart exact: an interrupted batch is replayed with idempotent writes.
+                log.info("recycling: the embedded store was opened %d times by this process",
+                         config.store.recycle_after_opens)
+                raise SystemExit(RECYCLE_EXIT)
     finally:
         for query in queries:
             if query.isActive:

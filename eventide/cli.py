@@ -71,7 +71,7 @@ def stack_status(config: Config) -> int:
     print(f"store:     {config.store_url}")
     print(f"kafka:     {config.kafka.bootstrap} ({'managed here' if config.kafka.managed else 'external'}) "
           f"{'reachable' if broker.is_reachable(config) else 'NOT reachable'}")
-    for name in (broker.SERVICE, JOB, LOAD, DASHBOARD):
+    for name in (broker.SERVICE, JOB, LOAD, ALERTS, DASHBOARD):
         st = services.state(config, name)
         where = f" {dashboard_url(config)}" if name == DASHBOARD and st.running else ""
         print(f"  {name:<12} {'running' if st.running else 'stopped':<8} pid={st.pid or '-':<8} log={st.log}{where}")
@@ -95,8 +95,12 @@ def demo(config: Config) -> None:
     from alerting.rules import load_rules
 
     load_rules(config.alert_rules_file)   # invalid rules stop the demo here, naming the rule and field
-    for name, argv in ((JOB, _python_module("analytics.job")), (LOAD, _python_module("ingest.demo_load")),
-                       (ALERTS, _python_module("alerting.service")), (DASHBOARD, dashboard_argv(config))):
+    # The job and the evaluator run under eventide.respawn: on the embedded store they exit now and then to shed
+    # what chDB leaks per open (store.client.recycle_due) and are started again.
+    for name, argv in ((JOB, _python_module("eventide.respawn", *_python_module("analytics.job"))),
+                       (LOAD, _python_module("ingest.demo_load")),
+                       (ALERTS, _python_module("eventide.respawn", *_python_module("alerting.service"))),
+                       (DASHBOARD, dashboard_argv(config))):
         if services.state(config, name).running:
             print(f"{name} already running")
             continue
