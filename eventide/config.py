@@ -80,7 +80,7 @@ class StoreConfig(_Section):
     """``chdb:///abs/path`` (embedded) or ``http(s)://user:pass@host:port`` (server). Empty: chDB under data_dir."""
     database: str = "eventide"
     lock_timeout_s: float = Field(60.0, gt=0)
-    recycle_after_opens: int = Field(1000, ge=0)
+    recycle_after_opens: int = Field(500, ge=0)
     """Embedded store only: the stream job and the alert evaluator exit to be restarted by their supervisor after
     this many opens, because each chDB open leaves 5 threads and ~8 descriptors behind (docs/architecture.md,
     "Store access"). 0: never."""
