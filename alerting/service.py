@@ -38,8 +38,6 @@ def run(config: Config, once: bool = False) -> int:
         if once:
             return 0
         if recycle_due(config):   # states and sent notifications are stored: a fresh process goes on from them
-            log.info("recycling: the embedded store was opened %d times by this process",
-                     config.store.recycle_after_opens)
             return RECYCLE_EXIT
         time.sleep(max(0.0, config.alerting.evaluation_interval_s - (time.monotonic() - started)))
 

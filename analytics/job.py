@@ -61,7 +61,7 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
     spark.sparkContext.setLogLevel("WARN")
     # py4j's callback server (foreachBatch, the progress listener) waits on its socket with select(), which
     # cannot watch a descriptor >= 1024: started later in a process that already holds many descriptors (chDB
-    # leaks ~15 per open, see docs/architecture.md), its thread dies and the JVM's first callback blocks
+    # leaks ~8 per open, see docs/architecture.md), its thread dies and the JVM's first callback blocks
     # forever. Started now, it gets a low descriptor for the life of the session.
     ensure_callback_server_started(spark.sparkContext._gateway)
     return spark
@@ -138,8 +138,6 @@ def run(config: Config) -> None:
         while not spark.streams.awaitAnyTermination(config.stream.trigger_interval_s):
             if recycle_due(config):
                 # Checkpoints make the restart exact: an interrupted batch is replayed with idempotent writes.
-                log.info("recycling: the embedded store was opened %d times by this process",
-                         config.store.recycle_after_opens)
                 raise SystemExit(RECYCLE_EXIT)
     finally:
         for query in queries:

@@ -62,16 +62,14 @@ def arrow_rows(frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> pa.T
     return table_data
 
 
-def insert_tables(config: Config, rows: list[tuple[str, pa.Table]]) -> int:
+def insert_tables(config: Config, rows: list[tuple[str, pa.Table]]) -> None:
     """Insert each (table, rows) pair, all in one store open (none if every one is empty): a micro-batch's writes
-    share one open because each chDB open restarts the embedded engine (costly, see docs/architecture.md).
-    Returns the number of rows written."""
+    share one open because each chDB open restarts the embedded engine (costly, see docs/architecture.md)."""
     rows = [(table, data) for table, data in rows if data.num_rows]
     if rows:
         with connect(config) as client:
             for table, data in rows:
                 client.insert_arrow(table, data)
-    return sum(data.num_rows for _, data in rows)
 
 
 def window_writer(config: Config) -> BatchWriter:

@@ -9,6 +9,7 @@ take turns. A server client needs no lock.
 from __future__ import annotations
 
 import fcntl
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
 from eventide.config import Config
+
+log = logging.getLogger(__name__)
 
 
 class StoreUnavailable(RuntimeError):
@@ -41,7 +44,10 @@ def recycle_due(config: Config) -> bool:
     chDB (4.4) leaves 5 threads and ~8 descriptors behind per open of a directory with MergeTree tables, and only
     the end of the process gives them back. A ClickHouse server URL never needs this."""
     limit = config.store.recycle_after_opens
-    return bool(limit) and is_embedded(config.store_url) and _embedded_opens >= limit
+    due = bool(limit) and is_embedded(config.store_url) and _embedded_opens >= limit
+    if due:
+        log.info("recycling: the embedded store was opened %d times by this process", _embedded_opens)
+    return due
 
 
 def is_embedded(url: str) -> bool:
@@ -91,10 +97,10 @@ def connect(config: Config, database: str | None = "", url: str | None = None) -
     with guard:
         if embedded:
             _chdb_path(url).mkdir(parents=True, exist_ok=True)
+        if embedded:
+            global _embedded_opens
+            _embedded_opens += 1
         try:
-            if embedded:
-                global _embedded_opens
-                _embedded_opens += 1
             client = clickhouse_connect.get_client(dsn=url, database=db)
         except Exception as exc:
             what = f"chDB store {url}" if embedded else f"ClickHouse at {_redact(url)}"
