@@ -5,8 +5,9 @@ room, ``put`` is a bare ``deque.append`` (atomic under the GIL, no lock: this is
 microsecond). Only a full buffer takes the lock, and there the overflow policy decides; every event it drops is
 counted under that lock, so the counters are exact whatever the threads do.
 
-Accounting identity, exact whenever read under the lock (:meth:`counts`):
-``accepted = taken + len(buffer) + dropped_oldest − internal`` (internal: the SDK's own health events).
+The SDK's own health events wait in a separate queue: the overflow policy never evicts them, so every drop it
+counts is an application's event. Accounting identity, exact whenever read under the lock (:meth:`counts`):
+``accepted = taken + pending + dropped_oldest`` (application events only).
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ class EventBuffer:
         # Never replaced (instruments hold it, see ``items``): after fork it is emptied in place, which is safe
         # because the child has a single thread.
         self._items: deque[Any] = deque()
+        self._internal: deque[Any] = deque()
         self._reset()
 
     def _reset(self) -> None:
         self._items.clear()
+        self._internal.clear()
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self.taken = 0
-        self.internal = 0
         self.dropped_oldest = 0
         self.dropped_newest = 0
         self.blocked_puts = 0
@@ -88,36 +90,37 @@ class EventBuffer:
             return True
 
     def put_unbounded(self, item: Any) -> None:
-        """Append without applying the overflow policy or counting it as accepted (the SDK's health events)."""
+        """Queue one of the SDK's own health events: outside the overflow policy and the accepted count."""
         with self._lock:
-            self._items.append(item)
-            self.internal += 1
+            self._internal.append(item)
 
     def take(self, max_items: int) -> list[Any]:
-        """Remove and return up to ``max_items`` oldest events."""
-        if not self._items:
+        """Remove and return every pending health event and up to ``max_items`` oldest application events."""
+        if not self._items and not self._internal:
             return []
         with self._lock:
+            internal = self._internal
+            batch = [internal.popleft() for _ in range(len(internal))]
             items = self._items
             n = min(len(items), max_items)
             popleft = items.popleft
-            batch = [popleft() for _ in range(n)]
+            batch += [popleft() for _ in range(n)]
             self.taken += n
             self._room.notify_all()
             return batch
 
     def counts(self) -> tuple[int, int]:
-        """(accepted, queue depth), read consistently."""
+        """(accepted, queue depth) of application events, read consistently."""
         with self._lock:
             depth = len(self._items)
-            return self.taken + depth + self.dropped_oldest - self.internal, depth
+            return self.taken + depth + self.dropped_oldest, depth
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) + len(self._internal)
 
     def wait_empty(self, deadline: float) -> bool:
         """Poll until the buffer is empty or ``time.monotonic()`` passes ``deadline``."""
-        while self._items:
+        while self._items or self._internal:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.001)
