@@ -95,12 +95,12 @@ def demo(config: Config) -> None:
     from alerting.rules import load_rules
 
     load_rules(config.alert_rules_file)   # invalid rules stop the demo here, naming the rule and field
-    # The job and the evaluator run under eventide.respawn: on the embedded store they exit now and then to shed
-    # what chDB leaks per open (store.client.recycle_due) and are started again.
+    # The job, the evaluator and the dashboard run under eventide.respawn: on the embedded store they exit now and
+    # then to shed what chDB leaks per open (store.client.recycle_due) and are started again.
     for name, argv in ((JOB, _python_module("eventide.respawn", *_python_module("analytics.job"))),
                        (LOAD, _python_module("ingest.demo_load")),
                        (ALERTS, _python_module("eventide.respawn", *_python_module("alerting.service"))),
-                       (DASHBOARD, dashboard_argv(config))):
+                       (DASHBOARD, _python_module("eventide.respawn", *dashboard_argv(config)))):
         if services.state(config, name).running:
             print(f"{name} already running")
             continue

@@ -2,7 +2,8 @@
 
 chDB leaves threads and descriptors behind with every open (bench/store_opens.py); the stream job and the alert
 evaluator exit with ``RECYCLE_EXIT`` after ``store.recycle_after_opens`` opens and ``eventide.respawn`` starts them
-again, while any other exit ends the supervisor with the same code.
+again, while any other exit ends the supervisor with the same code. (The dashboard's recycling, seen from an open
+browser tab, is in tests/test_dashboard_browser.py.)
 """
 
 from __future__ import annotations
