@@ -12,6 +12,9 @@ from clickhouse_connect.driver.client import Client
 from store import range_query
 from store.range_query import SeriesKey
 
+DISTRIBUTION_ROWS = 100_000
+"""Rows a histogram query ships to the page at most (the newest): enough for its shape, cheap to draw."""
+
 
 def list_series(client: Client) -> list[SeriesKey]:
     """Every series that has at least one window, most active first."""
@@ -151,7 +154,7 @@ def sessions_per_app(client: Client, since: datetime, until: datetime, resolutio
         "GROUP BY t, app ORDER BY t, app", since, until, resolution_s)
 
 
-def session_shapes(client: Client, since: datetime, until: datetime, limit: int = 100_000) -> pd.DataFrame:
+def session_shapes(client: Client, since: datetime, until: datetime, limit: int = DISTRIBUTION_ROWS) -> pd.DataFrame:
     """Duration (s) and events of sessions that ended in the range (the newest ``limit``), for distributions."""
     result = client.query(
         "SELECT app, duration_ms / 1000 AS duration_s, event_count FROM sessions FINAL "
@@ -167,7 +170,8 @@ def _frame(client: Client, sql: str, since: datetime, until: datetime, **paramet
     return pd.DataFrame(result.result_rows, columns=result.column_names)
 
 
-def straggler_lateness(client: Client, since: datetime, until: datetime, limit: int = 100_000) -> pd.DataFrame:
+def straggler_lateness(client: Client, since: datetime, until: datetime,
+                       limit: int = DISTRIBUTION_ROWS) -> pd.DataFrame:
     """Lateness (watermark − corrected event time, s) of dropped contributions detected in the range."""
     return _frame(client,
         "SELECT window_kind, lateness_ms / 1000 AS lateness_s FROM stragglers "

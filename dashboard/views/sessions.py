@@ -22,7 +22,7 @@ def page() -> None:
                     f"last event + {config.stream.session_gap_s} s).")
             return
         cols = st.columns(3)
-        cols[0].metric("sessions ended", f"{len(shapes):,}")
+        cols[0].metric("sessions ended", f"{int(per_app['sessions'].sum()):,}")
         cols[1].metric("median duration", f"{shapes['duration_s'].median():.0f} s")
         cols[2].metric("median events", f"{shapes['event_count'].median():.0f}")
         st.plotly_chart(common.time_chart(per_app, "sessions", f"Sessions ended per {resolution} s by app",
@@ -30,6 +30,8 @@ def page() -> None:
         left, right = st.columns(2)
         left.plotly_chart(common.histogram(shapes, "duration_s", "Session duration (s)", "app"), width="stretch")
         right.plotly_chart(common.histogram(shapes, "event_count", "Events per session", "app"), width="stretch")
+        if len(shapes) == queries.DISTRIBUTION_ROWS:
+            st.caption(f"medians and distributions: the newest {queries.DISTRIBUTION_ROWS:,} sessions of the range")
 
     live()
 
