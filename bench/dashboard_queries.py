@@ -415,8 +415,7 @@ def explorer(kind: str, resolution_s: int | None = None) -> Callable[[Config, Re
         with connect(config) as client:
             series = r("list_series", queries.list_series, client)
             r("window_lengths_ms", queries.window_lengths_ms, client)
-        chosen = next(s for s in series if (s.kind == "log") == (kind == "sliding"))
-        with connect(config) as client:
+            chosen = next(s for s in series if (s.kind == "log") == (kind == "sliding"))
             hopping = r("hopping_specs", queries.hopping_specs, client, chosen)
         with connect(config) as client:
             if kind == "tumbling":
