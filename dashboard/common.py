@@ -55,7 +55,8 @@ def _recycle_if_due(config: Config) -> None:
     shortly (exit ``RECYCLE_EXIT``) so that a fresh one sheds what chDB leaked. Open tabs reconnect by themselves
     and re-run their page; pickers live in the URL, so the view is kept. Never in-process (AppTest, a bare
     ``streamlit run``), where nobody would start the server again."""
-    if supervised() and recycle_due(config) and _recycling.acquire(blocking=False):
+    # Once scheduled, later runs in the grace period neither ask again nor log the recycle again.
+    if supervised() and not _recycling.locked() and recycle_due(config) and _recycling.acquire(blocking=False):
         # os._exit: the server's event loop and every session thread end with the process, not one thread.
         threading.Timer(RECYCLE_GRACE_S, os._exit, (RECYCLE_EXIT,)).start()
 

@@ -156,12 +156,10 @@ def sessions_per_app(client: Client, since: datetime, until: datetime, resolutio
 
 def session_shapes(client: Client, since: datetime, until: datetime, limit: int = DISTRIBUTION_ROWS) -> pd.DataFrame:
     """Duration (s) and events of sessions that ended in the range (the newest ``limit``), for distributions."""
-    result = client.query(
+    return _frame(client,
         "SELECT app, duration_ms / 1000 AS duration_s, event_count FROM sessions FINAL "
         "WHERE session_end >= {lo:DateTime64(3)} AND session_end < {hi:DateTime64(3)} "
-        "ORDER BY session_end DESC LIMIT {n:UInt32}",
-        parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None), "n": limit})
-    return pd.DataFrame(result.result_rows, columns=result.column_names)
+        "ORDER BY session_end DESC LIMIT {n:UInt32}", since, until, n=limit)
 
 
 def _frame(client: Client, sql: str, since: datetime, until: datetime, **parameters: Any) -> pd.DataFrame:

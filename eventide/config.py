@@ -81,9 +81,9 @@ class StoreConfig(_Section):
     database: str = "eventide"
     lock_timeout_s: float = Field(60.0, gt=0)
     recycle_after_opens: int = Field(500, ge=0)
-    """Embedded store only: the stream job and the alert evaluator exit to be restarted by their supervisor after
-    this many opens, because each chDB open leaves 5 threads and ~8 descriptors behind (docs/architecture.md,
-    "Store access"). 0: never."""
+    """Embedded store only: the stream job, the alert evaluator and the dashboard (under ``eventide.respawn``)
+    exit to be restarted by their supervisor after this many opens, because each chDB open leaves 5 threads and
+    ~8 descriptors behind (docs/architecture.md, "Store access"). 0: never."""
 
     @field_validator("url")
     @classmethod

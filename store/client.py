@@ -97,7 +97,6 @@ def connect(config: Config, database: str | None = "", url: str | None = None) -
     with guard:
         if embedded:
             _chdb_path(url).mkdir(parents=True, exist_ok=True)
-        if embedded:
             global _embedded_opens
             _embedded_opens += 1
         try:
