@@ -8,7 +8,11 @@ crash rewrites identical rows and changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +32,9 @@ from analytics.stragglers import (
 from analytics.windows import LEVEL_FIELDS, QUANTILES, SERIES, WINDOWS_QUERY
 from eventide.config import Config
 from store.client import connect
+
+log = logging.getLogger(__name__)
+DEAD_LETTER_QUERY = "dead_letters"
 
 WINDOW_COLUMNS = (
     "window_kind", "window_length_ms", "window_hop_ms", "window_start", "window_end", "app", "kind", "name",
@@ -50,6 +57,21 @@ SESSION_COLUMNS = (
 
 BatchWriter = Callable[[DataFrame, int], None]
 
+# Seconds spent per micro-batch in each sink stage, by (query, stage), in this driver process: read by the
+# benchmark (bench/pipeline.py) for its per-stage breakdown and logged at DEBUG.
+sink_seconds: dict[tuple[str, str], list[float]] = defaultdict(list)
+
+
+@contextmanager
+def _timed(query: str, stage: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        elapsed = time.perf_counter() - start
+        sink_seconds[(query, stage)].append(elapsed)
+        log.debug("%s %s took %.3f s", query, stage, elapsed)
+
 
 def arrow_rows(frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> pa.Table:
     """``frame``'s ``columns`` (plus constant ``extra`` columns) as an Arrow table, without building Python rows."""
@@ -62,12 +84,12 @@ def arrow_rows(frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> pa.T
     return table_data
 
 
-def insert_tables(config: Config, rows: list[tuple[str, pa.Table]]) -> None:
+def insert_tables(config: Config, rows: list[tuple[str, pa.Table]], query: str) -> None:
     """Insert each (table, rows) pair, all in one store open (none if every one is empty): a micro-batch's writes
     share one open because each chDB open restarts the embedded engine (costly, see docs/architecture.md)."""
     rows = [(table, data) for table, data in rows if data.num_rows]
     if rows:
-        with connect(config) as client:
+        with _timed(query, "store_write"), connect(config) as client:
             for table, data in rows:
                 client.insert_arrow(table, data)
 
@@ -79,18 +101,21 @@ def window_writer(config: Config) -> BatchWriter:
 
     def write(batch: DataFrame, batch_id: int) -> None:
         now = datetime.now(UTC)
-        rows = [("window_aggregates", arrow_rows(batch, WINDOW_COLUMNS, version=batch_id, written_at=now))]
+        with _timed(WINDOWS_QUERY, "aggregate"):   # the stateful aggregation runs when its rows are collected
+            rows = [("window_aggregates", arrow_rows(batch, WINDOW_COLUMNS, version=batch_id, written_at=now))]
         info = batch_info(checkpoint, batch_id)
         if info.has_records:
             late = late_contributions(batch.sparkSession, config, info).persist()
             try:
-                rows.append(("stragglers", arrow_rows(stragglers(late), STRAGGLER_COLUMNS, query_name=WINDOWS_QUERY,
-                                                      batch_id=batch_id, detected_at=now)))
-                rows.append(("corrections", arrow_rows(corrections(late), CORRECTION_COLUMNS, batch_id=batch_id,
-                                                       detected_at=now)))
+                with _timed(WINDOWS_QUERY, "late_events"):
+                    rows.append(("stragglers", arrow_rows(stragglers(late), STRAGGLER_COLUMNS,
+                                                          query_name=WINDOWS_QUERY, batch_id=batch_id,
+                                                          detected_at=now)))
+                    rows.append(("corrections", arrow_rows(corrections(late), CORRECTION_COLUMNS,
+                                                           batch_id=batch_id, detected_at=now)))
             finally:
                 late.unpersist()
-        insert_tables(config, rows)
+        insert_tables(config, rows, WINDOWS_QUERY)
 
     return write
 
@@ -132,7 +157,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 "lateness_ms")
             rows.append(("stragglers", arrow_rows(dropped, STRAGGLER_COLUMNS, query_name=KEYED_WINDOWS_QUERY,
                                                   batch_id=batch_id, detected_at=now)))
-            insert_tables(config, rows)
+            insert_tables(config, rows, KEYED_WINDOWS_QUERY)
         finally:
             batch.unpersist()
 
@@ -156,7 +181,7 @@ def dead_letter_writer(config: Config) -> BatchWriter:
             dead = arrow_rows(_dead_letter_rows(rejected, limit), DEAD_LETTER_COLUMNS, detected_at=now)
             insert_tables(config, [
                 ("device_clocks", arrow_rows(clocks, DEVICE_CLOCK_COLUMNS, batch_id=batch_id, recorded_at=now)),
-                ("dead_letters", dead)])
+                ("dead_letters", dead)], DEAD_LETTER_QUERY)
             if dead.num_rows:
                 # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
                 _forward_dead_letters(config, rejected)
