@@ -251,10 +251,20 @@ class Client:
         """Wait until every event recorded so far is acknowledged by Kafka (True), or, while Kafka is
         unreachable, safely in the spool (False); False as well if ``timeout_s`` passes first."""
         deadline = time.monotonic() + timeout_s
+        probe: int | None = None
         while time.monotonic() < deadline:
             sender = self._sender
+            # Read before the state: once the probe is answered, a reachable broker already shows as replaying.
+            answered = probe is not None and sender.probe_answered(probe)
             if sender.idle() and (sender.online or not sender.replaying):
-                return sender.online
+                if sender.online:
+                    return True
+                # Everything is spooled, but "offline" may be older than the broker's return (the sender only
+                # probes every reconnect_probe_s): say unreachable only once a probe asked for now has failed.
+                if probe is None:
+                    probe = sender.request_probe()
+                elif answered:
+                    return False
             self._sender.wake()     # the sender serves delivery reports when it wakes
             time.sleep(0.002)
         return False

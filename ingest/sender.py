@@ -105,6 +105,8 @@ class Sender:
         self.online = spool.is_empty()
         self._replaying = not self.online
         self._next_probe = 0.0
+        self._probe_now = False          # Client.flush asked for a probe without waiting for _next_probe
+        self._probes_started = self._probes_done = 0
         self._in_hand = 0
         self._users: dict[object, str] = {}
         self._tag_sets: dict[tuple[tuple[Any, Any], ...], str] = {}
@@ -165,7 +167,7 @@ class Sender:
     def _round(self, batch: list[tuple[Any, ...]]) -> None:
         self._in_hand = len(batch)
         try:
-            if self._all_brokers_down and self.online:
+            if self.online and self._brokers_down():
                 self._go_offline()
             if batch:
                 if self.online:
@@ -198,20 +200,59 @@ class Sender:
 
     def _offline_step(self) -> None:
         if not self._replaying:
-            if time.monotonic() < self._next_probe:
+            if not self._probe_now and time.monotonic() < self._next_probe:
                 return
+            self._probe_now = False
             self._next_probe = time.monotonic() + self.config.sdk.reconnect_probe_s
-            if not self._broker_reachable():
+            self._probes_started += 1
+            reachable = self._broker_reachable()
+            if reachable:
+                log.warning("Kafka reachable again: replaying the spool")
+                self._all_brokers_down = False
+                self._replaying = True
+            self._probes_done += 1      # after the state change: see probe_answered
+            if not reachable:
                 return
-            log.warning("Kafka reachable again: replaying the spool")
-            self._all_brokers_down = False
-            self._replaying = True
         self._replay_chunk()
+
+    def request_probe(self) -> int:
+        """Have the offline sender probe the broker at its next round instead of after ``reconnect_probe_s``.
+
+        Returns a ticket for :meth:`probe_answered`. Only a probe that starts after this call counts: one already
+        under way may have been sent before the broker came back.
+        """
+        ticket = self._probes_started + 1       # read before raising the flag (the flag may start probe k+1)
+        self._probe_now = True
+        self.wake()
+        return ticket
+
+    def probe_answered(self, ticket: int) -> bool:
+        """The probe of ``ticket`` has finished: if it reached the broker, ``replaying`` is already True."""
+        return self._probes_done >= ticket
 
     def _broker_reachable(self) -> bool:
         try:
             self._producer.list_topics(self.topic, timeout=min(1.0, self.config.sdk.reconnect_probe_s))
         except KafkaException:
+            return False
+        return True
+
+    def _brokers_down(self) -> bool:
+        """librdkafka reported every broker down since the last check, and a metadata request confirms it.
+
+        ``_ALL_BROKERS_DOWN`` is informational and can be transient. Once a metadata response names the
+        cluster's brokers, librdkafka (seen with 2.12) retires its bootstrap connection; if that was the only
+        connection up, it reports all brokers down, although the named broker connects a millisecond later.
+        That is exactly what happens after a broker restart, during the first replay chunk, and trusting it sent
+        the chunk back to the spool and the sender offline with the broker up. A probe tells the two apart; in a
+        real outage it delays spooling by one probe timeout, while the buffer holds new events.
+        """
+        if not self._all_brokers_down:
+            return False
+        if self._broker_reachable():
+            log.info("librdkafka reported all brokers down, but %s answers: carrying on",
+                     self.config.kafka.bootstrap)
+            self._all_brokers_down = False
             return False
         return True
 
@@ -225,7 +266,7 @@ class Sender:
         deadline = time.monotonic() + self.config.sdk.delivery_timeout_s
         while len(self._producer) and time.monotonic() < deadline:
             self._producer.flush(0.1)
-            if self._all_brokers_down:
+            if self._brokers_down():
                 self._go_offline()  # the unacknowledged rest of the chunk is purged back into the spool
                 break
         self.spool.commit(chunk)    # every line is now acknowledged or spooled again
