@@ -170,7 +170,9 @@ def dead_letter_writer(config: Config) -> BatchWriter:
     limit = config.envelope.max_record_bytes
 
     def write(records: DataFrame, batch_id: int) -> None:
-        records = records.persist()
+        # Two results are read from the batch, so it is cached; an accepted record's raw bytes are not needed
+        # by either, and dropping them keeps the cache a fraction of the batch's size.
+        records = records.withColumn("value", F.when(F.col("reason").isNotNull(), F.col("value"))).persist()
         try:
             clocks = (records.where(F.col("reason").isNull()).groupBy("app", "device").agg(
                 F.count(F.lit(1)).alias("events"), F.min("clock_offset_ms").alias("offset_min_ms"),

@@ -1,0 +1,423 @@
+"""Pipeline throughput, side by side with its read limit and a peer, in one run on one broker (issue 10).
+
+Starts its own broker (free ports, temporary data dir), produces one realistic backlog (90 % metrics over 50
+series, 10 % logs, 5,000 users, a few % late and some malformed events) and then, on that same topic:
+
+- ``limit``: Spark's Kafka source reading the topic and only counting;
+- ``full``: the whole job (every query: windows + stragglers, sliding + sessions, dead letters + clock offsets)
+  with the default window config, drained from the first offset with a fresh checkpoint and store;
+- ``queries``: each query of the job alone, same way;
+- ``peer``: Quix Streams computing 1-s tumbling count + mean per series (bench/quix_peer.py, own process), and
+  ``ours_peer``: our job configured for that same single tumbling window (the windows query alone);
+- ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
+  trigger; per event, (end of the windows-query batch that stored it − its Kafka receive time), p50 / p95 / max.
+
+Prints one JSON summary (and writes it to ``--out``). Each drain is timed from its first batch to its last
+(Spark's JVM and the connector are warmed up on a separate topic first); CPU is the whole process tree's.
+
+    .venv/bin/python bench/pipeline.py --events 500000
+    .venv/bin/python bench/pipeline.py --events 200000 --phases limit,full --freshness-s 600 --rate 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from analytics.job import QUERIES
+from eventide import broker
+from eventide.config import Config, load_config
+from eventide.services import free_port
+from ingest.envelope import now_ms, uuid7
+from store.client import connect
+from store.migrations import apply_migrations
+
+REPO = Path(__file__).resolve().parent.parent
+
+PHASES = ("limit", "full", "queries", "peer")
+APPS = [f"app-{a}" for a in range(5)]
+METRICS = [f"metric_{m}" for m in range(10)]              # 5 apps x 10 names: 50 metric series
+LOGGERS = ["app.http", "app.db"]
+LEVEL_MIX = ["info"] * 6 + ["debug", "warning", "warning", "error"]
+
+
+# The load ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Load:
+    """A realistic event mix. Event time advances ``event_rate`` events per second from ``start_ms``; every
+    ``late_fraction``-th event is sent up to ``max_offline_s`` after it happened (some land behind the watermark),
+    every ``malformed_fraction``-th is broken in one of several ways (dead letters)."""
+
+    events: int
+    event_rate: int = 1_000
+    devices_per_app: int = 40
+    users: int = 5_000
+    active_users: int = 1_000          # a block of users active per minute of event time: sessions end
+    skewed_fraction: float = 0.2
+    late_fraction: float = 0.03
+    max_offline_s: int = 120
+    malformed_fraction: float = 0.005
+    seed: int = 1
+
+
+def _malformed(i: int, good: dict[str, Any]) -> bytes:
+    broken = dict(good)
+    match i % 5:
+        case 0:
+            return b'{"v": 1, "id": "truncated'
+        case 1:
+            broken.pop("value", None)
+            broken.pop("level", None)
+        case 2:
+            broken["event_time"] = str(broken["event_time"])
+        case 3:
+            broken["event_time"] = broken["sent_time"] + 1
+        case _:
+            broken["v"] = 2
+    return json.dumps(broken).encode()
+
+
+def records(load: Load, start_ms: int, clock: Callable[[], int] = now_ms) -> Iterator[tuple[bytes, bytes, str]]:
+    """(key, value, what) per event, what in {"metric", "log", "late", "malformed"}. ``sent_time`` is the device
+    clock at encoding time, so ``corrected_event_time`` follows the load's event-time line."""
+    rng = random.Random(load.seed)
+    devices = [(app, f"{app}-dev-{d}", (rng.randrange(-3_600_000, 3_600_000)
+                                        if rng.random() < load.skewed_fraction else 0))
+               for app in APPS for d in range(load.devices_per_app)]
+    late_every = round(1 / load.late_fraction) if load.late_fraction else 0
+    bad_every = round(1 / load.malformed_fraction) if load.malformed_fraction else 0
+    for i in range(load.events):
+        at = start_ms + i * 1000 // load.event_rate
+        app, device, skew = devices[rng.randrange(len(devices))]
+        block = (at // 60_000) % max(1, load.users // load.active_users)
+        user = f"user-{block * load.active_users + rng.randrange(load.active_users)}"
+        what = "metric"
+        if late_every and i % late_every == late_every // 2:
+            at -= rng.randrange(load.max_offline_s * 1000)
+            what = "late"
+        now = clock()
+        event: dict[str, Any] = {"v": 1, "id": uuid7(now), "app": app, "device": device, "user": user,
+                                 "event_time": at + skew, "sent_time": now + skew}
+        if i % 10 == 9:
+            event.update(kind="log", name=LOGGERS[i % 2], level=LEVEL_MIX[rng.randrange(len(LEVEL_MIX))],
+                         message="request done")
+            what = "log" if what == "metric" else what
+        else:
+            event.update(kind="metric", name=METRICS[rng.randrange(len(METRICS))],
+                         value=round(rng.lognormvariate(3, 1), 3))
+        if bad_every and i % bad_every == bad_every - 1:
+            yield device.encode(), _malformed(i, event), "malformed"
+        else:
+            yield device.encode(), json.dumps(event, separators=(",", ":")).encode(), what
+
+
+def producer(config: Config) -> Producer:
+    return Producer({"bootstrap.servers": config.kafka.bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                     "compression.type": "lz4", "acks": "all", "queue.buffering.max.messages": 1_000_000})
+
+
+def produce_backlog(config: Config, load: Load, start_ms: int) -> dict[str, int]:
+    out = producer(config)
+    counts: dict[str, int] = defaultdict(int)
+    for key, value, what in records(load, start_ms):
+        while True:
+            try:
+                out.produce(config.kafka.events_topic, value, key)
+                break
+            except BufferError:
+                out.poll(0.05)
+        counts[what] += 1
+    if out.flush(120):
+        raise RuntimeError("backlog not acknowledged by Kafka")
+    return dict(counts)
+
+
+# Measuring -----------------------------------------------------------------------------------------------------
+def cpu_seconds() -> float:
+    """Busy CPU time of the whole machine (user + system, every core), from /proc/stat.
+
+    The machine runs nothing else during a benchmark, so this is the pipeline's CPU: the JVM, Spark's Python
+    workers and the broker serving the reads. A per-process sum misses Spark's short-lived Python workers, whose
+    parent ignores SIGCHLD (their time is never added to anyone's children time)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def stage_breakdown(queries: list[Any]) -> dict[str, Any]:
+    """Per query: Spark's durationMs summed over data batches, state operator metrics, and sink stages."""
+    from analytics import sinks
+
+    out: dict[str, Any] = {}
+    for query in queries:
+        batches = [p for p in query.recentProgress if p["numInputRows"]]
+        durations: dict[str, int] = defaultdict(int)
+        state: dict[str, float] = defaultdict(float)
+        for p in batches:
+            for k, v in p["durationMs"].items():
+                durations[k] += v
+            for op in p.get("stateOperators", []):
+                for k in ("numRowsTotal", "numRowsUpdated", "allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs",
+                          "memoryUsedBytes", "numRowsDroppedByWatermark"):
+                    state[k] = state[k] + op.get(k, 0) if k != "numRowsTotal" else op.get(k, 0)
+                for k, v in (op.get("customMetrics") or {}).items():
+                    state[f"custom.{k}"] += v
+        sink = {stage: round(sum(v), 3) for (q, stage), v in sinks.sink_seconds.items() if q == query.name}
+        out[query.name] = {"batches": len(batches), "input_rows": sum(p["numInputRows"] for p in batches),
+                           "duration_ms": dict(durations), "state": dict(state), "sink_s": sink}
+    return out
+
+
+def fresh(config: Config, label: str, **stream: Any) -> Config:
+    """Same broker and topic; its own store database and checkpoints, and ``stream`` overrides."""
+    slug = f"{label}_{int(time.time() * 1000) % 10**9}"
+    cfg = config.model_copy(update={
+        "store": config.store.model_copy(update={"database": f"b_{slug}"}),
+        "stream": config.stream.model_validate({**config.stream.model_dump(), **stream,
+                                                "checkpoint_dir": config.data_dir / "checkpoints" / slug}),
+    })
+    apply_migrations(cfg)
+    return cfg
+
+
+def drain(spark: Any, config: Config, only: tuple[str, ...], events: int) -> dict[str, Any]:
+    """Run the job's ``only`` queries over the topic from its first offset until idle; events/s and CPU."""
+    from analytics import sinks
+    from analytics.job import run_until_idle
+
+    sinks.sink_seconds.clear()
+    cpu, t = cpu_seconds(), time.perf_counter()
+    queries = run_until_idle(spark, config, only)
+    seconds, cpu = time.perf_counter() - t, cpu_seconds() - cpu
+    return {"queries": list(only), "seconds": round(seconds, 2), "events_per_s": round(events / seconds),
+            "cpu_s": round(cpu, 1), "cpu_us_per_event": round(cpu * 1e6 / events, 1),
+            "stages": stage_breakdown(queries)}
+
+
+def spark_count_only(spark: Any, config: Config, events: int) -> dict[str, Any]:
+    """The read limit: Spark's Kafka source over the same topic, counting records and nothing else."""
+    from analytics.job import kafka_records
+
+    total = [0]
+
+    def count(batch: Any, _: int) -> None:
+        total[0] += batch.count()
+
+    cpu, t = cpu_seconds(), time.perf_counter()
+    query = (kafka_records(spark, config).writeStream.foreachBatch(count)
+             .option("checkpointLocation", str(config.checkpoint_dir / "count_only"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    seconds, cpu = time.perf_counter() - t, cpu_seconds() - cpu
+    return {"records": total[0], "seconds": round(seconds, 2), "events_per_s": round(total[0] / seconds),
+            "cpu_us_per_event": round(cpu * 1e6 / max(total[0], 1), 1)}
+
+
+def quix_peer(config: Config, events: int) -> dict[str, Any]:
+    """Quix Streams in its own process (bench/quix_peer.py) over the same topic."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "quix_peer.py"), "--bootstrap", config.kafka.bootstrap,
+         "--topic", config.kafka.events_topic, "--events", str(events),
+         "--state-dir", str(config.data_dir / "quix-state")],
+        capture_output=True, text=True, timeout=3600, check=False)
+    if done.returncode:
+        raise RuntimeError(f"quix peer failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def stored_summary(config: Config) -> dict[str, int]:
+    with connect(config) as ch:
+        return {t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0]
+                for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers", "dead_letters")}
+
+
+# Freshness -----------------------------------------------------------------------------------------------------
+def live_load(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
+    """Produce ``rate`` on-time events/s for ``seconds`` (run in its own process by ``freshness``)."""
+    cfg = load_config(environ={}, root=str(REPO), kafka={"bootstrap_servers": bootstrap, "events_topic": topic})
+    out = producer(cfg)
+    load = Load(events=int(rate * seconds), event_rate=rate, late_fraction=0, malformed_fraction=0, seed=7)
+    start = time.monotonic()
+    for i, (key, value, _) in enumerate(records(load, now_ms())):
+        if i % 1000 == 0:
+            ahead = start + i / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+        while True:
+            try:
+                out.produce(topic, value, key)
+                break
+            except BufferError:
+                out.poll(0.05)
+        out.poll(0)
+    out.flush(60)
+
+
+def receive_times(config: Config) -> dict[int, Any]:
+    """Per partition: Kafka timestamps (LogAppendTime = receive time, ms) indexed by offset."""
+    import numpy as np
+
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": f"fresh-{time.time()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    meta = consumer.list_topics(config.kafka.events_topic, timeout=10).topics[config.kafka.events_topic]
+    out = {}
+    for p in meta.partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(config.kafka.events_topic, p), timeout=10)
+        stamps = np.zeros(high, dtype=np.int64)
+        consumer.assign([TopicPartition(config.kafka.events_topic, p, low)])
+        seen = low
+        while seen < high:
+            for m in consumer.consume(10_000, 1.0):
+                if not m.error():
+                    stamps[m.offset()] = m.timestamp()[1]
+                    seen = m.offset() + 1
+        out[p] = stamps
+    consumer.close()
+    return out
+
+
+def _offsets(value: Any) -> dict[str, Any]:
+    """A progress report's source offsets (None before the first batch)."""
+    return value or {}
+
+
+def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str, Any]:
+    """The job (every query, processing-time trigger) under a live load: per event, the end of the ``windows``
+    batch that stored it minus its receive time; also how that moves from the first to the last minute."""
+    import numpy as np
+
+    from analytics.job import start_queries
+    from analytics.windows import WINDOWS_QUERY
+
+    queries = start_queries(spark, config)
+    loader = subprocess.Popen([sys.executable, __file__, "--live-load", config.kafka.bootstrap,
+                               config.kafka.events_topic, str(rate), str(seconds)])
+    cpu, t0 = cpu_seconds(), time.time()
+    loader.wait(timeout=seconds + 300)
+    time.sleep(3 * config.stream.trigger_interval_s)      # let the last batches land
+    cpu = cpu_seconds() - cpu
+    batches = []
+    for q in queries:
+        if q.name == WINDOWS_QUERY:
+            # end of batch = trigger start + its duration: the window rows were written by then
+            batches = [(p["batchId"], p["timestamp"], p["durationMs"]["triggerExecution"],
+                        json.loads(p.json)["sources"][0]) for p in q.recentProgress]
+        q.stop()
+    stamps = receive_times(config)
+    latencies, minutes = [], []
+    for _, ts, duration, source in sorted(batches, key=lambda b: b[0]):
+        end_ms = int(np.datetime64(ts.rstrip("Z"), "ms").astype(np.int64)) + duration
+        start, end = _offsets(source["startOffset"]), _offsets(source["endOffset"])
+        for partition, offsets in end[config.kafka.events_topic].items():
+            lo = start.get(config.kafka.events_topic, {}).get(partition, 0)
+            received = stamps[int(partition)][lo:offsets]
+            if len(received):
+                latencies.append(end_ms - received)
+                minutes.append(np.full(len(received), (end_ms // 1000 - t0) // 60))
+    lat = np.concatenate(latencies) / 1000.0
+    minute = np.concatenate(minutes)
+    per_minute = {int(m): round(float(np.percentile(lat[minute == m], 95)), 2) for m in np.unique(minute)}
+    produced = sum(len(s) for s in stamps.values())
+    # Events still unprocessed when the load stopped + 3 triggers never became queryable: a job that cannot keep
+    # up shows here (and in a growing p95 per minute), not in the percentiles of the events it did process.
+    return {"rate": rate, "seconds": seconds, "events_produced": produced, "events": len(lat),
+            "unprocessed_at_stop": produced - len(lat),
+            "trigger_interval_s": config.stream.trigger_interval_s,
+            "p50_s": round(float(np.percentile(lat, 50)), 2), "p95_s": round(float(np.percentile(lat, 95)), 2),
+            "max_s": round(float(lat.max()), 2), "p95_by_minute_s": per_minute,
+            "cpu_share_of_2_cores": round(cpu / seconds / 2, 2)}
+
+
+# Main ----------------------------------------------------------------------------------------------------------
+def report(phase: str, result: Any) -> Any:
+    """Print a phase's result as soon as it is known (stderr), so a long run shows progress."""
+    print(f"[{phase}] {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {PHASES}")
+    parser.add_argument("--freshness-s", type=float, default=0, help="live-load duration (0: skip)")
+    parser.add_argument("--rate", type=int, default=20_000, help="live-load events/s")
+    parser.add_argument("--stream", action="append", default=[], metavar="FIELD=JSON",
+                        help="override a [stream] setting for every phase, e.g. --stream driver_memory='\"4g\"'")
+    parser.add_argument("--out", type=Path, help="also write the JSON summary here")
+    parser.add_argument("--live-load", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.live_load:
+        bootstrap, topic, rate, seconds = args.live_load
+        live_load(bootstrap, topic, int(rate), float(seconds))
+        return
+    phases = set(args.phases.split(","))
+    data = Path(tempfile.mkdtemp(prefix="eventide-bench-"))
+    config = load_config(environ={}, root=str(REPO),
+                         paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
+                         kafka={"port": free_port(), "controller_port": free_port()},
+                         stream=dict((k, json.loads(v)) for k, v in (o.split("=", 1) for o in args.stream)))
+    summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "events": args.events, "cores": os.cpu_count(),
+                               "stream_overrides": args.stream}
+    broker.start(config)
+    try:
+        from analytics.job import spark_session
+
+        spark = spark_session(config, app_name="eventide-bench")
+        # Warm the JVM (code generation, class loading) on a topic of its own.
+        warm = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "warmup"})})
+        broker.ensure_topics(warm)
+        produce_backlog(warm, Load(events=50_000, seed=2), now_ms() - 3 * 3_600_000)
+        drain(spark, fresh(warm, "warm"), QUERIES, 50_000)
+
+        broker.ensure_topics(config)
+        t = time.perf_counter()
+        summary["load"] = produce_backlog(config, Load(events=args.events), now_ms() - 2 * 3_600_000)
+        summary["load"]["produce_events_per_s"] = round(args.events / (time.perf_counter() - t))
+        report("load", summary["load"])
+        if "limit" in phases:
+            summary["limit"] = report("limit", spark_count_only(spark, fresh(config, "limit"), args.events))
+        if "full" in phases:
+            cfg = fresh(config, "full")
+            summary["full"] = drain(spark, cfg, QUERIES, args.events)
+            summary["full"]["stored"] = stored_summary(cfg)
+            report("full", summary["full"])
+        if "queries" in phases:
+            summary["per_query"] = {q: report(q, drain(spark, fresh(config, q), (q,), args.events)) for q in QUERIES}
+        if "peer" in phases:
+            summary["peer_quix"] = report("peer_quix", quix_peer(config, args.events))
+            cfg = fresh(config, "ours_peer", tumbling_windows_s=[1], hopping_windows=[])
+            summary["ours_peer"] = report("ours_peer", drain(spark, cfg, ("windows",), args.events))
+        if "limit" in summary and "full" in summary:
+            summary["full_share_of_limit"] = round(summary["full"]["events_per_s"] / summary["limit"]["events_per_s"],
+                                                   3)
+        if "peer_quix" in summary and "ours_peer" in summary:
+            summary["ours_over_quix"] = round(summary["ours_peer"]["events_per_s"]
+                                              / summary["peer_quix"]["events_per_s"], 2)
+        if args.freshness_s:
+            live = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "live"})})
+            broker.ensure_topics(live)
+            summary["freshness"] = freshness(spark, fresh(live, "live"), args.rate, args.freshness_s)
+        spark.stop()
+    finally:
+        broker.stop(config)
+    text = json.dumps(summary, indent=1, default=str)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
