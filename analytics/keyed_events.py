@@ -45,6 +45,22 @@ class Events:
         )
 
     @classmethod
+    def from_input(cls, frame: pd.DataFrame) -> Events:
+        """From the stateful query's compact input (columns t, level_code, metric_value, partition, offset, id,
+        device): the level arrives as its code (``NO_LEVEL`` for metrics), so no string is compared per row."""
+        level = frame["level_code"].to_numpy(np.int8)
+        return cls(
+            t=frame["t"].to_numpy(np.int64),
+            value=frame["metric_value"].to_numpy(np.float64, na_value=np.nan),
+            level=level,
+            is_log=level != NO_LEVEL,
+            partition=frame["partition"].to_numpy(np.int32),
+            offset=frame["offset"].to_numpy(np.int64),
+            id=frame["id"].to_numpy(object),
+            device=frame["device"].to_numpy(object),
+        )
+
+    @classmethod
     def concat(cls, parts: list[Events]) -> Events:
         return cls(*[np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__])
 

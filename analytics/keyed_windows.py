@@ -15,6 +15,7 @@ the watermark. Output rows are windows and dropped stragglers, told apart by ``r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,13 +31,16 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from analytics import sessions, sliding
-from analytics.keyed_events import Events
-from analytics.windows import LEVEL_FIELDS, event_time_ms, with_watermark
+from analytics.keyed_events import NO_LEVEL, Events
+from analytics.windows import LEVEL_COLUMNS, LEVEL_FIELDS, event_time_ms, with_watermark
 from eventide.config import Config
 
 KEYED_WINDOWS_QUERY = "keyed_windows"
 SLIDING, SESSION = "sliding", "session"
-KEY = ("family", "k_app", "k_kind", "k_name", "k_tags")
+# The grouping key is one column, a JSON array [family, app, kind, name, series_tags], and the payload is as
+# narrow as the logic allows: every column crosses into Python row by row in PySpark's transformWithStateInPandas
+# serializer, which is most of this query's cost (docs/benchmarks.md); 16 columns cost ~2x what 9 do.
+KEY = "key"
 OUTPUT_SCHEMA = ", ".join([
     "row_type string", "window_kind string", "app string", "kind string", "name string", "series_tags string",
     "window_start_ms long", "window_end_ms long", "event_time_ms long", "source_partition int",
@@ -132,9 +136,10 @@ class KeyedWindowsProcessor(StatefulProcessor):
     # Spark callbacks -----------------------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        key = _unpack_key(key)
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        events = Events.from_frame(frame)
+        events = Events.from_input(frame)
         watermark = timerValues.getCurrentWatermarkInMs()
         if key[0] == SLIDING:
             state = self._load_sliding()
@@ -145,7 +150,7 @@ class KeyedWindowsProcessor(StatefulProcessor):
                 yield self._stragglers(key, late, late.t - self.sliding_length_ms, late.t, watermark)
         else:
             bucket = self._load_sessions()
-            session_keys = frame["session_kind"] + _SESSION_KEY + frame["session_key"]
+            session_keys = frame["session"]
             parts = []
             for session_key, index in session_keys.groupby(session_keys).indices.items():
                 state = bucket.setdefault(session_key, sessions.SessionState())
@@ -162,6 +167,7 @@ class KeyedWindowsProcessor(StatefulProcessor):
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        key = _unpack_key(key)
         watermark = timerValues.getCurrentWatermarkInMs()
         self.timer.clear()
         if key[0] == SLIDING:
@@ -219,6 +225,12 @@ class KeyedWindowsProcessor(StatefulProcessor):
             "event_id": late.id, "device": late.device, "lateness_ms": watermark - late.t})
 
 
+def _unpack_key(key: tuple[str]) -> tuple[str, str, str, str, str]:
+    """(family, app, kind, name, series_tags) from the grouping key (once per key and batch, not per row)."""
+    family, app, kind, name, tags = json.loads(key[0])
+    return family, app, kind, name, tags
+
+
 def _sliding_series(config: Config) -> Column:
     """Events of the series that get sliding windows: logs at the configured levels, plus selected series."""
     wanted = (F.col("kind") == "log") & F.col("level").isin(*config.stream.sliding_log_levels)
@@ -233,21 +245,27 @@ def _sliding_series(config: Config) -> Column:
 def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
     """The query's result: sliding windows, sessions and dropped stragglers (``row_type``)."""
     events = with_watermark(events, config)
+    levels = F.array(*[F.lit(level) for level in LEVEL_COLUMNS])
     payload = [
         # A plain long, not the watermarked timestamp: Spark would otherwise drop late rows before the processor.
-        event_time_ms().alias("t"), "kind", "metric_value", "level", "partition", "offset", "id", "device",
+        event_time_ms().alias("t"),
+        # The level's index in LEVEL_COLUMNS, NO_LEVEL for metrics (accepted logs always carry a known level).
+        F.when(F.col("kind") == "log", F.array_position(levels, F.col("level")) - 1)
+        .otherwise(F.lit(NO_LEVEL)).cast("byte").alias("level_code"),
+        "metric_value", "partition", "offset", "id", "device",
     ]
     has_user = F.col("user").isNotNull()
     session_kind = F.when(has_user, F.lit("user")).otherwise(F.lit("device"))
     session_key = F.coalesce("user", "device")
     bucket = F.pmod(F.xxhash64(session_kind, session_key), F.lit(config.stream.session_buckets))
-    session_entry = F.struct(F.lit(SESSION).alias("family"), F.col("app").alias("k_app"), F.lit("").alias("k_kind"),
-                             bucket.cast("string").alias("k_name"), F.lit("").alias("k_tags"),
-                             session_kind.alias("session_kind"), session_key.alias("session_key"))
-    sliding_entry = F.struct(F.lit(SLIDING).alias("family"), F.col("app").alias("k_app"),
-                             F.col("kind").alias("k_kind"), F.col("name").alias("k_name"),
-                             F.col("series_tags").alias("k_tags"), F.lit("").alias("session_kind"),
-                             F.lit("").alias("session_key"))
+
+    def entry(family: str, kind: Column, name: Column, tags: Column, session: Column) -> Column:
+        key = F.to_json(F.array(F.lit(family), F.col("app"), kind, name, tags))
+        return F.struct(key.alias(KEY), session.alias("session"))
+
+    session_entry = entry(SESSION, F.lit(""), bucket.cast("string"), F.lit(""),
+                          F.concat(session_kind, F.lit(_SESSION_KEY), session_key))
+    sliding_entry = entry(SLIDING, F.col("kind"), F.col("name"), F.col("series_tags"), F.lit(""))
     # Every event has a session entry, events of sliding series also a sliding one: one Kafka scan for both.
     entries = F.filter(F.array(session_entry, F.when(_sliding_series(config), sliding_entry)),
                        lambda entry: entry.isNotNull())
@@ -255,5 +273,5 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
     stream = config.stream
     processor = KeyedWindowsProcessor(stream.sliding_window_s * 1000, stream.session_gap_s * 1000,
                                       stream.session_memory_s * 1000)
-    return keyed.groupBy(*KEY).transformWithStateInPandas(
+    return keyed.groupBy(KEY).transformWithStateInPandas(
         processor, OUTPUT_SCHEMA, "Append", "EventTime")
