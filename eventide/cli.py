@@ -32,11 +32,16 @@ def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+# Streamlit options of every dashboard server (the CLI's and the browser tests'): no browser, no usage stats,
+# and the "viewer" toolbar, which has no "Deploy" button (this dashboard is not deployed to Streamlit's cloud).
+STREAMLIT_OPTIONS = ("--server.headless", "true", "--browser.gatherUsageStats", "false",
+                     "--client.toolbarMode", "viewer")
+
+
 def dashboard_argv(config: Config) -> list[str]:
     app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
-    return _python_module("streamlit", "run", str(app), "--server.headless", "true",
-                          "--server.address", config.dashboard.host, "--server.port", str(config.dashboard.port),
-                          "--browser.gatherUsageStats", "false")
+    return _python_module("streamlit", "run", str(app), *STREAMLIT_OPTIONS,
+                          "--server.address", config.dashboard.host, "--server.port", str(config.dashboard.port))
 
 
 def dashboard_url(config: Config) -> str:

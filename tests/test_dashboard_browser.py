@@ -26,6 +26,7 @@ from urllib.error import URLError
 import pytest
 from playwright.sync_api import BrowserContext, Page, sync_playwright
 
+from eventide.cli import STREAMLIT_OPTIONS
 from eventide.config import Config, load_config, to_environ
 from eventide.services import free_port, tail
 from store.client import connect
@@ -147,8 +148,8 @@ def serving(root: Path, config: Config, supervised: bool = False) -> Iterator[st
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
     env.update(to_environ(config), EVENTIDE_ALERTING__RULES_FILE=str(rules))
     port, log = free_port(), root / "streamlit.log"
-    argv = [sys.executable, "-m", "streamlit", "run", str(REPO / "dashboard" / "app.py"), "--server.headless", "true",
-            "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+    argv = [sys.executable, "-m", "streamlit", "run", str(REPO / "dashboard" / "app.py"), *STREAMLIT_OPTIONS,
+            "--server.port", str(port), "--server.address", "127.0.0.1",
             # Others may be editing dashboard/ while this runs; a file change would put a "rerun?" prompt in the
             # status widget and the page would never look settled.
             "--server.fileWatcherType", "none"]
@@ -272,6 +273,7 @@ def test_page_renders_its_charts_in_chromium(browser: BrowserContext, dashboard:
         assert texts(page, '[data-testid="stAlertContentError"]') == [], f"error on {path} ({shot})"
         assert texts(page, '[data-testid="stAlertContentWarning"]') == [], f"warning on {path} ({shot})"
         assert page_errors == [], f"JavaScript errors on {path} ({shot})"
+        assert page.locator('[data-testid="stAppDeployButton"]').count() == 0, f"Deploy button shown ({shot})"
         drawn = page.evaluate(DRAWN_CHARTS)
         infos = texts(page, '[data-testid="stAlertContentInfo"]')
         assert drawn >= spec.charts, f"{path}: {drawn} charts drawn, want ≥ {spec.charts}; notes: {infos} ({shot})"
