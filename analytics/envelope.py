@@ -57,8 +57,8 @@ _FAST_SCHEMA = ", ".join(f"{field} {spark_type}" for field, spark_type in _FIELD
 
 
 def _fast_path() -> Column:
-    """``_root`` (the record's JSON schema), ``_fast`` (the record is valid for certain) and ``_fj`` (its fields,
-    read with ``from_json``: exact for a record of the fast shape, whose JSON types are all as expected).
+    """``_root`` (the record's JSON schema) and ``_fj`` (its fields read with ``from_json``: exact for a record
+    of the fast shape, whose JSON types are all as expected), from which ``_fast_accept`` decides.
 
     Checking one schema string and a few values costs a fraction of the full rules (per-field JSON types and
     typed reads, ~5x the time); only records that fail it pay for those (``_extract_fields``). The fast check
@@ -69,6 +69,7 @@ def _fast_path() -> Column:
 
 
 def _fast_accept(limit: int) -> Column:
+    """True when the record is valid for certain (shape and values); False sends it through the full rules."""
     fj = F.col("_fj")
     shape = F.col("_root").rlike(_FAST_SHAPE) & (F.instr("_root", "`") == 0)
     # Tag values must all be strings; keys are plain identifiers here (no backquote), so ': ' only separates.

@@ -30,30 +30,26 @@ class Events:
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame) -> Events:
-        """From the processor's input (columns t, metric_value, level, kind, partition, offset, id, device)."""
+        """From columns t, metric_value, level (its name), kind, partition, offset, id, device."""
         levels = frame["level"].tolist()
-        return cls(
-            t=frame["t"].to_numpy(np.int64),
-            value=frame["metric_value"].to_numpy(np.float64, na_value=np.nan),
-            level=np.array([_LEVEL_CODES.get(x, NO_LEVEL) if isinstance(x, str) else NO_LEVEL for x in levels],
-                           dtype=np.int8),
-            is_log=(frame["kind"] == "log").to_numpy(bool),
-            partition=frame["partition"].to_numpy(np.int32),
-            offset=frame["offset"].to_numpy(np.int64),
-            id=frame["id"].to_numpy(object),
-            device=frame["device"].to_numpy(object),
-        )
+        level = np.array([_LEVEL_CODES.get(x, NO_LEVEL) if isinstance(x, str) else NO_LEVEL for x in levels],
+                         dtype=np.int8)
+        return cls._from_columns(frame, level, (frame["kind"] == "log").to_numpy(bool))
 
     @classmethod
     def from_input(cls, frame: pd.DataFrame) -> Events:
         """From the stateful query's compact input (columns t, level_code, metric_value, partition, offset, id,
         device): the level arrives as its code (``NO_LEVEL`` for metrics), so no string is compared per row."""
         level = frame["level_code"].to_numpy(np.int8)
+        return cls._from_columns(frame, level, level != NO_LEVEL)
+
+    @classmethod
+    def _from_columns(cls, frame: pd.DataFrame, level: np.ndarray, is_log: np.ndarray) -> Events:
         return cls(
             t=frame["t"].to_numpy(np.int64),
             value=frame["metric_value"].to_numpy(np.float64, na_value=np.nan),
             level=level,
-            is_log=level != NO_LEVEL,
+            is_log=is_log,
             partition=frame["partition"].to_numpy(np.int32),
             offset=frame["offset"].to_numpy(np.int64),
             id=frame["id"].to_numpy(object),

@@ -13,7 +13,8 @@ series, 10 % logs, 5,000 users, a few % late and some malformed events) and then
   trigger; per event, (end of the windows-query batch that stored it − its Kafka receive time), p50 / p95 / max.
 
 Prints one JSON summary (and writes it to ``--out``). Each drain is timed from its first batch to its last
-(Spark's JVM and the connector are warmed up on a separate topic first); CPU is the whole process tree's.
+(Spark's JVM and the connector are warmed up on a separate topic first); CPU is the machine's busy time (run it
+on an otherwise idle machine).
 
     .venv/bin/python bench/pipeline.py --events 500000
     .venv/bin/python bench/pipeline.py --events 200000 --phases limit,full --freshness-s 600 --rate 20000
