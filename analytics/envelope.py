@@ -12,8 +12,9 @@ uses LogAppendTime, i.e. the broker's clock).
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from eventide.config import Config
 from ingest.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS
@@ -222,9 +223,10 @@ def accepted(parsed: DataFrame) -> DataFrame:
     return parsed.where(F.col("dead_letter_reason").isNull()).drop("dead_letter_reason", "value")
 
 
-def validated(parsed: DataFrame) -> DataFrame:
-    """Every record with its Kafka position, ``reason`` (NULL when accepted) and, for accepted ones, the device
-    clock offset: what the ``dead_letters`` query stores (dead letters, and per-device clock offsets)."""
-    return parsed.select("topic", "partition", "offset", "kafka_timestamp", "value",
-                         F.col("dead_letter_reason").alias("reason"), "app", "device", "clock_offset_ms",
-                         "received_time")
+KAFKA_SOURCE_SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+                       "timestampType int")
+
+
+def accepted_schema(spark: SparkSession, config: Config) -> StructType:
+    """The columns of an accepted event (``accepted(parse(...))``), as the accepted-events log stores them."""
+    return accepted(parse(spark.createDataFrame([], KAFKA_SOURCE_SCHEMA), config)).schema

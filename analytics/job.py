@@ -1,17 +1,20 @@
-"""The stream job: Kafka (official spark-sql-kafka-0-10 connector) -> validate -> windows -> ClickHouse.
+"""The stream job: Kafka (official spark-sql-kafka-0-10 connector) -> validate, deduplicate -> windows -> ClickHouse.
 
 One Spark session runs three streaming queries (see ``start_queries``), each with its own checkpoint under
-``<checkpoint_dir>/<query name>``. Locally it runs ``local[*]``; on a cluster the same module
-runs under ``spark-submit`` (``python -m analytics.job``) with ``stream.master`` pointing at the cluster.
+``<checkpoint_dir>/<query name>``: ``accept`` reads Kafka and hands its accepted events to the two stateful
+queries through the accepted-events log (``analytics.accepted_log``). Locally it runs ``local[*]``; on a
+cluster the same module runs under ``spark-submit`` (``python -m analytics.job``) with ``stream.master`` pointing
+at the cluster.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from analytics import envelope, keyed_windows, progress, sinks, windows
+from analytics import accepted_log, envelope, keyed_windows, progress, sinks, windows
 from eventide import jars
 from eventide.config import Config, load_config
 from eventide.respawn import RECYCLE_EXIT
@@ -85,7 +88,7 @@ def kafka_records(spark: SparkSession, config: Config) -> DataFrame:
     )
 
 
-QUERIES = (windows.WINDOWS_QUERY, keyed_windows.KEYED_WINDOWS_QUERY, sinks.DEAD_LETTER_QUERY)
+QUERIES = (sinks.ACCEPT_QUERY, windows.WINDOWS_QUERY, keyed_windows.KEYED_WINDOWS_QUERY)
 
 
 def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] | None = None,
@@ -93,48 +96,73 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
     """Start the queries of the job (every one, or those named in ``only``). ``trigger`` defaults to the
     configured processing-time interval; tests pass ``{"availableNow": True}`` to process what is in Kafka and stop.
 
+    - ``accept``: reads the events topic; validates (dead letters), deduplicates by id (duplicates), records
+      each device's clock offset, and publishes the accepted events to the accepted-events log
     - ``windows``: tumbling and hopping aggregates (update mode: early results, then corrections) + stragglers
     - ``keyed_windows``: sliding windows and sessions + their stragglers (append: each written once, final)
-    - ``dead_letters``: records that failed validation, and the clock offset of every device (it sees every record)
+
+    The last two read the accepted-events log, one accept batch per micro-batch.
     """
-    trigger = trigger or {"processingTime": f"{config.stream.trigger_interval_s} seconds"}
-    recorder = progress.progress_recorder(spark)
-    parsed = envelope.parse(kafka_records(spark, config), config)
-    events = envelope.accepted(parsed)
-    plans = [
-        (windows.WINDOWS_QUERY, windows.aggregate(events, config), "update", sinks.window_writer(config)),
-        (keyed_windows.KEYED_WINDOWS_QUERY, keyed_windows.keyed_windows(events, config), "append",
-         sinks.keyed_windows_writer(config)),
-        (sinks.DEAD_LETTER_QUERY, envelope.validated(parsed), "append", sinks.dead_letter_writer(config)),
-    ]
-    queries = []
     unknown = set(only) - set(QUERIES)
     if unknown:
         raise ValueError(f"unknown queries {sorted(unknown)}; the job has {list(QUERIES)}")
+    trigger = trigger or {"processingTime": f"{config.stream.trigger_interval_s} seconds"}
+    recorder = progress.progress_recorder(spark)
+    plans: list[tuple[str, Callable[[], DataFrame], str, sinks.BatchWriter]] = [
+        (sinks.ACCEPT_QUERY, lambda: envelope.parse(kafka_records(spark, config), config), "append",
+         sinks.accept_writer(config)),
+        (windows.WINDOWS_QUERY, lambda: windows.aggregate(accepted_events(spark, config), config), "update",
+         sinks.window_writer(config)),
+        (keyed_windows.KEYED_WINDOWS_QUERY,
+         lambda: keyed_windows.keyed_windows(accepted_events(spark, config), config), "append",
+         sinks.keyed_windows_writer(config)),
+    ]
+    queries = []
     for name, frame, mode, writer in plans:
         if name not in only:
             continue
+        checkpoint = config.checkpoint_dir / name
         query = (
-            frame.writeStream
+            frame().writeStream
             .queryName(name)
             .outputMode(mode)
             .foreachBatch(writer)
-            .option("checkpointLocation", str(config.checkpoint_dir / name))
+            .option("checkpointLocation", str(checkpoint))
             .trigger(**trigger)
             .start()
         )
-        recorder.track(query, config)
+        reads_log = name != sinks.ACCEPT_QUERY
+        recorder.track(query, config, _kafka_offsets(config, checkpoint) if reads_log else None)
         queries.append(query)
     return queries
 
 
+def accepted_events(spark: SparkSession, config: Config) -> DataFrame:
+    return accepted_log.read_stream(spark, config, envelope.accepted_schema(spark, config))
+
+
+def _kafka_offsets(config: Config, checkpoint: Path) -> progress.SourceOffsets:
+    def offsets(end_offset: str) -> progress.Offsets:
+        log_offset = int(json.loads(end_offset).get("logOffset", -1))
+        return accepted_log.kafka_offsets_reached(config, checkpoint, log_offset)
+    return offsets
+
+
 def run_until_idle(spark: SparkSession, config: Config, only: Collection[str] = QUERIES) -> list[StreamingQuery]:
-    """Process everything currently in Kafka (in as many micro-batches as the rate limit needs), then stop."""
-    queries = start_queries(spark, config, {"availableNow": True}, only)
-    for query in queries:
-        query.awaitTermination()
-        if query.exception() is not None:
-            raise RuntimeError(f"query {query.name} failed: {query.exception()}")
+    """Process everything currently in Kafka (in as many micro-batches as the rate limit needs), then stop: the
+    ``accept`` query first, then the queries reading what it accepted."""
+    first = [q for q in only if q == sinks.ACCEPT_QUERY]
+    then = [q for q in only if q != sinks.ACCEPT_QUERY]
+    queries = []
+    for stage in (first, then):
+        if not stage:
+            continue
+        started = start_queries(spark, config, {"availableNow": True}, stage)
+        for query in started:
+            query.awaitTermination()
+            if query.exception() is not None:
+                raise RuntimeError(f"query {query.name} failed: {query.exception()}")
+        queries += started
     # Spark hands progress to listeners asynchronously: wait until the recorder has stored every query's last
     # watermark (the finality clock), since callers read the store next. A write waits at most for the store lock.
     spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(config.store.lock_timeout_s * 1000))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ from store.client import connect
 
 log = logging.getLogger(__name__)
 
-Offsets = dict[str, dict[str, int]]
+Offsets = dict[str, Any]   # Kafka: {topic: {partition: offset}}; file source: {"logOffset": n}
 PROGRESS_COLUMNS = (
     "query_name", "query_id", "run_id", "batch_id", "batch_timestamp", "watermark", "input_rows",
     "input_rows_per_second", "processed_rows_per_second", "rows_dropped_by_watermark", "state_rows",
@@ -51,12 +52,15 @@ def _json_after_header(text: str) -> str:
 
 
 def batch_info(checkpoint: Path, batch_id: int) -> BatchInfo:
-    """The offset range and watermark of ``batch_id`` from the query's offset log (single Kafka source)."""
+    """The offset range and watermark of ``batch_id`` from the query's offset log (its single source: Kafka
+    offsets per topic and partition, or a file source's ``{"logOffset": n}``)."""
     lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
     metadata = json.loads(lines[1])
     end = json.loads(lines[2])
     if batch_id > 0:
         start = json.loads((checkpoint / "offsets" / str(batch_id - 1)).read_text().splitlines()[2])
+    elif "logOffset" in end:
+        start = {"logOffset": -1}   # a file source (the accepted-events log) starts before its first entry
     else:
         # Batch 0 starts at the offsets the source resolved when the query was first started.
         start = json.loads(_json_after_header((checkpoint / "sources" / "0" / "0").read_text()))
@@ -69,7 +73,22 @@ def _ts(iso: str | None) -> datetime:
     return datetime.fromisoformat(iso.replace("Z", "+00:00"))
 
 
-def progress_row(progress: Any) -> list[Any]:
+# Maps a source's end offset (Spark's JSON) to the events-topic offsets it stands for.
+SourceOffsets = Callable[[str], Offsets]
+
+
+def _source(source: Any, kafka_offsets: SourceOffsets | None) -> dict[str, Any]:
+    described = {"description": source.description, "startOffset": source.startOffset,
+                 "endOffset": source.endOffset, "latestOffset": source.latestOffset}
+    if kafka_offsets is not None:
+        # A query reading the accepted-events log records how far into the events topic its results reach, so
+        # lag is measured the same way for every query.
+        described.update(description=f"events topic, through {source.description}", startOffset=None,
+                         latestOffset=None, endOffset=json.dumps(kafka_offsets(source.endOffset or "{}")))
+    return described
+
+
+def progress_row(progress: Any, kafka_offsets: SourceOffsets | None = None) -> list[Any]:
     """One ``pipeline_progress`` row from a ``StreamingQueryProgress``."""
     operators = progress.stateOperators or []
     return [
@@ -79,8 +98,7 @@ def progress_row(progress: Any) -> list[Any]:
         sum(op.numRowsDroppedByWatermark for op in operators), sum(op.numRowsTotal for op in operators),
         sum(op.memoryUsedBytes for op in operators), int((progress.durationMs or {}).get("triggerExecution", 0)),
         json.dumps(progress.durationMs or {}),
-        json.dumps([{"description": s.description, "startOffset": s.startOffset, "endOffset": s.endOffset,
-                     "latestOffset": s.latestOffset} for s in progress.sources]),
+        json.dumps([_source(s, kafka_offsets) for s in progress.sources]),
         datetime.now(UTC),
     ]
 
@@ -90,21 +108,24 @@ class ProgressRecorder(StreamingQueryListener):
     listener thread; a failed write is logged and skipped (the next batch's row carries the newer watermark)."""
 
     def __init__(self) -> None:
-        self._stores: dict[str, Config] = {}
+        self._stores: dict[str, tuple[Config, SourceOffsets | None]] = {}
 
-    def track(self, query: StreamingQuery, config: Config) -> None:
-        self._stores[str(query.id)] = config
+    def track(self, query: StreamingQuery, config: Config, kafka_offsets: SourceOffsets | None = None) -> None:
+        """Record ``query``'s progress; ``kafka_offsets`` translates its source offsets when it does not read
+        the events topic itself."""
+        self._stores[str(query.id)] = (config, kafka_offsets)
 
     def onQueryStarted(self, event: Any) -> None:
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        config = self._stores.get(str(event.progress.id))
-        if config is None:
+        tracked = self._stores.get(str(event.progress.id))
+        if tracked is None:
             return
+        config, kafka_offsets = tracked
         try:
             with connect(config) as client:
-                client.insert("pipeline_progress", [progress_row(event.progress)],
+                client.insert("pipeline_progress", [progress_row(event.progress, kafka_offsets)],
                               column_names=list(PROGRESS_COLUMNS))
         except Exception:
             log.exception("could not record progress of %s", event.progress.name)

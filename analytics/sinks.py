@@ -17,9 +17,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from analytics import accepted_log, dedup, envelope
 from analytics.keyed_windows import KEYED_WINDOWS_QUERY, SESSION, SLIDING
 from analytics.progress import batch_info
 from analytics.stragglers import (
@@ -34,7 +36,7 @@ from eventide.config import Config
 from store.client import connect
 
 log = logging.getLogger(__name__)
-DEAD_LETTER_QUERY = "dead_letters"
+ACCEPT_QUERY = "accept"
 
 WINDOW_COLUMNS = (
     "window_kind", "window_length_ms", "window_hop_ms", "window_start", "window_end", "app", "kind", "name",
@@ -44,6 +46,8 @@ WINDOW_COLUMNS = (
 )
 _SKETCHES = {"value_sketch", "users_sketch", "devices_sketch"}
 DEVICE_CLOCK_COLUMNS = ("app", "device", "events", "offset_min_ms", "offset_max_ms", "offset_avg_ms", "last_received")
+DUPLICATE_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "event_id", "app",
+                     "device")
 DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
                        "raw_bytes")
 SLIDING_COLUMNS = (
@@ -78,10 +82,7 @@ def arrow_rows(frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> pa.T
     selected = frame.select(*[
         # Sketch columns are non-nullable Strings in the store: a window without values stores ''.
         F.coalesce(F.col(c), F.unhex(F.lit(""))).alias(c) if c in _SKETCHES else F.col(c) for c in columns])
-    table_data = selected.toArrow()
-    for name, value in extra.items():
-        table_data = table_data.append_column(name, pa.array([value] * table_data.num_rows))
-    return table_data
+    return _with_constants(selected.toArrow(), **extra)
 
 
 def insert_tables(config: Config, rows: list[tuple[str, pa.Table]], query: str) -> None:
@@ -105,7 +106,10 @@ def window_writer(config: Config) -> BatchWriter:
             rows = [("window_aggregates", arrow_rows(batch, WINDOW_COLUMNS, version=batch_id, written_at=now))]
         info = batch_info(checkpoint, batch_id)
         if info.has_records:
-            late = late_contributions(batch.sparkSession, config, info).persist()
+            spark = batch.sparkSession
+            events = accepted_log.read_batches(spark, envelope.accepted_schema(spark, config),
+                                               accepted_log.files_read(checkpoint, info))
+            late = late_contributions(events, config, info).persist()
             try:
                 with _timed(WINDOWS_QUERY, "late_events"):
                     rows.append(("stragglers", arrow_rows(stragglers(late), STRAGGLER_COLUMNS,
@@ -164,33 +168,100 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
     return write
 
 
-def dead_letter_writer(config: Config) -> BatchWriter:
-    """Store rejected records with their reason in ClickHouse and forward them to the dead-letter topic; store
-    each device's clock offsets (from the accepted records) per batch in ``device_clocks``."""
+def accept_writer(config: Config) -> BatchWriter:
+    """The ``accept`` query's batch: publish its first copies to the accepted-events log (read by the stateful
+    queries), store its duplicates, its rejected records (also forwarded to the dead-letter topic), each
+    device's clock offsets and the dedup state.
+
+    Every Spark job costs a fixed overhead per micro-batch, so the common case runs two: one pass over the batch
+    (clock offsets per device, the batch's broker-time span, the rejected count) and the publication. Duplicates
+    and dead letters cost a job each only in a batch that has some."""
     limit = config.envelope.max_record_bytes
+    readers = [config.checkpoint_dir / q for q in (WINDOWS_QUERY, KEYED_WINDOWS_QUERY)]
 
     def write(records: DataFrame, batch_id: int) -> None:
-        # Two results are read from the batch, so it is cached; an accepted record's raw bytes are not needed
-        # by either, and dropping them keeps the cache a fraction of the batch's size.
-        records = records.withColumn("value", F.when(F.col("reason").isNotNull(), F.col("value"))).persist()
+        spark = records.sparkSession
+        schema = envelope.accepted_schema(spark, config)
+        # Read several times, so cached; only rejected records keep their raw bytes (a fraction of the batch).
+        records = records.withColumn(
+            "value", F.when(F.col("dead_letter_reason").isNotNull(), F.col("value"))).persist()
         try:
-            clocks = (records.where(F.col("reason").isNull()).groupBy("app", "device").agg(
-                F.count(F.lit(1)).alias("events"), F.min("clock_offset_ms").alias("offset_min_ms"),
-                F.max("clock_offset_ms").alias("offset_max_ms"), F.avg("clock_offset_ms").alias("offset_avg_ms"),
-                F.timestamp_millis(F.max("received_time")).alias("last_received")))
             now = datetime.now(UTC)
-            rejected = records.where(F.col("reason").isNotNull())
-            dead = arrow_rows(_dead_letter_rows(rejected, limit), DEAD_LETTER_COLUMNS, detected_at=now)
-            insert_tables(config, [
-                ("device_clocks", arrow_rows(clocks, DEVICE_CLOCK_COLUMNS, batch_id=batch_id, recorded_at=now)),
-                ("dead_letters", dead)], DEAD_LETTER_QUERY)
-            if dead.num_rows:
+            valid = records.where(F.col("dead_letter_reason").isNull()).select(*schema.fieldNames())
+            with _timed(ACCEPT_QUERY, "validate"):
+                per_device = _per_device(records).toArrow()
+            ok = per_device["ok"].to_pylist()
+            valid_groups = per_device.filter(pa.array(ok))
+            valid_count = pc.sum(valid_groups["events"]).as_py() or 0
+            rejected_count = (pc.sum(per_device.filter(pc.invert(pa.array(ok)))["events"]).as_py() or 0)
+            memory: list[accepted_log.BatchMeta] = []
+            accepted_count = 0
+            clocks = valid_groups
+            rows: list[tuple[str, pa.Table]] = []
+            if valid_count:
+                earliest = _epoch_ms(pc.min(valid_groups["first_timestamp"]).as_py())
+                latest = _epoch_ms(pc.max(valid_groups["last_timestamp"]).as_py())
+                memory = dedup.horizon(config, batch_id, earliest) if config.stream.deduplicate else []
+                with _timed(ACCEPT_QUERY, "dedup_publish"):
+                    if not accepted_log.published(config, batch_id):
+                        info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
+                        firsts = (dedup.first_copies(valid, dedup.remembered_ids(spark, config, schema, memory))
+                                  if config.stream.deduplicate else valid)
+                        accepted_log.publish(config, firsts, accepted_log.BatchMeta(
+                            batch_id, info.start_offsets, info.end_offsets, earliest, latest))
+                accepted_count = accepted_log.meta(config, batch_id).events
+                if accepted_count < valid_count:
+                    with _timed(ACCEPT_QUERY, "duplicates"):
+                        accepted = accepted_log.read_batches(
+                            spark, schema, [str(accepted_log.events_file(config, batch_id))])
+                        rows.append(("duplicates", arrow_rows(dedup.duplicates(valid, accepted).select(
+                            F.col("topic").alias("source_topic"), F.col("partition").alias("source_partition"),
+                            F.col("offset").alias("source_offset"), "kafka_timestamp",
+                            F.col("id").alias("event_id"), "app", "device"),
+                            DUPLICATE_COLUMNS, batch_id=batch_id, detected_at=now)))
+                        clocks = _per_device(accepted.withColumn("dead_letter_reason", F.lit(None))).toArrow()
+            rows.append(("device_clocks", _with_constants(clocks.select(list(DEVICE_CLOCK_COLUMNS)),
+                                                          batch_id=batch_id, recorded_at=now)))
+            rejected = records.where(F.col("dead_letter_reason").isNotNull()).withColumnRenamed(
+                "dead_letter_reason", "reason")
+            if rejected_count:
+                rows.append(("dead_letters", arrow_rows(_dead_letter_rows(rejected, limit), DEAD_LETTER_COLUMNS,
+                                                        detected_at=now)))
+            rows.append(("dedup_state", pa.table({
+                "batch_id": [batch_id], "horizon_ms": [config.stream.dedup_horizon_ms],
+                "horizon_ids": [sum(m.events for m in memory)],
+                "horizon_bytes": [sum(m.size_bytes for m in memory)],
+                "accepted": [accepted_count], "duplicates": [valid_count - accepted_count],
+                "dead_letters": [rejected_count], "recorded_at": [now]})))
+            insert_tables(config, rows, ACCEPT_QUERY)
+            if rejected_count:
                 # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
                 _forward_dead_letters(config, rejected)
+            accepted_log.expire(config, readers, int(now.timestamp() * 1000))
         finally:
             records.unpersist()
 
     return write
+
+
+def _per_device(records: DataFrame) -> DataFrame:
+    """Per (accepted or not, app, device): record count, the clock offsets of accepted records and the broker
+    time they span."""
+    return records.groupBy(F.col("dead_letter_reason").isNull().alias("ok"), "app", "device").agg(
+        F.count(F.lit(1)).alias("events"), F.min("clock_offset_ms").alias("offset_min_ms"),
+        F.max("clock_offset_ms").alias("offset_max_ms"), F.avg("clock_offset_ms").alias("offset_avg_ms"),
+        F.timestamp_millis(F.max("received_time")).alias("last_received"),
+        F.min("kafka_timestamp").alias("first_timestamp"), F.max("kafka_timestamp").alias("last_timestamp"))
+
+
+def _epoch_ms(t: datetime) -> int:
+    return int(t.replace(tzinfo=UTC).timestamp() * 1000) if t.tzinfo is None else int(t.timestamp() * 1000)
+
+
+def _with_constants(table: pa.Table, **extra: Any) -> pa.Table:
+    for name, value in extra.items():
+        table = table.append_column(name, pa.array([value] * table.num_rows))
+    return table
 
 
 def _dead_letter_rows(batch: DataFrame, limit: int) -> DataFrame:

@@ -16,6 +16,9 @@ DISTRIBUTION_ROWS = 100_000
 """Rows a histogram query ships to the page at most (the newest): enough for its shape, cheap to draw."""
 
 
+DUPLICATE_BUCKET_S = 60   # duplicates are reported per app and minute
+
+
 def list_series(client: Client) -> list[SeriesKey]:
     """Every series that has at least one window, most active first."""
     rows = client.query(
@@ -119,6 +122,14 @@ def dead_letter_rate(client: Client, since: datetime, until: datetime, resolutio
         "count() / {r:UInt32} AS per_s FROM dead_letters FINAL "
         "WHERE detected_at >= {lo:DateTime64(3)} AND detected_at < {hi:DateTime64(3)} GROUP BY t ORDER BY t",
         since, until, resolution_s)
+
+
+def duplicates_per_app(client: Client, since: datetime, until: datetime) -> pd.DataFrame:
+    """Per app and minute of arrival at the broker: records dropped as duplicates of an accepted event."""
+    return _bucketed(client,
+        "SELECT toStartOfInterval(kafka_timestamp, toIntervalSecond({r:UInt32})) AS t, app, count() AS duplicates "
+        "FROM duplicates FINAL WHERE kafka_timestamp >= {lo:DateTime64(3)} AND kafka_timestamp < {hi:DateTime64(3)} "
+        "GROUP BY t, app ORDER BY t, app", since, until, DUPLICATE_BUCKET_S)
 
 
 def log_levels(client: Client, since: datetime, until: datetime, resolution_s: int, length_ms: int) -> pd.DataFrame:

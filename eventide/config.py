@@ -139,6 +139,14 @@ class StreamConfig(_Section):
     """How long an emitted session is remembered, so a late event that would join it is attributed to it."""
     series_tag_keys: list[str] = Field(default_factory=list)
     """Tag keys that, with (app, kind, name), identify a series."""
+    deduplicate: bool = True
+    """Drop re-sent copies of an event (same ``id``) before any window; off: every copy counts (at-least-once)."""
+    dedup_horizon_s: float | None = Field(None, gt=0)
+    """Duplicates (same ``id``) reaching the broker within this time of the first copy are dropped. Default:
+    allowed lateness + the longest tumbling, hopping or sliding window or session gap (docs/time-semantics.md)."""
+    accepted_retention_s: int = Field(86_400, gt=0)
+    """Accepted-events files (the ``accept`` query's output) are deleted this long after they were written, once
+    every stateful query has read them."""
     trigger_interval_s: float = Field(5.0, gt=0)
     max_offsets_per_trigger: int = Field(200_000, ge=1)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
@@ -146,6 +154,14 @@ class StreamConfig(_Section):
     hll_lg_k: int = Field(12, ge=4, le=21)
     checkpoint_dir: Path | None = None
     """Default: <data_dir>/checkpoints."""
+
+    @property
+    def dedup_horizon_ms(self) -> int:
+        if self.dedup_horizon_s is not None:
+            return int(self.dedup_horizon_s * 1000)
+        longest = max(*self.tumbling_windows_s, *(w.length_s for w in self.hopping_windows),
+                      self.sliding_window_s, self.session_gap_s)
+        return int((self.allowed_lateness_s + longest) * 1000)
 
     @field_validator("tumbling_windows_s")
     @classmethod
@@ -276,6 +292,12 @@ class Config(_Section):
     @property
     def checkpoint_dir(self) -> Path:
         return self._abs(self.stream.checkpoint_dir) if self.stream.checkpoint_dir else self.data_dir / "checkpoints"
+
+    @property
+    def accepted_events_dir(self) -> Path:
+        """The ``accept`` query's output, read by the stateful queries: beside their checkpoints, on storage every
+        executor reads."""
+        return self.checkpoint_dir / "accepted-events"
 
     @property
     def spool_dir(self) -> Path:

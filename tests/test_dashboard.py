@@ -157,6 +157,10 @@ def test_overview_charts_rates_stragglers_dead_letters_and_shows_freshness(store
         client.insert("pipeline_progress", [["windows", "q", "r", 1, now, now - timedelta(seconds=40), now]],
                       column_names=["query_name", "query_id", "run_id", "batch_id", "batch_timestamp", "watermark",
                                     "recorded_at"])
+        client.insert("duplicates", [["events", 0, i, now - timedelta(minutes=i), f"e{i}", app, "d", 1, now]
+                                     for i, app in enumerate(["shop", "shop", "search"])],
+                      column_names=["source_topic", "source_partition", "source_offset", "kafka_timestamp",
+                                    "event_id", "app", "device", "batch_id", "detected_at"])
     at = AppTest.from_file(OVERVIEW_PAGE, default_timeout=30).run()
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
@@ -165,6 +169,9 @@ def test_overview_charts_rates_stragglers_dead_letters_and_shows_freshness(store
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     assert titles[:2] == ["Events/s per app", "Error + critical log lines/s per app"]
     assert any(t.startswith("Dropped stragglers") for t in titles) and "Dead-letter rate" in titles
+    [duplicates] = [json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                    if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Duplicates per minute")]
+    assert sorted((t["name"], sum(_values(t["y"]))) for t in duplicates["data"]) == [("search", 1), ("shop", 2)]
 
 
 def _log_window(start: datetime, app: str, **levels: int) -> dict:

@@ -1,7 +1,7 @@
 """Overview: is data flowing, is the pipeline keeping up, is anything on fire?
 
-Events/s and error-log rate per app, dropped stragglers, dead-letter rate, pipeline freshness (now − watermark),
-consumer lag per partition and the alerts firing.
+Events/s and error-log rate per app, dropped stragglers, dead-letter rate, duplicates per app and minute, pipeline
+freshness (now − watermark), consumer lag per partition and the alerts firing.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def page() -> None:
             rates = queries.app_rates(client, since, until, resolution, min(lengths)) if lengths else pd.DataFrame()
             dropped = queries.dropped_stragglers(client, since, until, resolution)
             dead = queries.dead_letter_rate(client, since, until, resolution)
+            duplicates = queries.duplicates_per_app(client, since, until)
             marks = pipeline.watermarks(client)
             states = queries.alert_states(client)
             try:
@@ -60,6 +61,11 @@ def page() -> None:
             right.info("No dead letters in the chosen range.")
         else:
             right.plotly_chart(chart(dead, "per_s", "Dead-letter rate", "records / s"), width="stretch")
+        if duplicates.empty:
+            st.info("No duplicates (re-sent events, same id) in the chosen range.")
+        else:
+            st.plotly_chart(chart(duplicates, "duplicates", "Duplicates per minute per app (re-sent, counted once)",
+                                  "records", "app", "bar"), width="stretch")
         if lag:
             fig = px.bar(x=[str(p) for p in lag], y=list(lag.values()), title="Consumer lag per partition",
                          labels={"x": "partition", "y": "records behind"})

@@ -1,0 +1,165 @@
+"""The accepted-events log: validated, deduplicated events, handed from the ``accept`` query to the stateful ones.
+
+The ``accept`` query writes one Parquet file per micro-batch, ``<dir>/<batch id:012d>.parquet``, and the stateful
+queries read the directory with Spark's file source, one file per micro-batch, so their batches are the accept
+query's batches. A file is published atomically: written aside (``_tmp/``), its metadata saved
+(``_meta/<batch id>.json``: the Kafka offsets the batch read, its broker-clock span, its size), then renamed into
+place; names starting with ``_`` are invisible to the file source. A replayed accept batch whose file exists
+writes nothing: the hand-over is exactly-once without Kafka transactions, and a downstream query that read the
+file before a crash reads the very same events again.
+
+Why files and not a Kafka topic: Spark's Kafka sink is at-least-once, so a replayed batch would hand its events
+over twice, and the windows would need a second deduplication (docs/architecture.md, "Accepted events").
+Renames are atomic on local disks and HDFS (not on object stores: there, point ``stream.checkpoint_dir`` at HDFS).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from analytics.progress import BatchInfo, Offsets
+from eventide.config import Config
+
+_META = "_meta"
+_TMP = "_tmp"
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """What one published accept batch holds and where in Kafka it came from."""
+
+    batch_id: int
+    start_offsets: Offsets
+    end_offsets: Offsets
+    first_timestamp_ms: int   # broker clock (Kafka timestamp) of the batch's earliest and latest valid record
+    last_timestamp_ms: int
+    events: int = 0           # accepted events in the file, and its size (filled in by ``publish``)
+    size_bytes: int = 0
+
+
+def events_file(config: Config, batch_id: int) -> Path:
+    return config.accepted_events_dir / f"{batch_id:012d}.parquet"
+
+
+def _meta_file(config: Config, batch_id: int) -> Path:
+    return config.accepted_events_dir / _META / f"{batch_id}.json"
+
+
+def _batch_id(events_path: str) -> int:
+    return int(Path(events_path.removeprefix("file:")).name.split(".")[0])
+
+
+def published(config: Config, batch_id: int) -> bool:
+    return events_file(config, batch_id).exists()
+
+
+def publish(config: Config, rows: DataFrame, meta: BatchMeta) -> None:
+    """Write ``rows`` as the batch's one file, atomically; a no-op when it is already published. The stored
+    metadata is ``meta`` with the file's event count and size."""
+    if published(config, meta.batch_id):
+        return
+    staging = config.accepted_events_dir / _TMP / f"{meta.batch_id}-{uuid.uuid4().hex}"
+    try:
+        # One file per batch, so a reader taking one file per trigger takes exactly one accept batch.
+        rows.coalesce(1).write.parquet(str(staging))
+        [part] = staging.glob("part-*.parquet")
+        meta_path = _meta_file(config, meta.batch_id)
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        events = pq.ParquetFile(part).metadata.num_rows
+        meta_path.write_text(json.dumps(asdict(meta) | {"events": events, "size_bytes": part.stat().st_size}))
+        part.rename(events_file(config, meta.batch_id))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def meta(config: Config, batch_id: int) -> BatchMeta:
+    """The metadata of a published batch."""
+    return BatchMeta(**json.loads(_meta_file(config, batch_id).read_text()))
+
+
+def metas(config: Config) -> list[BatchMeta]:
+    """Metadata of every published batch still kept, oldest first."""
+    found = []
+    for path in (config.accepted_events_dir / _META).glob("*.json"):
+        batch_id = int(path.stem)
+        if published(config, batch_id):
+            found.append(BatchMeta(**json.loads(path.read_text())))
+    return sorted(found, key=lambda m: m.batch_id)
+
+
+def read_stream(spark: SparkSession, config: Config, schema: StructType) -> DataFrame:
+    """The accepted events as a stream, one accept batch per micro-batch, in the order they were published."""
+    config.accepted_events_dir.mkdir(parents=True, exist_ok=True)
+    return (spark.readStream.schema(schema)
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(config.accepted_events_dir)))
+
+
+def read_batches(spark: SparkSession, schema: StructType, files: list[str]) -> DataFrame:
+    return spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
+
+
+def _source_log_entries(checkpoint: Path) -> list[dict[str, object]]:
+    """Every file the query's file source recorded (``sources/0``: one file per batch, ``N.compact`` every ten
+    batches holding all entries up to N)."""
+    log_dir = checkpoint / "sources" / "0"
+    entries: dict[str, dict[str, object]] = {}
+    for path in sorted(log_dir.glob("[0-9]*"), key=lambda p: int(p.name.split(".")[0])):
+        for line in path.read_text().splitlines()[1:]:
+            if line.strip():
+                entry = json.loads(line)
+                entries[str(entry["path"])] = entry
+    return list(entries.values())
+
+
+def files_read(checkpoint: Path, info: BatchInfo) -> list[str]:
+    """The accepted-events files a downstream query's micro-batch read (its file-source log range)."""
+    start, end = int(info.start_offsets.get("logOffset", -1)), int(info.end_offsets.get("logOffset", -1))
+    return [str(e["path"]) for e in _source_log_entries(checkpoint) if start < int(e["batchId"]) <= end]  # type: ignore[call-overload]
+
+
+def kafka_offsets_reached(config: Config, checkpoint: Path, log_offset: int) -> Offsets:
+    """The Kafka offsets a downstream query's results reach once it has read file-source batch ``log_offset``:
+    the end offsets of the newest accept batch among the files it read."""
+    read = [_batch_id(str(e["path"])) for e in _source_log_entries(checkpoint)
+            if int(e["batchId"]) <= log_offset]  # type: ignore[call-overload]
+    if not read:
+        return {}
+    meta_path = _meta_file(config, max(read))
+    return json.loads(meta_path.read_text())["end_offsets"] if meta_path.exists() else {}
+
+
+def last_read(checkpoint: Path) -> int | None:
+    """The newest accept batch a downstream query has read in a committed micro-batch (None: none yet)."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")]
+    if not commits:
+        return None
+    offsets = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    log_offset = int(json.loads(offsets[2]).get("logOffset", -1))
+    read = [_batch_id(str(e["path"])) for e in _source_log_entries(checkpoint)
+            if int(e["batchId"]) <= log_offset]  # type: ignore[call-overload]
+    return max(read, default=None)
+
+
+def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
+    """Delete batches older than ``stream.accepted_retention_s`` that every reader (checkpoint dirs of the
+    downstream queries) has read and committed. Returns the batch ids deleted."""
+    read_by_all = [last_read(checkpoint) for checkpoint in readers]
+    if any(r is None for r in read_by_all):
+        return []
+    horizon = now_ms - config.stream.accepted_retention_s * 1000
+    deleted = []
+    for meta in metas(config):
+        if meta.batch_id < min(read_by_all) and meta.last_timestamp_ms < horizon:  # type: ignore[type-var]
+            events_file(config, meta.batch_id).unlink(missing_ok=True)
+            _meta_file(config, meta.batch_id).unlink(missing_ok=True)
+            deleted.append(meta.batch_id)
+    return deleted
