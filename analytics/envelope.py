@@ -143,6 +143,7 @@ def _rules(config: Config) -> list[tuple[Column, Column]]:
     return [
         (F.col("value").isNull(), F.lit("empty record")),
         (size > limit, F.concat(F.lit("record too large: "), size.cast("string"), F.lit(f" bytes > {limit}"))),
+        (~F.is_valid_utf8(F.col("value").cast("string")), F.lit("not UTF-8")),
         (F.col("_json").isNull(), F.lit("unparseable JSON")),
         (~F.col("_t_root").startswith("OBJECT"), F.lit("not a JSON object")),
         *_required("v", "integer", _is_integer("v")),
@@ -193,8 +194,10 @@ def parse(records: DataFrame, config: Config) -> DataFrame:
     tag_keys = sorted(config.stream.series_tag_keys)
     with_json = records.select(
         *_KAFKA_COLUMNS[:3], F.col("timestamp").alias("kafka_timestamp"), "value",
-        # Oversize records are never parsed: the size rule rejects them first.
-        F.when(F.octet_length("value") <= limit, F.expr("try_parse_json(CAST(value AS STRING))")).alias("_json"),
+        # Oversize records are never parsed: the size rule rejects them first. Nor are bytes that are not UTF-8
+        # (the brief's encoding): Spark's parser would read them with replacement characters and accept them.
+        F.when((F.octet_length("value") <= limit) & F.is_valid_utf8(F.col("value").cast("string")),
+               F.expr("try_parse_json(CAST(value AS STRING))")).alias("_json"),
     )
     with_json = with_json.select("*", _fast_path())
     with_json = with_json.select(*_KAFKA_COLUMNS, "_json", "_root", "_fj", _fast_accept(limit).alias("_fast"))

@@ -1,12 +1,14 @@
 """Pipeline throughput, side by side with its read limit and a peer, in one run on one broker (issue 10).
 
 Starts its own broker (free ports, temporary data dir), produces one realistic backlog (90 % metrics over 50
-series, 10 % logs, 5,000 users, a few % late and some malformed events) and then, on that same topic:
+series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) and then, on that same topic:
 
 - ``limit``: Spark's Kafka source reading the topic and only counting;
-- ``full``: the whole job (every query: windows + stragglers, sliding + sessions, dead letters + clock offsets)
+- ``full``: the whole job (every query: validation, dedup, dead letters + clock offsets, windows + stragglers,
+  sliding + sessions)
   with the default window config, drained from the first offset with a fresh checkpoint and store;
-- ``queries``: each query of the job alone, same way;
+- ``nodedup``: the whole job with deduplication turned off (``stream.deduplicate = false``): its cost;
+- ``queries``: each query of the job alone, same way (the stateful ones after ``accept`` filled their input);
 - ``peer``: Quix Streams computing 1-s tumbling count + mean per series (bench/quix_peer.py, own process), and
   ``ours_peer``: our job configured for that same single tumbling window (the windows query alone);
 - ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
@@ -49,7 +51,7 @@ from store.migrations import apply_migrations
 
 REPO = Path(__file__).resolve().parent.parent
 
-PHASES = ("limit", "full", "queries", "peer")
+PHASES = ("limit", "full", "nodedup", "queries", "peer")
 APPS = [f"app-{a}" for a in range(5)]
 METRICS = [f"metric_{m}" for m in range(10)]              # 5 apps x 10 names: 50 metric series
 LOGGERS = ["app.http", "app.db"]
@@ -61,7 +63,8 @@ LEVEL_MIX = ["info"] * 6 + ["debug", "warning", "warning", "error"]
 class Load:
     """A realistic event mix. Event time advances ``event_rate`` events per second from ``start_ms``; every
     ``late_fraction``-th event is sent up to ``max_offline_s`` after it happened (some land behind the watermark),
-    every ``malformed_fraction``-th is broken in one of several ways (dead letters)."""
+    every ``malformed_fraction``-th is broken in one of several ways (dead letters), every
+    ``duplicate_fraction``-th is sent twice (counted once, as a duplicate)."""
 
     events: int
     event_rate: int = 1_000
@@ -72,6 +75,7 @@ class Load:
     late_fraction: float = 0.03
     max_offline_s: int = 120
     malformed_fraction: float = 0.005
+    duplicate_fraction: float = 0.01   # re-sent: the same record again, right after (a retried send)
     seed: int = 1
 
 
@@ -93,14 +97,15 @@ def _malformed(i: int, good: dict[str, Any]) -> bytes:
 
 
 def records(load: Load, start_ms: int, clock: Callable[[], int] = now_ms) -> Iterator[tuple[bytes, bytes, str]]:
-    """(key, value, what) per event, what in {"metric", "log", "late", "malformed"}. ``sent_time`` is the device
-    clock at encoding time, so ``corrected_event_time`` follows the load's event-time line."""
+    """(key, value, what) per record, what in {"metric", "log", "late", "malformed", "duplicate"}. ``sent_time``
+    is the device clock at encoding time, so ``corrected_event_time`` follows the load's event-time line."""
     rng = random.Random(load.seed)
     devices = [(app, f"{app}-dev-{d}", (rng.randrange(-3_600_000, 3_600_000)
                                         if rng.random() < load.skewed_fraction else 0))
                for app in APPS for d in range(load.devices_per_app)]
     late_every = round(1 / load.late_fraction) if load.late_fraction else 0
     bad_every = round(1 / load.malformed_fraction) if load.malformed_fraction else 0
+    copy_every = round(1 / load.duplicate_fraction) if load.duplicate_fraction else 0
     for i in range(load.events):
         at = start_ms + i * 1000 // load.event_rate
         app, device, skew = devices[rng.randrange(len(devices))]
@@ -123,7 +128,10 @@ def records(load: Load, start_ms: int, clock: Callable[[], int] = now_ms) -> Ite
         if bad_every and i % bad_every == bad_every - 1:
             yield device.encode(), _malformed(i, event), "malformed"
         else:
-            yield device.encode(), json.dumps(event, separators=(",", ":")).encode(), what
+            value = json.dumps(event, separators=(",", ":")).encode()
+            yield device.encode(), value, what
+            if copy_every and i % copy_every == copy_every // 3:
+                yield device.encode(), value, "duplicate"
 
 
 def producer(config: Config) -> Producer:
@@ -252,7 +260,8 @@ def quix_peer(config: Config, events: int) -> dict[str, Any]:
 def stored_summary(config: Config) -> dict[str, int]:
     with connect(config) as ch:
         return {t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0]
-                for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers", "dead_letters")}
+                for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers", "dead_letters",
+                          "duplicates")}
 
 
 # Freshness -----------------------------------------------------------------------------------------------------
@@ -260,7 +269,8 @@ def live_load(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
     """Produce ``rate`` on-time events/s for ``seconds`` (run in its own process by ``freshness``)."""
     cfg = load_config(environ={}, root=str(REPO), kafka={"bootstrap_servers": bootstrap, "events_topic": topic})
     out = producer(cfg)
-    load = Load(events=int(rate * seconds), event_rate=rate, late_fraction=0, malformed_fraction=0, seed=7)
+    load = Load(events=int(rate * seconds), event_rate=rate, late_fraction=0, malformed_fraction=0,
+                duplicate_fraction=0, seed=7)
     start = time.monotonic()
     for i, (key, value, _) in enumerate(records(load, now_ms())):
         if i % 1000 == 0:
@@ -300,9 +310,16 @@ def receive_times(config: Config) -> dict[int, Any]:
     return out
 
 
-def _offsets(value: Any) -> dict[str, Any]:
-    """A progress report's source offsets (None before the first batch)."""
-    return value or {}
+def _kafka_offsets(config: Config, value: Any) -> dict[str, Any]:
+    """The events-topic offsets a ``windows`` progress report's source offset (a position in the accepted-events
+    log, None before the first batch) stands for."""
+    from analytics import accepted_log
+    from analytics.windows import WINDOWS_QUERY
+
+    if not value:
+        return {}
+    log_offset = int((json.loads(value) if isinstance(value, str) else value).get("logOffset", -1))
+    return accepted_log.kafka_offsets_reached(config, config.checkpoint_dir / WINDOWS_QUERY, log_offset)
 
 
 def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str, Any]:
@@ -326,13 +343,14 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             # end of batch = trigger start + its duration: the window rows were written by then
             batches = [(p["batchId"], p["timestamp"], p["durationMs"]["triggerExecution"],
                         json.loads(p.json)["sources"][0]) for p in q.recentProgress]
+    for q in queries:
         q.stop()
     stamps = receive_times(config)
     latencies, minutes = [], []
     for _, ts, duration, source in sorted(batches, key=lambda b: b[0]):
         end_ms = int(np.datetime64(ts.rstrip("Z"), "ms").astype(np.int64)) + duration
-        start, end = _offsets(source["startOffset"]), _offsets(source["endOffset"])
-        for partition, offsets in end[config.kafka.events_topic].items():
+        start, end = _kafka_offsets(config, source["startOffset"]), _kafka_offsets(config, source["endOffset"])
+        for partition, offsets in end.get(config.kafka.events_topic, {}).items():
             lo = start.get(config.kafka.events_topic, {}).get(partition, 0)
             received = stamps[int(partition)][lo:offsets]
             if len(received):
@@ -396,6 +414,7 @@ def main() -> None:
         broker.ensure_topics(config)
         t = time.perf_counter()
         summary["load"] = produce_backlog(config, Load(events=args.events), now_ms() - 2 * 3_600_000)
+        total_records = sum(summary["load"].values())
         summary["load"]["produce_events_per_s"] = round(args.events / (time.perf_counter() - t))
         report("load", summary["load"])
         if "limit" in phases:
@@ -405,10 +424,13 @@ def main() -> None:
             summary["full"] = drain(spark, cfg, QUERIES, args.events)
             summary["full"]["stored"] = stored_summary(cfg)
             report("full", summary["full"])
+        if "nodedup" in phases:   # the cost of deduplication: the full job with it turned off
+            cfg = fresh(config, "nodedup", deduplicate=False)
+            summary["full_without_dedup"] = report("full_without_dedup", drain(spark, cfg, QUERIES, args.events))
         if "queries" in phases:
             summary["per_query"] = {q: report(q, drain_alone(spark, fresh(config, q), q, args.events)) for q in QUERIES}
         if "peer" in phases:
-            summary["peer_quix"] = report("peer_quix", quix_peer(config, args.events))
+            summary["peer_quix"] = report("peer_quix", quix_peer(config, total_records))
             # The peer parses and aggregates: ours validates and deduplicates (accept), then aggregates.
             cfg = fresh(config, "ours_peer", tumbling_windows_s=[1], hopping_windows=[])
             summary["ours_peer"] = report("ours_peer", drain(spark, cfg, (ACCEPT_QUERY, "windows"), args.events))

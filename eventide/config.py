@@ -252,6 +252,8 @@ class DemoConfig(_Section):
     late_event_fraction: float = Field(0.02, ge=0, le=1)
     max_lateness_s: float = Field(120.0, ge=0)
     malformed_fraction: float = Field(0.002, ge=0, le=1)
+    duplicate_fraction: float = Field(0.002, ge=0, le=1)
+    """Events sent twice (same id), as by a client retrying: the job counts them once."""
 
 
 class Config(_Section):

@@ -2,8 +2,8 @@
 
 Every device gets a fixed clock offset (most 0; ``demo.skewed_device_fraction`` of them up to
 ``±demo.max_clock_skew_s``), so the job's clock correction has something to correct. A fraction of events is sent
-late (as if buffered offline: ``event_time`` in the past), and a small fraction is malformed on purpose so the
-dead-letter path shows up on the dashboard.
+late (as if buffered offline: ``event_time`` in the past), a small fraction is malformed on purpose so the
+dead-letter path shows up on the dashboard, and another is sent twice (a client retrying), counted once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 import time
 
 from eventide.config import Config, load_config
-from ingest.envelope import LEVELS, now_ms, offset_clock
+from ingest.envelope import LEVELS, encode, metric_event, now_ms, offset_clock
 from ingest.sdk import Client
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,13 @@ def emit_one(client: Client, config: Config, rng: random.Random) -> None:
         client.send_raw(rng.choice(_MALFORMED))
         return
     event_time = client.clock()
+    if rng.random() < demo.duplicate_fraction:
+        # A retried send: the very same envelope (same id) twice; the job keeps the first copy.
+        copy = encode(metric_event(app=client.app, device=client.device, name="retried_ms", value=1.0,
+                                   event_time=event_time, sent_time=event_time))
+        client.send_raw(copy)
+        client.send_raw(copy)
+        return
     if rng.random() < demo.late_event_fraction:
         event_time -= int(rng.uniform(0, demo.max_lateness_s) * 1000)
     # Users come and go: each minute a different block of them is active, so their sessions end.
