@@ -85,13 +85,18 @@ def meta(config: Config, batch_id: int) -> BatchMeta:
     return BatchMeta(**json.loads(_meta_file(config, batch_id).read_text()))
 
 
+_known: dict[Path, BatchMeta] = {}   # metadata never changes once published: read each file once per process
+
+
 def metas(config: Config) -> list[BatchMeta]:
     """Metadata of every published batch still kept, oldest first."""
     found = []
     for path in (config.accepted_events_dir / _META).glob("*.json"):
-        batch_id = int(path.stem)
-        if published(config, batch_id):
-            found.append(BatchMeta(**json.loads(path.read_text())))
+        if path not in _known:
+            if not published(config, int(path.stem)):
+                continue   # metadata of a batch whose file is still being renamed into place (or was deleted)
+            _known[path] = BatchMeta(**json.loads(path.read_text()))
+        found.append(_known[path])
     return sorted(found, key=lambda m: m.batch_id)
 
 
@@ -107,34 +112,40 @@ def read_batches(spark: SparkSession, schema: StructType, files: list[str]) -> D
     return spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
 
 
-def _source_log_entries(checkpoint: Path) -> list[dict[str, object]]:
-    """Every file the query's file source recorded (``sources/0``: one file per batch, ``N.compact`` every ten
-    batches holding all entries up to N)."""
+def _source_log_entries(checkpoint: Path, log_batch: int) -> list[dict[str, object]]:
+    """The files a query's file source recorded for its log batch ``log_batch`` (``sources/0/N``, or the next
+    ``N.compact`` file once Spark has compacted the log: every tenth batch holds all entries up to it)."""
     log_dir = checkpoint / "sources" / "0"
-    entries: dict[str, dict[str, object]] = {}
-    for path in sorted(log_dir.glob("[0-9]*"), key=lambda p: int(p.name.split(".")[0])):
-        for line in path.read_text().splitlines()[1:]:
-            if line.strip():
-                entry = json.loads(line)
-                entries[str(entry["path"])] = entry
-    return list(entries.values())
+    path = log_dir / str(log_batch)
+    if not path.exists():
+        compacts = sorted(int(p.name.split(".")[0]) for p in log_dir.glob("*.compact"))
+        path = log_dir / f"{next((c for c in compacts if c >= log_batch), log_batch)}.compact"
+        if not path.exists():
+            return []
+    entries = [json.loads(line) for line in path.read_text().splitlines()[1:] if line.strip()]
+    return [e for e in entries if int(e["batchId"]) == log_batch]
 
 
 def files_read(checkpoint: Path, info: BatchInfo) -> list[str]:
     """The accepted-events files a downstream query's micro-batch read (its file-source log range)."""
     start, end = int(info.start_offsets.get("logOffset", -1)), int(info.end_offsets.get("logOffset", -1))
-    return [str(e["path"]) for e in _source_log_entries(checkpoint) if start < int(e["batchId"]) <= end]  # type: ignore[call-overload]
+    return [str(e["path"]) for n in range(start + 1, end + 1) for e in _source_log_entries(checkpoint, n)]
+
+
+def _newest_batch_read(checkpoint: Path, log_offset: int) -> int | None:
+    """The newest accept batch among the files a downstream query had read by its log batch ``log_offset``
+    (files are read in order, one per log batch)."""
+    if log_offset < 0:
+        return None
+    return max((_batch_id(str(e["path"])) for e in _source_log_entries(checkpoint, log_offset)), default=None)
 
 
 def kafka_offsets_reached(config: Config, checkpoint: Path, log_offset: int) -> Offsets:
     """The Kafka offsets a downstream query's results reach once it has read file-source batch ``log_offset``:
     the end offsets of the newest accept batch among the files it read."""
-    read = [_batch_id(str(e["path"])) for e in _source_log_entries(checkpoint)
-            if int(e["batchId"]) <= log_offset]  # type: ignore[call-overload]
-    if not read:
-        return {}
-    meta_path = _meta_file(config, max(read))
-    return json.loads(meta_path.read_text())["end_offsets"] if meta_path.exists() else {}
+    newest = _newest_batch_read(checkpoint, log_offset)
+    meta_path = _meta_file(config, newest) if newest is not None else None
+    return json.loads(meta_path.read_text())["end_offsets"] if meta_path and meta_path.exists() else {}
 
 
 def last_read(checkpoint: Path) -> int | None:
@@ -143,10 +154,7 @@ def last_read(checkpoint: Path) -> int | None:
     if not commits:
         return None
     offsets = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    log_offset = int(json.loads(offsets[2]).get("logOffset", -1))
-    read = [_batch_id(str(e["path"])) for e in _source_log_entries(checkpoint)
-            if int(e["batchId"]) <= log_offset]  # type: ignore[call-overload]
-    return max(read, default=None)
+    return _newest_batch_read(checkpoint, int(json.loads(offsets[2]).get("logOffset", -1)))
 
 
 def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
@@ -161,5 +169,6 @@ def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
         if meta.batch_id < min(read_by_all) and meta.last_timestamp_ms < horizon:  # type: ignore[type-var]
             events_file(config, meta.batch_id).unlink(missing_ok=True)
             _meta_file(config, meta.batch_id).unlink(missing_ok=True)
+            _known.pop(_meta_file(config, meta.batch_id), None)
             deleted.append(meta.batch_id)
     return deleted

@@ -144,7 +144,7 @@ class StreamConfig(_Section):
     dedup_horizon_s: float | None = Field(None, gt=0)
     """Duplicates (same ``id``) reaching the broker within this time of the first copy are dropped. Default:
     allowed lateness + the longest tumbling, hopping or sliding window or session gap (docs/time-semantics.md)."""
-    accepted_retention_s: int = Field(86_400, gt=0)
+    accepted_retention_s: int = Field(3_600, gt=0)
     """Accepted-events files (the ``accept`` query's output) are deleted this long after they were written, once
     every stateful query has read them."""
     trigger_interval_s: float = Field(5.0, gt=0)

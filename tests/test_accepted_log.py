@@ -1,0 +1,88 @@
+"""The accepted-events log's bookkeeping, on files laid out the way Spark and the accept query write them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from analytics import accepted_log
+from analytics.accepted_log import BatchMeta
+from analytics.progress import BatchInfo
+from eventide.config import Config, load_config
+
+HOUR_MS = 3_600_000
+
+
+def config_in(tmp_path: Path) -> Config:
+    return load_config(environ={}, root=str(tmp_path), paths={"data_dir": str(tmp_path / "var")})
+
+
+def publish_fake(config: Config, batch_id: int, last_ms: int, end_offset: int) -> None:
+    """A published batch as ``accepted_log.publish`` leaves it (the Parquet content does not matter here)."""
+    (config.accepted_events_dir / "_meta").mkdir(parents=True, exist_ok=True)
+    meta = BatchMeta(batch_id, {"t": {"0": end_offset - 10}}, {"t": {"0": end_offset}}, last_ms - 1000, last_ms,
+                     10, 100)
+    (config.accepted_events_dir / "_meta" / f"{batch_id}.json").write_text(json.dumps(meta.__dict__))
+    accepted_log.events_file(config, batch_id).write_bytes(b"parquet")
+
+
+def reader_read(config: Config, checkpoint: Path, batches: list[int], committed: int, compact_at: int | None = None
+                ) -> None:
+    """A downstream query that read accept batch ``batches[n]`` in its log batch n, and committed log batches
+    up to ``committed``; with ``compact_at``, Spark has compacted the log entries up to that batch."""
+    log = checkpoint / "sources" / "0"
+    log.mkdir(parents=True)
+    entries = [{"path": f"file://{accepted_log.events_file(config, b)}", "timestamp": 0, "batchId": n}
+               for n, b in enumerate(batches)]
+    for n, entry in enumerate(entries):
+        if compact_at is not None and n <= compact_at:
+            if n == compact_at:
+                (log / f"{n}.compact").write_text("v1\n" + "\n".join(json.dumps(e) for e in entries[: n + 1]))
+        else:
+            (log / str(n)).write_text("v1\n" + json.dumps(entry))
+    for n in range(committed + 1):
+        (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+        (checkpoint / "commits").mkdir(parents=True, exist_ok=True)
+        (checkpoint / "offsets" / str(n)).write_text('v1\n{"batchWatermarkMs":0}\n' + json.dumps({"logOffset": n}))
+        (checkpoint / "commits" / str(n)).write_text("v1\n{}")
+
+
+def test_a_batch_is_deleted_only_once_every_reader_committed_past_it_and_it_is_past_retention(tmp_path):
+    config = config_in(tmp_path)
+    now = 100 * HOUR_MS
+    for batch in range(6):
+        publish_fake(config, batch, now - (10 - batch) * HOUR_MS, 100 * (batch + 1))
+    publish_fake(config, 6, now, 700)                              # recent: kept whatever the readers did
+    windows, keyed = tmp_path / "ck" / "windows", tmp_path / "ck" / "keyed"
+    reader_read(config, windows, [0, 1, 2, 3, 4, 5, 6], committed=6, compact_at=3)
+    reader_read(config, keyed, [0, 1, 2, 3], committed=2)          # has read batch 3, committed up to batch 2
+
+    assert accepted_log.expire(config, [windows, keyed], now) == [0, 1]
+    assert [m.batch_id for m in accepted_log.metas(config)] == [2, 3, 4, 5, 6]
+    assert not accepted_log.events_file(config, 0).exists() and accepted_log.events_file(config, 2).exists()
+
+
+def test_nothing_is_deleted_before_every_reader_has_committed_a_batch(tmp_path):
+    config = config_in(tmp_path)
+    publish_fake(config, 0, 0, 100)
+    windows, keyed = tmp_path / "ck" / "windows", tmp_path / "ck" / "keyed"
+    reader_read(config, windows, [0], committed=0)
+    (keyed / "commits").mkdir(parents=True)
+    assert accepted_log.expire(config, [windows, keyed], 100 * HOUR_MS) == []
+
+
+def test_files_of_a_batch_and_the_kafka_offsets_a_reader_reached_survive_log_compaction(tmp_path):
+    config = config_in(tmp_path)
+    for batch in range(5):
+        publish_fake(config, batch, HOUR_MS, 100 * (batch + 1))
+    windows = tmp_path / "ck" / "windows"
+    reader_read(config, windows, [0, 1, 2, 3, 4], committed=4, compact_at=2)
+
+    compacted = BatchInfo(2, 0, {"logOffset": 0}, {"logOffset": 2})
+    assert accepted_log.files_read(windows, compacted) == [
+        f"file://{accepted_log.events_file(config, b)}" for b in (1, 2)]
+    assert accepted_log.files_read(windows, BatchInfo(4, 0, {"logOffset": 3}, {"logOffset": 4})) == [
+        f"file://{accepted_log.events_file(config, 4)}"]
+    assert accepted_log.kafka_offsets_reached(config, windows, 1) == {"t": {"0": 200}}
+    assert accepted_log.kafka_offsets_reached(config, windows, 4) == {"t": {"0": 500}}
+    assert accepted_log.kafka_offsets_reached(config, windows, -1) == {}
