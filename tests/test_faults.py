@@ -125,15 +125,15 @@ def workload(rng: random.Random) -> list[tuple[str, bytes]]:
     return records
 
 
-def test_job_killed_three_times_at_random_moments_ends_identical_to_an_uninterrupted_run(kafka, spark, request):
+def test_job_killed_three_times_at_random_moments_ends_identical_to_an_uninterrupted_run(kafka, spark):
     rng = random.Random(7)
     records = workload(rng)
     # kll_k above any window's value count: KLL compaction flips coins, so only an uncompacted sketch gives
     # the same quantiles in two runs.
     settings = {"max_offsets_per_trigger": 50, "trigger_interval_s": 0.5, "sliding_window_s": 60,
                 "session_gap_s": 60, "kll_k": 4000}
-    reference = fresh_stack(kafka, f"{request.node.name}_reference", **settings)
-    faulted = fresh_stack(kafka, f"{request.node.name}_faulted", **settings)
+    reference = fresh_stack(kafka, "kills_reference", **settings)
+    faulted = fresh_stack(kafka, "kills_faulted", **settings)
     for config in (reference, faulted):
         send(config, records)
     run_job(spark, reference)
