@@ -22,8 +22,6 @@ from pyspark.sql.streaming import StreamingQuery
 from analytics import envelope, keyed_windows, progress, sinks, windows
 from eventide import jars
 from eventide.config import Config, load_config
-from eventide.respawn import RECYCLE_EXIT
-from store.client import recycle_due
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +61,8 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
     )
     spark.sparkContext.setLogLevel("WARN")
     # py4j's callback server (foreachBatch, the progress listener) waits on its socket with select(), which
-    # cannot watch a descriptor >= 1024: started later in a process that already holds many descriptors (chDB
-    # leaks ~8 per open, see docs/architecture.md), its thread dies and the JVM's first callback blocks
-    # forever. Started now, it gets a low descriptor for the life of the session.
+    # cannot watch a descriptor >= 1024. Nothing in the job holds that many any more (chDB is no longer opened
+    # in-process), but starting it first keeps a low descriptor whatever the process opens later.
     ensure_callback_server_started(spark.sparkContext._gateway)
     return spark
 
@@ -147,10 +144,9 @@ def run(config: Config) -> None:
     queries = start_queries(spark, config)
     log.info("started queries %s", [q.name for q in queries])
     try:
+        # Polled, so that Ctrl-C (KeyboardInterrupt) is not held up by a blocking JVM call.
         while not spark.streams.awaitAnyTermination(config.stream.trigger_interval_s):
-            if recycle_due(config):
-                # Checkpoints make the restart exact: an interrupted batch is replayed with idempotent writes.
-                raise SystemExit(RECYCLE_EXIT)
+            pass
     finally:
         for query in queries:
             if query.isActive:
