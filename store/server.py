@@ -28,6 +28,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -495,6 +496,33 @@ def serve(config: Config, ready: threading.Event | None = None) -> int:
         engine.close()
         log.info("stopped; chDB closed")
     return 0
+
+
+@contextlib.contextmanager
+def child(config: Config, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m store.server`` over ``config``'s embedded store as a child process, until the block ends
+    (then SIGTERM: chDB closes cleanly). For tests and benches that need a store of their own."""
+    from eventide.config import to_environ
+    from store.client import wait_until_up
+
+    log = log or config.data_dir / "logs" / "store.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}, **to_environ(config)}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "store.server"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        if not wait_until_up(config, config.store.start_timeout_s):
+            raise RuntimeError(f"the store did not answer at {config.store_url}; see {log}")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=DRAIN_S + 10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def run(config: Config) -> int:

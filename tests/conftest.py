@@ -8,11 +8,8 @@ gets its own topics, ClickHouse database and checkpoints, so tests cannot see ea
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,39 +18,22 @@ from pathlib import Path
 import pytest
 
 from eventide import broker
-from eventide.config import Config, load_config, to_environ
-from eventide.services import free_port, tail
+from eventide.config import Config, load_config
+from eventide.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-STORE_START_S = 60.0
 
 
 @contextmanager
 def served_store(data_dir: Path, password: str = "") -> Iterator[tuple[Config, subprocess.Popen[bytes]]]:
     """``python -m store.server`` (what ``eventide store serve`` runs) over ``data_dir`` on a free port, as a child
     process; yields a config whose ``store_url`` is that server, and the process. Stopped with SIGTERM."""
-    from store.client import wait_until_up
+    from store import server
 
     config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data_dir)},
                          store={"port": free_port(), "password": password})
-    log = data_dir / "store.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}, **to_environ(config)}
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "store.server"], env=env, cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT)
-    try:
-        if not wait_until_up(config, STORE_START_S):
-            pytest.fail(f"store server did not answer within {STORE_START_S} s:\n{tail(log)}")
+    with server.child(config, log=data_dir / "store.log") as proc:
         yield config, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture(scope="session")
