@@ -9,6 +9,7 @@ opens chDB (docs/architecture.md, "Store access").
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,27 +31,47 @@ class StoreUnavailable(RuntimeError):
     """The store could not be reached; the message names the URL that was tried (password redacted)."""
 
 
-def _password(config: Config, url: str) -> str | None:
+def _password(config: Config, url: str) -> str:
     """The configured password, unless the URL carries its own."""
-    return None if urlparse(url).password is not None else config.store.password
+    parsed = urlparse(url)
+    return parsed.password if parsed.password is not None else config.store.password
+
+
+IDLE_CLIENTS = 8
+"""Clients kept for reuse per process: setting one up costs three queries (version, settings, protocol probe)."""
+_idle: dict[tuple[str, str | None, str], list[Client]] = {}
+_idle_lock = threading.Lock()
 
 
 @contextmanager
 def connect(config: Config, database: str | None = "", url: str | None = None) -> Iterator[Client]:
-    """A clickhouse-connect client for one unit of work (cheap: the HTTP connection pool is shared).
+    """A clickhouse-connect client for one unit of work, used by this caller alone until the block ends.
 
     ``database=""`` means the configured database; ``None`` means no default database (for ``CREATE DATABASE``).
+    Clients are reused across units of work (HTTP requests carry no session state; the connection pool is shared).
     """
     url = url or config.store_url
     db = config.store.database if database == "" else database
-    try:
-        client = clickhouse_connect.get_client(dsn=url, database=db, password=_password(config, url))
-    except Exception as exc:
-        raise StoreUnavailable(f"cannot reach ClickHouse at {redact(url)}: {exc}") from exc
+    password = _password(config, url)
+    key = (url, db, password)
+    with _idle_lock:
+        client = _idle[key].pop() if _idle.get(key) else None
+    if client is None:
+        try:
+            client = clickhouse_connect.get_client(dsn=url, database=db, password=password)
+        except Exception as exc:
+            raise StoreUnavailable(f"cannot reach ClickHouse at {redact(url)}: {exc}") from exc
     try:
         yield client
-    finally:
+    except BaseException:   # not reused: a failure may have left a half-read response behind
         client.close()
+        raise
+    with _idle_lock:
+        idle = _idle.setdefault(key, [])
+        if len(idle) < IDLE_CLIENTS:
+            idle.append(client)
+            return
+    client.close()
 
 
 def wait_until_up(config: Config, timeout_s: float, url: str | None = None) -> bool:
