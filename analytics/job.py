@@ -25,6 +25,9 @@ from eventide.config import Config, load_config
 
 log = logging.getLogger(__name__)
 
+LISTENER_DRAIN_S = 60.0
+"""Longest wait for the progress listener to store the last progress reports of a drained run."""
+
 
 def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSession:
     """A Spark session with the Kafka connector on the classpath and settings sized for streaming."""
@@ -133,8 +136,8 @@ def run_until_idle(spark: SparkSession, config: Config, only: Collection[str] = 
         if query.exception() is not None:
             raise RuntimeError(f"query {query.name} failed: {query.exception()}")
     # Spark hands progress to listeners asynchronously: wait until the recorder has stored every query's last
-    # watermark (the finality clock), since callers read the store next. A write waits at most for the store lock.
-    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(config.store.lock_timeout_s * 1000))
+    # watermark (the finality clock), since callers read the store next.
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(LISTENER_DRAIN_S * 1000))
     return queries
 
 

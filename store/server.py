@@ -498,6 +498,14 @@ def serve(config: Config, ready: threading.Event | None = None) -> int:
     return 0
 
 
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies, so a killed test run or bench leaves no server."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def child(config: Config, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m store.server`` over ``config``'s embedded store as a child process, until the block ends
@@ -510,7 +518,8 @@ def child(config: Config, log: Path | None = None) -> Iterator[subprocess.Popen[
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}, **to_environ(config)}
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "store.server"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent)
+                                stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+                                preexec_fn=_stop_with_parent)
     try:
         if not wait_until_up(config, config.store.start_timeout_s):
             raise RuntimeError(f"the store did not answer at {config.store_url}; see {log}")
