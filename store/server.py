@@ -351,6 +351,9 @@ class StoreServer(ThreadingHTTPServer):
             return self._idle.wait_for(lambda: self._busy == 0, timeout_s)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):   # e.g. a client reset an idle connection
+            log.debug("connection from %s ended abruptly", client_address)
+            return
         log.warning("request from %s failed", client_address, exc_info=True)
 
 
