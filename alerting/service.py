@@ -14,8 +14,6 @@ from alerting.evaluator import evaluate
 from alerting.notify import channels, deliver
 from alerting.rules import load_rules
 from eventide.config import Config, ConfigError, load_config
-from eventide.respawn import RECYCLE_EXIT
-from store.client import recycle_due
 from store.migrations import apply_migrations
 
 log = logging.getLogger("eventide.alerting")
@@ -37,8 +35,6 @@ def run(config: Config, once: bool = False) -> int:
             log.exception("alert evaluation failed; retrying next interval")
         if once:
             return 0
-        if recycle_due(config):   # states and sent notifications are stored: a fresh process goes on from them
-            return RECYCLE_EXIT
         time.sleep(max(0.0, config.alerting.evaluation_interval_s - (time.monotonic() - started)))
 
 

@@ -25,10 +25,11 @@ from pyspark.sql.streaming import StreamingQuery
 from analytics import accepted_log, envelope, keyed_windows, progress, sinks, windows
 from eventide import jars
 from eventide.config import Config, load_config
-from eventide.respawn import RECYCLE_EXIT
-from store.client import recycle_due
 
 log = logging.getLogger(__name__)
+
+LISTENER_DRAIN_S = 60.0
+"""Longest wait for the progress listener to store the last progress reports of a drained run."""
 
 
 def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSession:
@@ -66,9 +67,8 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
     )
     spark.sparkContext.setLogLevel("WARN")
     # py4j's callback server (foreachBatch, the progress listener) waits on its socket with select(), which
-    # cannot watch a descriptor >= 1024: started later in a process that already holds many descriptors (chDB
-    # leaks ~8 per open, see docs/architecture.md), its thread dies and the JVM's first callback blocks
-    # forever. Started now, it gets a low descriptor for the life of the session.
+    # cannot watch a descriptor >= 1024. Nothing in the job holds that many any more (chDB is no longer opened
+    # in-process), but starting it first keeps a low descriptor whatever the process opens later.
     ensure_callback_server_started(spark.sparkContext._gateway)
     return spark
 
@@ -164,8 +164,8 @@ def run_until_idle(spark: SparkSession, config: Config, only: Collection[str] = 
                 raise RuntimeError(f"query {query.name} failed: {query.exception()}")
         queries += started
     # Spark hands progress to listeners asynchronously: wait until the recorder has stored every query's last
-    # watermark (the finality clock), since callers read the store next. A write waits at most for the store lock.
-    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(config.store.lock_timeout_s * 1000))
+    # watermark (the finality clock), since callers read the store next.
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(LISTENER_DRAIN_S * 1000))
     return queries
 
 
@@ -175,10 +175,9 @@ def run(config: Config) -> None:
     queries = start_queries(spark, config)
     log.info("started queries %s", [q.name for q in queries])
     try:
+        # Polled, so that Ctrl-C (KeyboardInterrupt) is not held up by a blocking JVM call.
         while not spark.streams.awaitAnyTermination(config.stream.trigger_interval_s):
-            if recycle_due(config):
-                # Checkpoints make the restart exact: an interrupted batch is replayed with idempotent writes.
-                raise SystemExit(RECYCLE_EXIT)
+            pass
     finally:
         for query in queries:
             if query.isActive:

@@ -1,13 +1,14 @@
 """Dashboard page data queries over a 24 h range: how long each page waits for the store per render.
 
-Builds a temporary chDB store (migrated), fills it with 24 h of what the stream job and the alert evaluator write
-for 50 series (5 apps x 8 metric + 2 log names; tumbling windows with real KLL/HLL sketches, hopping windows,
-stragglers, corrections, dead letters, sessions, sliding windows, device clocks, pipeline progress, alerts), then
-renders each page's data N times the way the page does: the same ``dashboard.queries`` / ``store.pipeline`` calls
-with the same arguments, inside one ``store.client.connect`` per ``common.store`` block of the page (chDB's open
-cost is part of every real render). Plotly/Streamlit rendering is not included; Kafka (consumer lag) is skipped.
+Serves a temporary embedded store (``python -m store.server`` over a fresh chDB directory, migrated, on a free
+port), fills it with 24 h of what the stream job and the alert evaluator write for 50 series (5 apps x 8 metric +
+2 log names; tumbling windows with real KLL/HLL sketches, hopping windows, stragglers, corrections, dead letters,
+sessions, sliding windows, device clocks, pipeline progress, alerts), then renders each page's data N times the way
+the page does: the same ``dashboard.queries`` / ``store.pipeline`` calls with the same arguments, inside one
+``store.client.connect`` per ``common.store`` block of the page (a client's set-up is part of every real render).
+Plotly/Streamlit rendering is not included; Kafka (consumer lag) is skipped.
 
-    .venv/bin/python bench/dashboard_queries.py --repeat 5
+    .venv/bin/python bench/dashboard_queries.py --repeat 20
     .venv/bin/python bench/dashboard_queries.py --tumbling 10,60   # the default config's windows (6x the rows)
     .venv/bin/python bench/dashboard_queries.py --hours 168        # a week stored, the pages still show 24 h
 """
@@ -34,11 +35,13 @@ from datasketches import hll_sketch, hll_union, kll_doubles_sketch
 
 from dashboard import queries
 from eventide.config import Config, load_config
+from eventide.services import free_port
 from ingest.envelope import LEVELS
 from store import pipeline
 from store.client import connect
 from store.migrations import apply_migrations
 from store.range_query import SeriesKey
+from store.server import child as served_store
 
 REPO = Path(__file__).resolve().parent.parent
 METRICS = ("latency_ms", "db_query_ms", "cart_value", "queue_depth", "payload_bytes", "cpu_pct", "mem_mb", "retries")
@@ -462,7 +465,7 @@ def alerts(config: Config, r: Render, since: datetime, until: datetime, minutes:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=5, help="renders per page")
+    parser.add_argument("--repeat", type=int, default=20, help="renders per page")
     parser.add_argument("--tumbling", default="60", help="tumbling window lengths in s, e.g. 10,60")
     parser.add_argument("--versions", type=int, default=1, help="writes per window (early result + corrections)")
     parser.add_argument("--hours", type=int, default=24,
@@ -476,54 +479,65 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="eventide-bench-dash-"))
     try:
         config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data)},
-                             store={"database": "bench"})
-        apply_migrations(config)
-        t = time.perf_counter()
-        until = datetime.now(UTC).replace(second=0, microsecond=0)
-        written = populate(config, load, until)
-        fill_s = time.perf_counter() - t
-        with connect(config) as client:
-            parts = dict(client.query("SELECT table, count() FROM system.parts WHERE active AND database = 'bench' "
-                                      "GROUP BY table").result_rows)
-            lengths = queries.window_lengths_ms(client)
-        size = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
-        print(f"load: {len(load.series)} series x {load.hours} h, tumbling {load.tumbling_s} s, hopping "
-              f"{load.hopping}, {load.events_per_minute} events/min per series ({_events_total(load):,} events), "
-              f"{load.versions} write(s) per window; filled in {fill_s:.0f} s, {size / 2**20:.0f} MiB on disk")
-        for table, n in sorted(written.items()):
-            print(f"  {table:<18} {n:>10,} rows  {parts.get(table, 0):>3} parts")
-        minutes = DAY_MINUTES
-        coarse = queries.resolutions_s(lengths)
-        pages: list[tuple[str, Callable[[Config, Render, datetime, datetime, int], None]]] = [
-            ("overview", overview),
-            *[(f"explorer tumbling {res} s", explorer("tumbling", res)) for res in coarse],
-            *([("explorer hopping", explorer("hopping"))] if load.hopping else []),
-            ("explorer sliding (log series)", explorer("sliding")),
-            ("logs", logs), ("sessions", sessions), ("stragglers", stragglers), ("alerts", alerts)]
-        print(f"\nrange: last {minutes} min, page resolution {queries.overview_resolution_s(lengths, minutes)} s; "
-              f"{args.repeat} renders per page (each: its store opens + queries, as the page does)")
-        print(f"{'page':<32} {'median s':>9} {'max s':>7}   slowest calls (median ms) and rows")
-        for name, render in pages:
-            totals, runs = [], []
-            for _ in range(args.repeat):
-                r = Render()
-                since, end = until - timedelta(minutes=minutes), until
-                t = time.perf_counter()
-                render(config, r, since, end, minutes)
-                totals.append(time.perf_counter() - t)
-                runs.append(r)
-            calls = {c: statistics.median(run.seconds[c] for run in runs) for c in runs[0].seconds}
-            opened = statistics.median(total - sum(run.seconds.values()) for total, run in zip(totals, runs,
-                                                                                               strict=True))
-            top = sorted(calls.items(), key=lambda kv: -kv[1])[:4]
-            detail = ", ".join(f"{c} {s * 1000:.0f} ({runs[0].rows[c]:,})" for c, s in top)
-            print(f"{name:<32} {statistics.median(totals):>9.3f} {max(totals):>7.3f}   {detail}; "
-                  f"open+close {opened * 1000:.0f}")
+                             store={"database": "bench", "port": free_port()})
+        with served_store(config):
+            run(config, load, data, args.repeat)
         if args.keep:
-            print(f"\nstore kept at {data}")
+            print(f"\nstore kept at {data} (serve it with EVENTIDE_PATHS__DATA_DIR={data} eventide store serve)")
     finally:
         if not args.keep:
             shutil.rmtree(data, ignore_errors=True)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(config: Config, load: Load, data: Path, repeat: int) -> None:
+    """Fill the store, then render every page ``repeat`` times and print the timings."""
+    apply_migrations(config)
+    t = time.perf_counter()
+    until = datetime.now(UTC).replace(second=0, microsecond=0)
+    written = populate(config, load, until)
+    fill_s = time.perf_counter() - t
+    with connect(config) as client:
+        parts = dict(client.query("SELECT table, count() FROM system.parts WHERE active AND database = 'bench' "
+                                  "GROUP BY table").result_rows)
+        lengths = queries.window_lengths_ms(client)
+    size = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
+    print(f"load: {len(load.series)} series x {load.hours} h, tumbling {load.tumbling_s} s, hopping "
+          f"{load.hopping}, {load.events_per_minute} events/min per series ({_events_total(load):,} events), "
+          f"{load.versions} write(s) per window; filled in {fill_s:.0f} s, {size / 2**20:.0f} MiB on disk")
+    for table, n in sorted(written.items()):
+        print(f"  {table:<18} {n:>10,} rows  {parts.get(table, 0):>3} parts")
+    minutes = DAY_MINUTES
+    coarse = queries.resolutions_s(lengths)
+    pages: list[tuple[str, Callable[[Config, Render, datetime, datetime, int], None]]] = [
+        ("overview", overview),
+        *[(f"explorer tumbling {res} s", explorer("tumbling", res)) for res in coarse],
+        *([("explorer hopping", explorer("hopping"))] if load.hopping else []),
+        ("explorer sliding (log series)", explorer("sliding")),
+        ("logs", logs), ("sessions", sessions), ("stragglers", stragglers), ("alerts", alerts)]
+    print(f"\nrange: last {minutes} min, page resolution {queries.overview_resolution_s(lengths, minutes)} s; "
+          f"{repeat} renders per page (each: its store clients + queries, as the page does)")
+    print(f"{'page':<32} {'p50 s':>7} {'p95 s':>7} {'max s':>7}   slowest calls (median ms) and rows")
+    for name, render in pages:
+        totals, runs = [], []
+        for _ in range(repeat):
+            r = Render()
+            since, end = until - timedelta(minutes=minutes), until
+            t = time.perf_counter()
+            render(config, r, since, end, minutes)
+            totals.append(time.perf_counter() - t)
+            runs.append(r)
+        calls = {c: statistics.median(run.seconds[c] for run in runs) for c in runs[0].seconds}
+        opened = statistics.median(total - sum(run.seconds.values()) for total, run in zip(totals, runs,
+                                                                                           strict=True))
+        top = sorted(calls.items(), key=lambda kv: -kv[1])[:4]
+        detail = ", ".join(f"{c} {s * 1000:.0f} ({runs[0].rows[c]:,})" for c, s in top)
+        print(f"{name:<32} {_percentile(totals, 0.5):>7.3f} {_percentile(totals, 0.95):>7.3f} "
+              f"{max(totals):>7.3f}   {detail}; client set-up {opened * 1000:.0f}")
 
 
 if __name__ == "__main__":

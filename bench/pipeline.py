@@ -48,6 +48,7 @@ from eventide.services import free_port
 from ingest.envelope import now_ms, uuid7
 from store.client import connect
 from store.migrations import apply_migrations
+from store.server import child as served_store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,9 +186,12 @@ def stage_breakdown(queries: list[Any]) -> dict[str, Any]:
                     state[k] = state[k] + op.get(k, 0) if k != "numRowsTotal" else op.get(k, 0)
                 for k, v in (op.get("customMetrics") or {}).items():
                     state[f"custom.{k}"] += v
-        sink = {stage: round(sum(v), 3) for (q, stage), v in sinks.sink_seconds.items() if q == query.name}
+        stages = {stage: v for (q, stage), v in sinks.sink_seconds.items() if q == query.name}
         out[query.name] = {"batches": len(batches), "input_rows": sum(p["numInputRows"] for p in batches),
-                           "duration_ms": dict(durations), "state": dict(state), "sink_s": sink}
+                           "duration_ms": dict(durations), "state": dict(state),
+                           "sink_s": {stage: round(sum(v), 3) for stage, v in stages.items()},
+                           # per micro-batch: what one batch waits for each sink stage (e.g. the store write)
+                           "sink_batch_ms": {stage: _percentiles_ms(v) for stage, v in stages.items()}}
     return out
 
 
@@ -201,6 +205,15 @@ def fresh(config: Config, label: str, **stream: Any) -> Config:
     })
     apply_migrations(cfg)
     return cfg
+
+
+def _percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000, 1)
+
+    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95), "max": at(1.0)}
 
 
 def drain(spark: Any, config: Config, only: tuple[str, ...], events: int) -> dict[str, Any]:
@@ -397,54 +410,59 @@ def main() -> None:
     config = load_config(environ={}, root=str(REPO),
                          paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
                          kafka={"port": free_port(), "controller_port": free_port()},
+                         store={"port": free_port()},
                          stream=dict((k, json.loads(v)) for k, v in (o.split("=", 1) for o in args.stream)))
     summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "events": args.events, "cores": os.cpu_count(),
                                "stream_overrides": args.stream}
     broker.start(config)
     try:
-        from analytics.job import spark_session
+        with served_store(config):   # the store the job writes to: its own, on a free port
+            from analytics.job import spark_session
 
-        spark = spark_session(config, app_name="eventide-bench")
-        # Warm the JVM (code generation, class loading) on a topic of its own.
-        warm = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "warmup"})})
-        broker.ensure_topics(warm)
-        produce_backlog(warm, Load(events=50_000, seed=2), now_ms() - 3 * 3_600_000)
-        drain(spark, fresh(warm, "warm"), QUERIES, 50_000)
+            spark = spark_session(config, app_name="eventide-bench")
+            # Warm the JVM (code generation, class loading) on a topic of its own.
+            warm = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "warmup"})})
+            broker.ensure_topics(warm)
+            produce_backlog(warm, Load(events=50_000, seed=2), now_ms() - 3 * 3_600_000)
+            drain(spark, fresh(warm, "warm"), QUERIES, 50_000)
 
-        broker.ensure_topics(config)
-        t = time.perf_counter()
-        summary["load"] = produce_backlog(config, Load(events=args.events), now_ms() - 2 * 3_600_000)
-        total_records = sum(summary["load"].values())
-        summary["load"]["produce_events_per_s"] = round(args.events / (time.perf_counter() - t))
-        report("load", summary["load"])
-        if "limit" in phases:
-            summary["limit"] = report("limit", spark_count_only(spark, fresh(config, "limit"), args.events))
-        if "full" in phases:
-            cfg = fresh(config, "full")
-            summary["full"] = drain(spark, cfg, QUERIES, args.events)
-            summary["full"]["stored"] = stored_summary(cfg)
-            report("full", summary["full"])
-        if "nodedup" in phases:   # the cost of deduplication: the full job with it turned off
-            cfg = fresh(config, "nodedup", deduplicate=False)
-            summary["full_without_dedup"] = report("full_without_dedup", drain(spark, cfg, QUERIES, args.events))
-        if "queries" in phases:
-            summary["per_query"] = {q: report(q, drain_alone(spark, fresh(config, q), q, args.events)) for q in QUERIES}
-        if "peer" in phases:
-            summary["peer_quix"] = report("peer_quix", quix_peer(config, total_records))
-            # The peer parses and aggregates: ours validates and deduplicates (accept), then aggregates.
-            cfg = fresh(config, "ours_peer", tumbling_windows_s=[1], hopping_windows=[])
-            summary["ours_peer"] = report("ours_peer", drain(spark, cfg, (ACCEPT_QUERY, "windows"), args.events))
-        if "limit" in summary and "full" in summary:
-            summary["full_share_of_limit"] = round(summary["full"]["events_per_s"] / summary["limit"]["events_per_s"],
-                                                   3)
-        if "peer_quix" in summary and "ours_peer" in summary:
-            summary["ours_over_quix"] = round(summary["ours_peer"]["events_per_s"]
-                                              / summary["peer_quix"]["events_per_s"], 2)
-        if args.freshness_s:
-            live = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "live"})})
-            broker.ensure_topics(live)
-            summary["freshness"] = freshness(spark, fresh(live, "live"), args.rate, args.freshness_s)
-        spark.stop()
+            broker.ensure_topics(config)
+            t = time.perf_counter()
+            summary["load"] = produce_backlog(config, Load(events=args.events), now_ms() - 2 * 3_600_000)
+            total_records = sum(summary["load"].values())
+            summary["load"]["produce_events_per_s"] = round(args.events / (time.perf_counter() - t))
+            report("load", summary["load"])
+            if "limit" in phases:
+                summary["limit"] = report("limit", spark_count_only(spark, fresh(config, "limit"), args.events))
+            if "full" in phases:
+                cfg = fresh(config, "full")
+                summary["full"] = drain(spark, cfg, QUERIES, args.events)
+                summary["full"]["stored"] = stored_summary(cfg)
+                report("full", summary["full"])
+            if "nodedup" in phases:   # the cost of deduplication: the full job with it turned off
+                cfg = fresh(config, "nodedup", deduplicate=False)
+                summary["full_without_dedup"] = report("full_without_dedup",
+                                                   drain(spark, cfg, QUERIES, args.events))
+            if "queries" in phases:
+                summary["per_query"] = {q: report(q, drain_alone(spark, fresh(config, q), q, args.events))
+                                    for q in QUERIES}
+            if "peer" in phases:
+                summary["peer_quix"] = report("peer_quix", quix_peer(config, total_records))
+                # The peer parses and aggregates: ours validates and deduplicates (accept), then aggregates.
+                cfg = fresh(config, "ours_peer", tumbling_windows_s=[1], hopping_windows=[])
+                summary["ours_peer"] = report("ours_peer",
+                                          drain(spark, cfg, (ACCEPT_QUERY, "windows"), args.events))
+            if "limit" in summary and "full" in summary:
+                summary["full_share_of_limit"] = round(
+                    summary["full"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
+            if "peer_quix" in summary and "ours_peer" in summary:
+                summary["ours_over_quix"] = round(summary["ours_peer"]["events_per_s"]
+                                                  / summary["peer_quix"]["events_per_s"], 2)
+            if args.freshness_s:
+                live = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "live"})})
+                broker.ensure_topics(live)
+                summary["freshness"] = freshness(spark, fresh(live, "live"), args.rate, args.freshness_s)
+            spark.stop()
     finally:
         broker.stop(config)
     text = json.dumps(summary, indent=1, default=str)

@@ -5,8 +5,6 @@ Pickers keep their value in the page URL (``st.query_params``), so a link reprod
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -19,14 +17,10 @@ import streamlit as st
 from clickhouse_connect.driver.client import Client
 
 from eventide.config import Config, ConfigError, load_config
-from eventide.respawn import RECYCLE_EXIT, supervised
-from store.client import StoreUnavailable, connect, recycle_due
+from store.client import StoreUnavailable, connect
 
 T = TypeVar("T")
 
-RECYCLE_GRACE_S = 2.0
-"""Between deciding to recycle and exiting: time for page runs in progress (other tabs) to send their output."""
-_recycling = threading.Lock()
 
 
 def config_or_stop() -> Config:
@@ -47,18 +41,6 @@ def store(config: Config) -> Iterator[Client]:
     except StoreUnavailable as exc:
         st.error(f"Store unreachable at {config.store_url}: {exc}")
         st.stop()
-    _recycle_if_due(config)
-
-
-def _recycle_if_due(config: Config) -> None:
-    """On the embedded store, under ``eventide.respawn`` only: once ``recycle_due``, end the Streamlit server
-    shortly (exit ``RECYCLE_EXIT``) so that a fresh one sheds what chDB leaked. Open tabs reconnect by themselves
-    and re-run their page; pickers live in the URL, so the view is kept. Never in-process (AppTest, a bare
-    ``streamlit run``), where nobody would start the server again."""
-    # Once scheduled, later runs in the grace period neither ask again nor log the recycle again.
-    if supervised() and not _recycling.locked() and recycle_due(config) and _recycling.acquire(blocking=False):
-        # os._exit: the server's event loop and every session thread end with the process, not one thread.
-        threading.Timer(RECYCLE_GRACE_S, os._exit, (RECYCLE_EXIT,)).start()
 
 
 def url_select(label: str, key: str, options: Sequence[T], format_func: Callable[[T], str] = str,

@@ -1,10 +1,11 @@
 """``eventide``: the project's one command.
 
-    eventide stack up        fetch jars, start the local Kafka broker, create topics, migrate the store
-    eventide stack down      stop everything this checkout started (load, dashboard, job, broker)
+    eventide stack up        fetch jars, start the local Kafka broker and the embedded store, create topics, migrate
+    eventide stack down      stop everything this checkout started (load, dashboard, job, store, broker)
     eventide stack status    what runs where
     eventide demo            stack up + stream job + demo load + dashboard, in the background
     eventide migrate         apply sql/ migrations to the configured store
+    eventide store serve     serve the embedded chDB store over ClickHouse's HTTP interface (foreground)
     eventide job             run the stream job in the foreground (--until-idle: drain Kafka and exit)
     eventide load            run the demo load generator in the foreground
     eventide dashboard       run the Streamlit dashboard in the foreground
@@ -24,8 +25,8 @@ from pathlib import Path
 from eventide import broker, jars, services
 from eventide.config import Config, ConfigError, load_config
 
-JOB, LOAD, DASHBOARD, ALERTS = "stream-job", "demo-load", "dashboard", "alerting"
-_BACKGROUND = (LOAD, ALERTS, DASHBOARD, JOB)  # stopped in this order, before the broker
+JOB, LOAD, DASHBOARD, ALERTS, STORE = "stream-job", "demo-load", "dashboard", "alerting", "store"
+_BACKGROUND = (LOAD, ALERTS, DASHBOARD, JOB, STORE)  # stopped in this order (writers before the store), then the broker
 
 
 def _python_module(module: str, *args: str) -> list[str]:
@@ -57,10 +58,26 @@ def stack_up(config: Config) -> None:
         broker.start(config)
     created = broker.ensure_topics(config)
     print("topics:", ", ".join(created) if created else "already present")
+    if config.store.embedded:
+        start_store(config)
     from store.migrations import apply_migrations
 
     applied = apply_migrations(config)
     print(f"store {config.store_url}: {len(applied)} migration(s) applied")
+
+
+def start_store(config: Config) -> None:
+    """Start ``eventide store serve`` in the background (unless it runs) and wait until it answers."""
+    from store.client import wait_until_up
+
+    if services.state(config, STORE).running:
+        print(f"store already running at {config.store_url}")
+    else:
+        services.start(config, STORE, _python_module("store.server"))
+        print(f"starting the embedded store (chDB at {config.store_data_dir}) on {config.store_url}")
+    if not wait_until_up(config, config.store.start_timeout_s):
+        raise SystemExit(f"the store did not answer at {config.store_url} within {config.store.start_timeout_s:.0f} s;"
+                         f" see {services.log_file(config, STORE)}")
 
 
 def stack_down(config: Config) -> None:
@@ -73,12 +90,17 @@ def stack_down(config: Config) -> None:
 
 def stack_status(config: Config) -> int:
     print(f"data dir:  {config.data_dir}")
-    print(f"store:     {config.store_url}")
+    from store.client import redact, wait_until_up
+
+    kind = f"embedded, chDB at {config.store_data_dir}" if config.store.embedded else "server"
+    up = "reachable" if wait_until_up(config, timeout_s=0) else "NOT reachable"
+    print(f"store:     {redact(config.store_url)} ({kind}) {up}")
     print(f"kafka:     {config.kafka.bootstrap} ({'managed here' if config.kafka.managed else 'external'}) "
           f"{'reachable' if broker.is_reachable(config) else 'NOT reachable'}")
-    for name in (broker.SERVICE, JOB, LOAD, ALERTS, DASHBOARD):
+    for name in (broker.SERVICE, STORE, JOB, LOAD, ALERTS, DASHBOARD):
         st = services.state(config, name)
-        where = f" {dashboard_url(config)}" if name == DASHBOARD and st.running else ""
+        urls = {DASHBOARD: dashboard_url(config), STORE: config.store_url}
+        where = f" {urls[name]}" if name in urls and st.running else ""
         print(f"  {name:<12} {'running' if st.running else 'stopped':<8} pid={st.pid or '-':<8} log={st.log}{where}")
     return 0
 
@@ -100,12 +122,10 @@ def demo(config: Config) -> None:
     from alerting.rules import load_rules
 
     load_rules(config.alert_rules_file)   # invalid rules stop the demo here, naming the rule and field
-    # The job, the evaluator and the dashboard run under eventide.respawn: on the embedded store they exit now and
-    # then to shed what chDB leaks per open (store.client.recycle_due) and are started again.
-    for name, argv in ((JOB, _python_module("eventide.respawn", *_python_module("analytics.job"))),
+    for name, argv in ((JOB, _python_module("analytics.job")),
                        (LOAD, _python_module("ingest.demo_load")),
-                       (ALERTS, _python_module("eventide.respawn", *_python_module("alerting.service"))),
-                       (DASHBOARD, _python_module("eventide.respawn", *dashboard_argv(config)))):
+                       (ALERTS, _python_module("alerting.service")),
+                       (DASHBOARD, dashboard_argv(config))):
         if services.state(config, name).running:
             print(f"{name} already running")
             continue
@@ -126,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     stack.add_argument("action", choices=("up", "down", "status"))
     sub.add_parser("demo", help="stack up + job + demo load + dashboard")
     sub.add_parser("migrate", help="apply sql/ migrations")
+    store = sub.add_parser("store", help="the embedded store")
+    store.add_argument("action", choices=("serve",))
     job = sub.add_parser("job", help="run the stream job (foreground)")
     job.add_argument("--until-idle", action="store_true")
     load = sub.add_parser("load", help="run the demo load (foreground)")
@@ -154,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             return stack_status(config)
         if args.command == "demo":
             demo(config)
+        elif args.command == "store":
+            from store import server
+
+            return server.run(config)
         elif args.command == "migrate":
             from store.migrations import apply_migrations
 

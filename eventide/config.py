@@ -77,20 +77,34 @@ class KafkaConfig(_Section):
 
 class StoreConfig(_Section):
     url: str = ""
-    """``chdb:///abs/path`` (embedded) or ``http(s)://user:pass@host:port`` (server). Empty: chDB under data_dir."""
+    """A ClickHouse server, ``http(s)://user:pass@host:port``. Empty: the embedded store, a chDB directory
+    (``<data_dir>/clickhouse``) served by ``eventide store serve`` at ``http://host:port``. Every component talks
+    to either through clickhouse-connect's HTTP client (docs/architecture.md, "Store access")."""
+    host: str = "127.0.0.1"
+    """Embedded store only: where ``eventide store serve`` listens (keep it on loopback)."""
+    port: int = Field(18123, ge=1, le=65535)
+    """Embedded store only: its HTTP port."""
+    password: str = ""
+    """Password of the store's ``default`` user (``EVENTIDE_STORE__PASSWORD``); for a server URL without one in it,
+    and required by ``eventide store serve`` when set."""
     database: str = "eventide"
-    lock_timeout_s: float = Field(60.0, gt=0)
-    recycle_after_opens: int = Field(500, ge=0)
-    """Embedded store only: the stream job, the alert evaluator and the dashboard (under ``eventide.respawn``)
-    exit to be restarted by their supervisor after this many opens, because each chDB open leaves 5 threads and
-    ~8 descriptors behind (docs/architecture.md, "Store access"). 0: never."""
+    start_timeout_s: float = Field(60.0, gt=0)
+    """How long ``stack up`` waits for the embedded store to answer."""
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
-        if url and not url.startswith(("chdb://", "http://", "https://")):
-            raise ValueError("must start with chdb://, http:// or https://")
+        if url.startswith("chdb:"):
+            raise ValueError("chdb:// is no longer a store URL: leave url empty and the embedded chDB store is "
+                             "served by `eventide store serve` (one process owns the directory)")
+        if url and not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
         return url
+
+    @property
+    def embedded(self) -> bool:
+        """True when the project serves its own chDB store (``eventide store serve``)."""
+        return not self.url
 
 
 class EnvelopeConfig(_Section):
@@ -275,8 +289,16 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> Config:
-        if self.kafka.managed and self.kafka.port == self.kafka.controller_port:
-            raise ValueError("kafka.port and kafka.controller_port must differ")
+        ports = {"dashboard.port": self.dashboard.port, "gateway.port": self.gateway.port}
+        if self.kafka.managed:
+            ports |= {"kafka.port": self.kafka.port, "kafka.controller_port": self.kafka.controller_port}
+        if self.store.embedded:
+            ports["store.port"] = self.store.port
+        seen: dict[int, str] = {}
+        for field, port in ports.items():
+            if port in seen:
+                raise ValueError(f"{seen[port]} and {field} must differ (both {port})")
+            seen[port] = field
         return self
 
     # Derived locations -------------------------------------------------------------------------------------
@@ -311,7 +333,13 @@ class Config(_Section):
 
     @property
     def store_url(self) -> str:
-        return self.store.url or f"chdb://{self.data_dir / 'clickhouse'}"
+        """Where every component sends its queries: the configured server, or the embedded store's server."""
+        return self.store.url or f"http://{self.store.host}:{self.store.port}"
+
+    @property
+    def store_data_dir(self) -> Path:
+        """The embedded store's chDB directory (only ``eventide store serve`` opens it)."""
+        return self.data_dir / "clickhouse"
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:

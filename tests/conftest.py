@@ -1,14 +1,18 @@
-"""Fixtures for integration tests: a real Kafka broker, a real Spark session with the official connector, chDB.
+"""Fixtures for integration tests: a real Kafka broker, a real Spark session with the official connector, and a real
+store server (``eventide store serve`` over a chDB directory), reached over HTTP like a ClickHouse server.
 
-The test session starts its own broker on free ports with data in a temporary directory, so it runs beside a
-``./run demo`` stack without touching it. Jars come from the checkout's cache (downloaded on first use). Each test
+The test session starts its own broker and store on free ports with data in temporary directories, so it runs beside
+a ``./run demo`` stack without touching it. Jars come from the checkout's cache (downloaded on first use). Each test
 gets its own topics, ClickHouse database and checkpoints, so tests cannot see each other's data.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,15 +24,39 @@ from eventide.services import free_port
 REPO = Path(__file__).resolve().parent.parent
 
 
+@contextmanager
+def served_store(data_dir: Path, password: str = "") -> Iterator[tuple[Config, subprocess.Popen[bytes]]]:
+    """``python -m store.server`` (what ``eventide store serve`` runs) over ``data_dir`` on a free port, as a child
+    process; yields a config whose ``store_url`` is that server, and the process. Stopped with SIGTERM."""
+    from store import server
+
+    config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data_dir)},
+                         store={"port": free_port(), "password": password})
+    with server.child(config, log=data_dir / "store.log") as proc:
+        yield config, proc
+
 
 @pytest.fixture(scope="session")
-def base_config(tmp_path_factory: pytest.TempPathFactory) -> Config:
+def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The test session's store server; every test reaches the store through it (``store={"url": store_url}``)."""
+    with served_store(tmp_path_factory.mktemp("store")) as (config, _):
+        yield config.store_url
+
+
+def own_database(prefix: str) -> str:
+    """A database name no other test uses (they all share the session's store server)."""
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def base_config(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Config:
     data = tmp_path_factory.mktemp("eventide-data")
     return load_config(
         environ={},
         root=str(REPO),
         paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
         kafka={"port": free_port(), "controller_port": free_port()},
+        store={"url": store_url},
         stream={"master": "local[2]", "trigger_interval_s": 1, "shuffle_partitions": 2},
         sdk={"health_interval_s": 0},   # tests count exact rows; the SDK health metrics have tests of their own
     )
@@ -49,24 +77,6 @@ def spark(kafka: Config):
     session = spark_session(kafka, app_name="eventide-tests")
     yield session
     session.stop()
-
-
-NEEDS_SPARK = pytest.StashKey[bool]()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    config.stash[NEEDS_SPARK] = any("spark" in getattr(item, "fixturenames", ()) for item in items)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def spark_first(request: pytest.FixtureRequest) -> None:
-    """Start Spark before any test runs when some selected test needs it.
-
-    chDB leaks descriptors with every open (docs/architecture.md), and py4j's callback server must get a
-    descriptor below 1024 (see ``analytics.job.spark_session``); after a few hundred store opens by earlier tests
-    it would not, and the first streaming query would hang instead of failing."""
-    if request.config.stash.get(NEEDS_SPARK, False):
-        request.getfixturevalue("spark")
 
 
 @pytest.fixture

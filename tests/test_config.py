@@ -10,7 +10,8 @@ from eventide.config import ConfigError, load_config, to_environ
 def test_defaults_put_everything_under_the_checkout(tmp_path):
     config = load_config(environ={}, root=str(tmp_path))
     assert config.data_dir == tmp_path / "var"
-    assert config.store_url == f"chdb://{tmp_path / 'var' / 'clickhouse'}"
+    assert config.store_url == "http://127.0.0.1:18123" and config.store.embedded   # served by `store serve`
+    assert config.store_data_dir == tmp_path / "var" / "clickhouse"
     assert config.checkpoint_dir == tmp_path / "var" / "checkpoints"
     assert config.kafka.bootstrap == "127.0.0.1:19092" and config.kafka.managed
 
@@ -30,6 +31,9 @@ def test_file_then_environment_overrides(tmp_path):
     ({"EVENTIDE_KAFKA__PORT": "not-a-port"}, "kafka.port"),
     ({"EVENTIDE_STREAM__TUMBLING_WINDOWS_S": "[10, 10]"}, "stream.tumbling_windows_s"),
     ({"EVENTIDE_STORE__URL": "mysql://x"}, "store.url"),
+    ({"EVENTIDE_STORE__URL": "chdb:///var/clickhouse"}, "store.url"),
+    ({"EVENTIDE_STORE__PORT": "19092"}, "store.port"),          # the broker's port
+    ({"EVENTIDE_STORE__PORT": "0"}, "store.port"),
     ({"EVENTIDE_KAFKA__NO_SUCH_FIELD": "1"}, "kafka.no_such_field"),
     ({"EVENTIDE_STREAM__ALLOWED_LATENESS_S": "-1"}, "stream.allowed_lateness_s"),
     ({"EVENTIDE_STREAM__HOPPING_WINDOWS": '[{"length_s": 300, "hop_s": 70}]'}, "stream.hopping_windows.0"),

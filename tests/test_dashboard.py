@@ -15,14 +15,14 @@ from analytics.sinks import WINDOW_COLUMNS
 from eventide.config import load_config, to_environ
 from store.client import connect
 from store.migrations import apply_migrations
-from tests.conftest import REPO
+from tests.conftest import REPO, own_database
 
 APP = str(REPO / "dashboard" / "views" / "explorer.py")
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    config = load_config(environ={}, root=str(tmp_path), store={"database": "dash"})
+def store(tmp_path, monkeypatch, store_url):
+    config = load_config(environ={}, root=str(tmp_path), store={"url": store_url, "database": own_database("dash")})
     apply_migrations(config)
     for key, value in to_environ(config).items():
         monkeypatch.setenv(key, value)

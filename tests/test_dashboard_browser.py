@@ -10,7 +10,6 @@ the SQL layer with data for every page first. Screenshots go to ``test-artifacts
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from store.client import connect
 from store.migrations import apply_migrations
 from store.range_query import SeriesKey
 from tests import dashboard_data as data
-from tests.conftest import REPO
+from tests.conftest import REPO, own_database
 from tests.window_rows import SECOND, Event, window_row
 
 pytestmark = pytest.mark.integration
@@ -140,9 +139,9 @@ def populate(config: Config) -> None:
 
 
 @contextmanager
-def serving(root: Path, config: Config, supervised: bool = False) -> Iterator[str]:
+def serving(root: Path, config: Config) -> Iterator[str]:
     """Base URL of ``streamlit run dashboard/app.py`` on a free port over ``config``'s store (its log is
-    ``root/streamlit.log``); ``supervised`` runs it under ``eventide.respawn``, as ``./run demo`` does."""
+    ``root/streamlit.log``)."""
     rules = root / "alerts.toml"
     rules.write_text(RULES)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
@@ -153,8 +152,6 @@ def serving(root: Path, config: Config, supervised: bool = False) -> Iterator[st
             # Others may be editing dashboard/ while this runs; a file change would put a "rerun?" prompt in the
             # status widget and the page would never look settled.
             "--server.fileWatcherType", "none"]
-    if supervised:
-        argv = [sys.executable, "-m", "eventide.respawn", *argv]
     with open(log, "wb") as out:
         # Its own process group, so that stopping a supervisor stops its Streamlit child too.
         server = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -172,11 +169,12 @@ def serving(root: Path, config: Config, supervised: bool = False) -> Iterator[st
 
 
 @pytest.fixture(scope="module")
-def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The dashboard over a freshly populated chDB store."""
+def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Iterator[str]:
+    """The dashboard over a freshly populated store."""
     root = tmp_path_factory.mktemp("dashboard-browser")
     # Charts must not re-run under the browser mid-assertion: one refresh an hour is "never" for this test.
-    config = load_config(environ={}, root=str(root), store={"database": "browser"}, dashboard={"refresh_s": 3600})
+    config = load_config(environ={}, root=str(root), store={"url": store_url, "database": own_database("browser")},
+                         dashboard={"refresh_s": 3600})
     apply_migrations(config)
     populate(config)
     with serving(root, config) as url:
@@ -279,37 +277,3 @@ def test_page_renders_its_charts_in_chromium(browser: BrowserContext, dashboard:
         assert drawn >= spec.charts, f"{path}: {drawn} charts drawn, want ≥ {spec.charts}; notes: {infos} ({shot})"
     finally:
         page.close()
-
-
-def test_a_recycled_dashboard_comes_back_in_the_open_tab(browser: BrowserContext, tmp_path: Path) -> None:
-    """Under ``eventide.respawn`` (as in ``./run demo``) the dashboard restarts itself after
-    ``store.recycle_after_opens`` chDB opens; a tab left open reconnects on its own and goes on refreshing."""
-    config = load_config(environ={}, root=str(tmp_path), store={"database": "browser", "recycle_after_opens": 8},
-                         dashboard={"refresh_s": 1})
-    apply_migrations(config)
-    populate(config)
-    log = tmp_path / "streamlit.log"
-    restarts = re.compile(r"^respawn: .* asked to be restarted", re.MULTILINE)
-    with serving(tmp_path, config, supervised=True) as url:
-        page = browser.new_page()
-        page_errors: list[str] = []
-        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-        try:
-            page.goto(f"{url}/overview?minutes=30")
-            # Only this tab opens the store, and every server starts counting afresh: a second restart means the
-            # tab reconnected to the first replacement and kept refreshing there, without being reloaded.
-            deadline = time.monotonic() + 120
-            while len(restarts.findall(log.read_text(errors="replace"))) < 2:
-                assert time.monotonic() < deadline, f"fewer than 2 recycles in 120 s:\n{tail(log)}"
-                time.sleep(0.5)
-            # The replacements keep recycling every few seconds, so the tab is checked as it stands, not settled.
-            _wait_healthy(url, None, log)
-            page.wait_for_function(f"() => ({DRAWN_CHARTS})() >= {PAGES['overview'].charts}", timeout=30_000)
-            shot = screenshot(page, "overview-after-recycle")
-            assert texts(page, "h1")[:1] == ["Overview"], shot
-            assert "minutes=30" in page.url, page.url
-            assert texts(page, '[data-testid="stException"]') == [], shot
-            assert texts(page, '[data-testid="stAlertContentError"]') == [], shot
-            assert page_errors == [], page_errors
-        finally:
-            page.close()

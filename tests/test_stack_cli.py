@@ -1,4 +1,5 @@
-"""`eventide stack up | status | down` on a fresh data directory: real broker, real topics, migrated store."""
+"""`eventide stack up | status | down` on a fresh data directory: real broker, real topics, served and migrated
+store."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def test_stack_up_status_down(base_config, tmp_path):
     config = base_config.model_copy(update={
         "paths": base_config.paths.model_copy(update={"data_dir": tmp_path / "stack"}),
         "kafka": base_config.kafka.model_copy(update={"port": free_port(), "controller_port": free_port()}),
+        "store": base_config.store.model_copy(update={"url": "", "port": free_port()}),   # its own embedded store
     })
     up = _cli(config, "stack", "up")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -44,13 +46,15 @@ def test_stack_up_status_down(base_config, tmp_path):
 
         status = _cli(config, "stack", "status")
         assert "reachable" in status.stdout and "kafka        running" in status.stdout
+        assert "store        running" in status.stdout and config.store_url in status.stdout
 
         again = _cli(config, "stack", "up")  # idempotent: nothing restarted, nothing re-created
         assert again.returncode == 0 and "already present" in again.stdout
     finally:
         down = _cli(config, "stack", "down")
-    assert down.returncode == 0 and "stopped kafka" in down.stdout
+    assert down.returncode == 0 and "stopped kafka" in down.stdout and "stopped store" in down.stdout
     assert not services.state(config, broker.SERVICE).running
+    assert not services.state(config, "store").running
     assert not broker.is_reachable(config, timeout_s=1)
 
 

@@ -1,10 +1,11 @@
-"""Migrations: ordered, applied once, idempotent; same function for chDB and a server."""
+"""Migrations: ordered, applied once, idempotent, through the same HTTP client as every component."""
 
 from __future__ import annotations
 
 from eventide.config import load_config
 from store.client import connect
 from store.migrations import apply_migrations, migration_files, statements
+from tests.conftest import own_database
 
 
 def test_migration_files_are_ordered_and_numbered():
@@ -17,8 +18,8 @@ def test_statements_split_on_semicolons_at_line_end_and_drop_comments():
     assert statements(sql) == ["CREATE TABLE a (x String DEFAULT ';')", "CREATE TABLE b (y UInt8)"]
 
 
-def test_apply_twice_applies_once_on_a_fresh_chdb_store(tmp_path):
-    config = load_config(environ={}, root=str(tmp_path), store={"database": "m_test"})
+def test_apply_twice_applies_once_on_a_fresh_database(tmp_path, store_url):
+    config = load_config(environ={}, root=str(tmp_path), store={"url": store_url, "database": own_database("m")})
     first = apply_migrations(config)
     assert first == [name for name, _ in migration_files()]
     assert apply_migrations(config) == []
