@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from clickhouse_connect.driver.exceptions import OperationalError
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -33,7 +34,7 @@ from analytics.stragglers import (
 )
 from analytics.windows import LEVEL_FIELDS, QUANTILES, SERIES, WINDOWS_QUERY
 from eventide.config import Config
-from store.client import connect
+from store.client import StoreUnavailable, connect, redact
 
 log = logging.getLogger(__name__)
 ACCEPT_QUERY = "accept"
@@ -60,6 +61,7 @@ SESSION_COLUMNS = (
 )
 
 BatchWriter = Callable[[DataFrame, int], None]
+STORE_RETRY_FIRST_S, STORE_RETRY_MAX_S = 1.0, 10.0   # pauses between write attempts while the store is away
 
 # Seconds spent per micro-batch in each sink stage, by (query, stage), in this driver process: read by the
 # benchmark (bench/pipeline.py) for its per-stage breakdown and logged at DEBUG.
@@ -86,13 +88,31 @@ def arrow_rows(frame: DataFrame, columns: tuple[str, ...], **extra: Any) -> pa.T
 
 
 def insert_tables(config: Config, rows: list[tuple[str, pa.Table]], query: str) -> None:
-    """Insert each (table, rows) pair, all in one store open (none if every one is empty): a micro-batch's writes
-    share one open because each chDB open restarts the embedded engine (costly, see docs/architecture.md)."""
+    """Insert each (table, rows) pair with one client (nothing if every one is empty).
+
+    An unreachable store (stopped, restarting, network) does not fail the query: the micro-batch waits and
+    retries for up to ``store.write_retry_s``, saying so in the log. Nothing is lost meanwhile: Spark commits the
+    batch only once this returns, and every table is keyed, so rows a failed attempt already wrote are replaced by
+    the same rows. Errors the store answers (bad SQL, schema) fail at once."""
     rows = [(table, data) for table, data in rows if data.num_rows]
-    if rows:
-        with _timed(query, "store_write"), connect(config) as client:
-            for table, data in rows:
-                client.insert_arrow(table, data)
+    if not rows:
+        return
+    deadline = time.monotonic() + config.store.write_retry_s
+    pause = STORE_RETRY_FIRST_S
+    while True:
+        try:
+            with _timed(query, "store_write"), connect(config) as client:
+                for table, data in rows:
+                    client.insert_arrow(table, data)
+            return
+        except (StoreUnavailable, OperationalError) as exc:
+            if time.monotonic() + pause > deadline:
+                raise StoreUnavailable(f"{query}: the store at {redact(config.store_url)} stayed unreachable for "
+                                       f"{config.store.write_retry_s:g} s (store.write_retry_s): {exc}") from exc
+            log.warning("%s: store unreachable at %s (%s); the micro-batch waits and retries in %g s",
+                        query, redact(config.store_url), str(exc).splitlines()[0][:200], pause)
+            time.sleep(pause)
+            pause = min(pause * 2, STORE_RETRY_MAX_S)
 
 
 def window_writer(config: Config) -> BatchWriter:

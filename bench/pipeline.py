@@ -270,11 +270,16 @@ def quix_peer(config: Config, events: int) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def stored_summary(config: Config) -> dict[str, int]:
+def stored_summary(config: Config) -> dict[str, Any]:
+    """Rows stored per table, and the largest dedup memory a batch was checked against (ids, bytes on disk)."""
     with connect(config) as ch:
-        return {t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0]
-                for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers", "dead_letters",
-                          "duplicates")}
+        stored: dict[str, Any] = {
+            t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0]
+            for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers", "dead_letters", "duplicates")}
+        ids, size = ch.query("SELECT max(horizon_ids), max(horizon_bytes) FROM dedup_state FINAL").result_rows[0]
+    stored["dedup_horizon_ids_max"] = ids
+    stored["dedup_horizon_bytes_per_1m_ids"] = round(size / ids * 1e6) if ids else None
+    return stored
 
 
 # Freshness -----------------------------------------------------------------------------------------------------

@@ -90,6 +90,8 @@ class StoreConfig(_Section):
     database: str = "eventide"
     start_timeout_s: float = Field(60.0, gt=0)
     """How long ``stack up`` waits for the embedded store to answer."""
+    write_retry_s: float = Field(600.0, gt=0)
+    """How long the stream job keeps retrying a micro-batch's writes while the store is unreachable."""
 
     @field_validator("url")
     @classmethod
