@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -411,6 +412,16 @@ def load_config(
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source)) from None
+
+
+def load_config_or_exit(path: str | Path | None = None) -> Config:
+    """``load_config`` for a service's ``main``: an invalid configuration prints its message (naming the field)
+    on stderr and exits with status 2, before anything starts."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def to_environ(config: Config) -> dict[str, str]:

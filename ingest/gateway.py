@@ -55,7 +55,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from eventide.config import Config, ConfigError, load_config
+from eventide.config import Config, ConfigError, load_config_or_exit
 from ingest.envelope import KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS, now_ms
 from ingest.validation import encoded_size, loads, validation_error
 
@@ -719,12 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ingest.gateway", description="eventide HTTP gateway")
     parser.add_argument("--config", help="config file (default: $EVENTIDE_CONFIG or ./eventide.toml)")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    return serve(config)
+    return serve(load_config_or_exit(args.config))
 
 
 if __name__ == "__main__":

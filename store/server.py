@@ -43,7 +43,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import chdb
 
-from eventide.config import Config, ConfigError, load_config
+from eventide.config import Config, load_config_or_exit
 
 log = logging.getLogger("eventide.store.server")
 
@@ -547,12 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    return run(config)
+    return run(load_config_or_exit(args.config))
 
 
 if __name__ == "__main__":
