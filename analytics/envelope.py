@@ -230,6 +230,14 @@ KAFKA_SOURCE_SCHEMA = ("key binary, value binary, topic string, partition int, o
                        "timestampType int")
 
 
+_accepted_schema: list[StructType] = []
+
+
 def accepted_schema(spark: SparkSession, config: Config) -> StructType:
-    """The columns of an accepted event (``accepted(parse(...))``), as the accepted-events log stores them."""
-    return accepted(parse(spark.createDataFrame([], KAFKA_SOURCE_SCHEMA), config)).schema
+    """The columns of an accepted event (``accepted(parse(...))``), as the accepted-events log stores them.
+
+    Derived once per process: analysing the whole parse plan takes a noticeable part of a second, the writers ask
+    for it every micro-batch, and the types do not depend on the configuration (only the values do)."""
+    if not _accepted_schema:
+        _accepted_schema.append(accepted(parse(spark.createDataFrame([], KAFKA_SOURCE_SCHEMA), config)).schema)
+    return _accepted_schema[0]
