@@ -46,7 +46,6 @@ WINDOW_COLUMNS = (
     *LEVEL_FIELDS,
 )
 _SKETCHES = {"value_sketch", "users_sketch", "devices_sketch"}
-DEVICE_CLOCK_COLUMNS = ("app", "device", "events", "offset_min_ms", "offset_max_ms", "offset_avg_ms", "last_received")
 DUPLICATE_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "event_id", "app",
                      "device")
 DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
@@ -194,53 +193,55 @@ def accept_writer(config: Config) -> BatchWriter:
     device's clock offsets and the dedup state.
 
     Every Spark job costs a fixed overhead per micro-batch, so the common case runs two: one pass over the batch
-    (clock offsets per device, the batch's broker-time span, the rejected count) and the publication. Duplicates
-    and dead letters cost a job each only in a batch that has some."""
+    that brings a few narrow columns per record to the driver (from which the first copies, clock offsets and
+    broker-time span are computed with Arrow), and the publication. Dead letters cost a job only in a batch that
+    has some."""
     limit = config.envelope.max_record_bytes
     readers = [config.checkpoint_dir / q for q in (WINDOWS_QUERY, KEYED_WINDOWS_QUERY)]
+    accepted_ids = dedup.AcceptedIds(config)
 
     def write(records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
         schema = envelope.accepted_schema(spark, config)
-        # Read several times, so cached; only rejected records keep their raw bytes (a fraction of the batch).
+        # Read twice (summary, publication), so cached; only rejected records keep their raw bytes.
         records = records.withColumn(
             "value", F.when(F.col("dead_letter_reason").isNotNull(), F.col("value"))).persist()
         try:
             now = datetime.now(UTC)
             valid = records.where(F.col("dead_letter_reason").isNull()).select(*schema.fieldNames())
             with _timed(ACCEPT_QUERY, "validate"):
-                per_device = _per_device(records).toArrow()
-            ok = per_device["ok"].to_pylist()
-            valid_groups = per_device.filter(pa.array(ok))
-            valid_count = pc.sum(valid_groups["events"]).as_py() or 0
-            rejected_count = (pc.sum(per_device.filter(pc.invert(pa.array(ok)))["events"]).as_py() or 0)
+                summary = records.select(
+                    F.col("dead_letter_reason").isNull().alias("ok"), *_SUMMARY_COLUMNS).toArrow()
+            candidates = summary.filter(summary["ok"])
+            rejected_count = summary.num_rows - candidates.num_rows
             memory: list[accepted_log.BatchMeta] = []
-            accepted_count = 0
-            clocks = valid_groups
+            accepted = candidates
             rows: list[tuple[str, pa.Table]] = []
-            if valid_count:
-                earliest = _epoch_ms(pc.min(valid_groups["first_timestamp"]).as_py())
-                latest = _epoch_ms(pc.max(valid_groups["last_timestamp"]).as_py())
+            if candidates.num_rows:
+                span = pc.min_max(candidates["kafka_timestamp"]).as_py()
+                earliest, latest = _epoch_ms(span["min"]), _epoch_ms(span["max"])
                 memory = dedup.horizon(config, batch_id, earliest) if config.stream.deduplicate else []
                 with _timed(ACCEPT_QUERY, "dedup_publish"):
-                    if not accepted_log.published(config, batch_id):
+                    events_file = accepted_log.events_file(config, batch_id)
+                    if accepted_log.published(config, batch_id):   # a replay: its file says what was accepted
+                        first = dedup.published_copies(candidates, str(events_file))
+                    else:
+                        first = (dedup.first_copies(candidates.select(list(dedup.COPY_COLUMNS)),
+                                                    accepted_ids.of(memory))
+                                 if config.stream.deduplicate else pa.array([True] * candidates.num_rows))
                         info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
-                        firsts = (dedup.first_copies(valid, dedup.remembered_ids(spark, config, schema, memory))
-                                  if config.stream.deduplicate else valid)
-                        accepted_log.publish(config, firsts, accepted_log.BatchMeta(
-                            batch_id, info.start_offsets, info.end_offsets, earliest, latest))
-                accepted_count = accepted_log.meta(config, batch_id).events
-                if accepted_count < valid_count:
-                    with _timed(ACCEPT_QUERY, "duplicates"):
-                        accepted = accepted_log.read_batches(
-                            spark, schema, [str(accepted_log.events_file(config, batch_id))])
-                        rows.append(("duplicates", arrow_rows(dedup.duplicates(valid, accepted).select(
-                            F.col("topic").alias("source_topic"), F.col("partition").alias("source_partition"),
-                            F.col("offset").alias("source_offset"), "kafka_timestamp",
-                            F.col("id").alias("event_id"), "app", "device"),
-                            DUPLICATE_COLUMNS, batch_id=batch_id, detected_at=now)))
-                        clocks = _per_device(accepted.withColumn("dead_letter_reason", F.lit(None))).toArrow()
-            rows.append(("device_clocks", _with_constants(clocks.select(list(DEVICE_CLOCK_COLUMNS)),
+                        accepted_log.publish(config, _first_copies(valid, candidates.filter(pc.invert(first))),
+                                             accepted_log.BatchMeta(
+                                                 batch_id, info.start_offsets, info.end_offsets, earliest, latest))
+                    accepted = candidates.filter(first)
+                    if config.stream.deduplicate:
+                        accepted_ids.remember(batch_id, accepted["id"])
+                copies = candidates.filter(pc.invert(first))
+                if copies.num_rows:
+                    rows.append(("duplicates", _with_constants(copies.select(
+                        ["topic", "partition", "offset", "kafka_timestamp", "id", "app", "device"]).rename_columns(
+                        list(DUPLICATE_COLUMNS)), batch_id=batch_id, detected_at=now)))
+            rows.append(("device_clocks", _with_constants(_clock_offsets(accepted),
                                                           batch_id=batch_id, recorded_at=now)))
             rejected = records.where(F.col("dead_letter_reason").isNotNull()).withColumnRenamed(
                 "dead_letter_reason", "reason")
@@ -251,7 +252,8 @@ def accept_writer(config: Config) -> BatchWriter:
                 "batch_id": [batch_id], "horizon_ms": [config.stream.dedup_horizon_ms],
                 "horizon_ids": [sum(m.events for m in memory)],
                 "horizon_bytes": [sum(m.size_bytes for m in memory)],
-                "accepted": [accepted_count], "duplicates": [valid_count - accepted_count],
+                "horizon_memory_bytes": [accepted_ids.nbytes(memory)],
+                "accepted": [accepted.num_rows], "duplicates": [candidates.num_rows - accepted.num_rows],
                 "dead_letters": [rejected_count], "recorded_at": [now]})))
             insert_tables(config, rows, ACCEPT_QUERY)
             if rejected_count:
@@ -264,14 +266,30 @@ def accept_writer(config: Config) -> BatchWriter:
     return write
 
 
-def _per_device(records: DataFrame) -> DataFrame:
-    """Per (accepted or not, app, device): record count, the clock offsets of accepted records and the broker
-    time they span."""
-    return records.groupBy(F.col("dead_letter_reason").isNull().alias("ok"), "app", "device").agg(
-        F.count(F.lit(1)).alias("events"), F.min("clock_offset_ms").alias("offset_min_ms"),
-        F.max("clock_offset_ms").alias("offset_max_ms"), F.avg("clock_offset_ms").alias("offset_avg_ms"),
-        F.timestamp_millis(F.max("received_time")).alias("last_received"),
-        F.min("kafka_timestamp").alias("first_timestamp"), F.max("kafka_timestamp").alias("last_timestamp"))
+# Per record, what the accept query's driver needs: the copy's id and position, and its device's clock offset.
+_SUMMARY_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp", "id", "app", "device", "clock_offset_ms",
+                    "received_time")
+
+
+def _first_copies(valid: DataFrame, copies: pa.Table) -> DataFrame:
+    """``valid`` without the records at the positions of ``copies`` (the batch's duplicates, usually none)."""
+    if not copies.num_rows:
+        return valid
+    positions = valid.sparkSession.createDataFrame(copies.select(list(dedup.POSITION)))
+    return valid.join(F.broadcast(positions), list(dedup.POSITION), "left_anti").select(*valid.columns)
+
+
+def _clock_offsets(accepted: pa.Table) -> pa.Table:
+    """Per (app, device) of the accepted events: their count and clock offsets, and the latest receive time."""
+    grouped = accepted.group_by(["app", "device"], use_threads=False).aggregate([
+        ("id", "count"), ("clock_offset_ms", "min"), ("clock_offset_ms", "max"), ("clock_offset_ms", "mean"),
+        ("received_time", "max")])
+    return pa.table({
+        "app": grouped["app"], "device": grouped["device"], "events": grouped["id_count"],
+        "offset_min_ms": grouped["clock_offset_ms_min"], "offset_max_ms": grouped["clock_offset_ms_max"],
+        "offset_avg_ms": grouped["clock_offset_ms_mean"],
+        "last_received": grouped["received_time_max"].cast(pa.timestamp("ms", tz="UTC")),
+    })
 
 
 def _epoch_ms(t: datetime) -> int:

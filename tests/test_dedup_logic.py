@@ -1,0 +1,53 @@
+"""Which copy of an id counts (docs/time-semantics.md, "Duplicates"): pure logic, no Spark."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from analytics.dedup import first_copies, published_copies
+
+T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def copies(*records: tuple[str, float, int, int]) -> pa.Table:
+    """(id, broker time in seconds after T0, partition, offset) per record, in the batch's row order."""
+    return pa.table({
+        "id": [r[0] for r in records],
+        "kafka_timestamp": pa.array([T0 + timedelta(seconds=r[1]) for r in records], pa.timestamp("us", "UTC")),
+        "partition": pa.array([r[2] for r in records], pa.int32()),
+        "offset": pa.array([r[3] for r in records], pa.int64()),
+    })
+
+
+def nothing_remembered() -> pa.ChunkedArray:
+    return pa.chunked_array([], pa.string())
+
+
+def test_the_earliest_copy_on_the_broker_clock_counts_wherever_it_sits_in_the_batch():
+    batch = copies(("a", 9.0, 0, 5), ("b", 1.0, 0, 6), ("a", 2.0, 1, 3), ("c", 3.0, 1, 4))
+    assert first_copies(batch, nothing_remembered()).to_pylist() == [False, True, True, True]
+
+
+def test_copies_at_the_same_broker_time_are_ordered_by_kafka_position():
+    batch = copies(("a", 1.0, 1, 0), ("a", 1.0, 0, 7), ("a", 1.0, 0, 2))
+    assert first_copies(batch, nothing_remembered()).to_pylist() == [False, False, True]
+
+
+def test_an_id_accepted_by_an_earlier_batch_is_a_duplicate_in_every_copy():
+    batch = copies(("a", 1.0, 0, 10), ("a", 2.0, 0, 11), ("new", 3.0, 0, 12))
+    remembered = pa.chunked_array([pa.array(["x", "a"]), pa.array(["y"])])
+    assert first_copies(batch, remembered).to_pylist() == [False, False, True]
+
+
+def test_an_empty_batch_has_no_first_copies():
+    assert first_copies(copies(), nothing_remembered()).to_pylist() == []
+
+
+def test_a_replayed_batch_takes_what_its_published_file_accepted(tmp_path):
+    batch = copies(("a", 1.0, 0, 1), ("a", 2.0, 0, 2), ("b", 3.0, 1, 1))
+    file = tmp_path / "000000000007.parquet"
+    pq.write_table(batch.filter(pa.array([True, False, True])), file)
+    assert published_copies(batch, str(file)).to_pylist() == [True, False, True]
