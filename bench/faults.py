@@ -1,0 +1,141 @@
+"""The fault suite, longer, with figures (issue 12): faults injected, events checked, events lost and counted twice.
+
+Runs the scenarios of tests/fault_injection.py (the ones tests/test_faults.py runs small) on a broker, store and
+Spark session of its own:
+
+- ``fuzz``: ``--fuzz`` fuzzed records among ``--fuzz-good`` good events;
+- ``job_kills``: the stream job SIGKILLed ``--job-kills`` times while it drains ``--events`` workload events,
+  compared table by table with an uninterrupted run;
+- ``broker_kills``: the broker SIGKILLed ``--broker-kills`` times while the SDK (``--sdk-events``) and a gateway
+  client (``--gateway-batches`` of 20) produce; every acknowledged event counted by id;
+- ``store_outage``: the store stopped for ``--outage-s`` while the job writes, compared with an uninterrupted run.
+
+Prints one JSON summary (and writes it to ``--out``):
+
+    .venv/bin/python bench/faults.py --out /tmp/faults.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from eventide import broker  # noqa: E402
+from eventide.config import load_config  # noqa: E402
+from eventide.services import free_port  # noqa: E402
+from store.server import child as served_store  # noqa: E402
+from tests import fault_injection as faults  # noqa: E402
+from tests.conftest import fresh_stack  # noqa: E402
+
+SCENARIOS = ("fuzz", "job_kills", "broker_kills", "store_outage")
+
+
+def report(name: str, result: dict[str, Any]) -> dict[str, Any]:
+    print(f"[{name}] {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
+    return result
+
+
+def comparison_figures(c: faults.Comparison, seconds: float) -> dict[str, Any]:
+    expected, seen = c.window_events
+    return {"faults": c.faults, "records_sent": c.events_sent, "events_counted_expected": expected,
+            "events_counted": seen, "lost": max(0, expected - seen), "double_counted": max(0, seen - expected),
+            "rows_compared": sum(c.rows.values()), "rows_differing": sum(c.differing.values()),
+            "identical": c.identical, "seconds": round(seconds, 1),
+            **{k: v for k, v in c.extra.items() if k != "waits"},
+            **({"store_wait_log_lines": len(c.extra["waits"])} if "waits" in c.extra else {})}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}")
+    parser.add_argument("--fuzz", type=int, default=100_000)
+    parser.add_argument("--fuzz-good", type=int, default=10_000)
+    parser.add_argument("--events", type=int, default=3_000, help="workload events of the job-kill and outage runs")
+    parser.add_argument("--job-kills", type=int, default=5)
+    parser.add_argument("--broker-kills", type=int, default=3)
+    parser.add_argument("--sdk-events", type=int, default=20_000)
+    parser.add_argument("--gateway-batches", type=int, default=500)
+    parser.add_argument("--outage-s", type=float, default=60)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    chosen = set(args.scenarios.split(","))
+
+    data = Path(tempfile.mkdtemp(prefix="eventide-faults-"))
+    config = load_config(environ={}, root=str(REPO),
+                         paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
+                         kafka={"port": free_port(), "controller_port": free_port()},
+                         store={"port": free_port()},
+                         stream={"master": "local[2]", "trigger_interval_s": 1, "shuffle_partitions": 2},
+                         sdk={"health_interval_s": 0})   # the SDK's own health metrics would be counted too
+    summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "args": vars(args)}
+    broker.start(config)
+    try:
+        with served_store(config):
+            from analytics.job import spark_session
+
+            spark = spark_session(config, app_name="eventide-faults")
+            if "fuzz" in chosen:
+                t = time.perf_counter()
+                outcome = faults.fuzz(fresh_stack(config, "fuzz"), spark, bad=args.fuzz, good=args.fuzz_good)
+                summary["fuzz"] = report("fuzz", {
+                    **asdict(outcome), "faults": outcome.bad_sent,
+                    "lost": max(0, outcome.good_sent - outcome.counted),
+                    "double_counted": max(0, outcome.counted - outcome.good_sent),
+                    "bad_not_dead_lettered": outcome.bad_sent - outcome.dead_letters,
+                    "seconds": round(time.perf_counter() - t, 1)})
+            if "job_kills" in chosen:
+                t = time.perf_counter()
+                outcome_c = faults.kill_the_job(config, spark, kills=args.job_kills, events=args.events)
+                summary["job_kills"] = report("job_kills", comparison_figures(outcome_c, time.perf_counter() - t))
+            if "broker_kills" in chosen:
+                t = time.perf_counter()
+                with faults.killable_broker(config, data / "killable") as own:
+                    produced = faults.kill_the_broker(fresh_stack(own, "broker_kills", partitions=2), spark,
+                                                      sdk_events=args.sdk_events,
+                                                      gateway_batches=args.gateway_batches,
+                                                      kills=args.broker_kills)
+                ids = produced.accepted_ids
+                summary["broker_kills"] = report("broker_kills", {
+                    "faults": produced.broker_kills, "sdk_events": produced.sdk_events,
+                    "sdk_spooled": produced.sdk_spooled, "sdk_dropped": produced.sdk_dropped,
+                    "gateway_events_acknowledged": len(produced.gateway_acknowledged),
+                    "gateway_answers": produced.gateway_answers, "records_on_topic": produced.records_on_topic,
+                    "events_checked": produced.sdk_events + len(produced.gateway_acknowledged),
+                    "accepted_ids": len(ids), "distinct_accepted_ids": len(set(ids)),
+                    "stored_duplicates": produced.stored_duplicates, "stored": produced.stored,
+                    "lost": produced.lost, "double_counted": produced.double_counted,
+                    "seconds": round(time.perf_counter() - t, 1)})
+            if "store_outage" in chosen:
+                t = time.perf_counter()
+                store_dir = data / "outage-store"
+                own_store = load_config(environ={}, root=str(REPO), paths={"data_dir": str(store_dir)},
+                                        store={"port": free_port()})
+                with served_store(own_store, log=store_dir / "store.log") as process:
+                    outcome_c = faults.store_away(config, spark, own_store, process, outage_s=args.outage_s,
+                                                  log_dir=store_dir, events=args.events)
+                summary["store_outage"] = report("store_outage",
+                                                 comparison_figures(outcome_c, time.perf_counter() - t))
+            spark.stop()
+    finally:
+        broker.stop(config)
+    parts = [summary[s] for s in SCENARIOS if s in summary]
+    summary["total"] = {"faults": sum(p["faults"] for p in parts), "lost": sum(p["lost"] for p in parts),
+                        "double_counted": sum(p["double_counted"] for p in parts)}
+    text = json.dumps(summary, indent=2, default=str)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""The fault scenarios of issue 12, shared by the fault suite (tests/test_faults.py, small and bounded) and the
+longer benchmark (bench/faults.py, figures). Each runs on the real broker, job and store and returns what it
+counted; the callers decide what must hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from confluent_kafka import Producer
+from fastapi.testclient import TestClient
+
+from eventide import broker, services
+from eventide.config import Config, to_environ
+from eventide.services import free_port
+from ingest.envelope import encode, metric_event, now_ms
+from ingest.gateway import create_app
+from ingest.sdk import Client
+from tests.conftest import fresh_stack
+from tests.support import Event, rows, run_job, wait_until
+
+S = 1000
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000   # an hour boundary
+GATEWAY_TOKEN = "fault-suite"
+
+
+def send(config: Config, records: list[tuple[str, bytes]]) -> None:
+    """Produce (key, value) records as they are: the broker stamps them, the job sees raw bytes."""
+    producer = Producer({"bootstrap.servers": config.kafka.bootstrap, "acks": "all", "linger.ms": 20})
+    for key, value in records:
+        producer.produce(config.kafka.events_topic, value=value, key=key.encode())
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+# Fuzzed records ------------------------------------------------------------------------------------------------
+STRING_FIELDS, INTEGER_FIELDS = ("id", "kind", "app", "device", "name"), ("v", "event_time", "sent_time")
+
+
+def fuzzed(rng: random.Random, good: dict[str, Any]) -> bytes:
+    """One record that is not a valid envelope, of one of several kinds."""
+    kind = rng.choices(range(7), weights=[20, 20, 30, 1, 5, 10, 14])[0]
+    text = json.dumps(good)
+    if kind == 0:
+        return rng.randbytes(rng.randrange(1, 200))                          # random bytes
+    if kind == 1:
+        return text[: rng.randrange(1, len(text) - 1)].encode()              # truncated JSON
+    if kind == 2:                                                            # a field of the wrong JSON type
+        field_ = rng.choice([*STRING_FIELDS, *INTEGER_FIELDS, "value"])
+        wrong: list[Any] = ([12, 1.5, True, [], {}] if field_ in STRING_FIELDS
+                            else ["12", 1.5, True, []] if field_ in INTEGER_FIELDS else ["12", True, [], {}])
+        return encode({**good, field_: rng.choice(wrong)})
+    if kind == 3:
+        return encode({**good, "name": "x" * rng.randrange(70_000, 80_000)})  # huge field
+    if kind == 4:
+        depth = rng.randrange(2_000, 20_000)
+        return b'{"v":1,"deep":' + b"[" * depth + b"]" * depth + b"}"          # deep nesting
+    if kind == 5:
+        return text.encode().replace(b'"shop"', b'"sh\xff\xfep"')             # not UTF-8
+    return encode({**good, "tags": {"k": rng.choice([1, None, [], {"x": "y"}])}} if rng.random() < 0.5
+                  else {**good, "event_time": good["sent_time"] + rng.randrange(1, 10_000)})
+
+
+@dataclass
+class FuzzOutcome:
+    bad_sent: int
+    good_sent: int
+    dead_letters: int
+    without_reason: int
+    reasons: int
+    counted: int            # good events in the windows, and the sum of their values
+    counted_sum: float
+    expected_sum: float
+    duplicates: int
+
+
+def fuzz(config: Config, spark: Any, bad: int, good: int, seed: int = 12) -> FuzzOutcome:
+    """``bad`` fuzzed records shuffled among ``good`` events in one 10 s window; the job drains them."""
+    rng = random.Random(seed)
+    events = [Event(T0 + (i % 50) * 100, float(i), device=f"d{i % 5}").envelope() for i in range(good)]
+    records: list[tuple[str, bytes]] = [(e["device"], encode(e)) for e in events]
+    records += [(f"fuzz-{i % 7}", fuzzed(rng, events[i % len(events)])) for i in range(bad)]
+    rng.shuffle(records)
+    send(config, records)
+    run_job(spark, config)
+    [window] = rows(config, "SELECT sum(event_count) AS n, sum(sum) AS total FROM window_aggregates FINAL "
+                            "WHERE window_kind = 'tumbling' AND window_length_ms = 10000")
+    [dead] = rows(config, "SELECT count() AS n, countIf(reason = '') AS without_reason, "
+                          "uniqExact(reason) AS reasons FROM dead_letters FINAL")
+    [dups] = rows(config, "SELECT count() AS n FROM duplicates FINAL")
+    return FuzzOutcome(bad, good, dead["n"], dead["without_reason"], dead["reasons"], window["n"],
+                       window["total"], float(sum(range(good))), dups["n"])
+
+
+# Results compared between a faulted and an uninterrupted run ----------------------------------------------------
+# Every table the dashboard reads, without what differs between two runs on two topics: when a row was written,
+# the topic's name and the broker's timestamps (the events carry their own received_time, so every event time is
+# the same in both), which micro-batch of a window query wrote a row (a restarted job may run a watermark-only
+# batch the other did not: a row's version, not its values), and sketch bytes, whose layout depends on the order
+# values arrived in (the quantiles and distinct counts derived from them are compared).
+RESULT_QUERIES = {
+    "window_aggregates": "SELECT * EXCEPT (written_at, version, value_sketch, users_sketch, devices_sketch) "
+                         "FROM window_aggregates FINAL",
+    "sliding_windows": "SELECT * EXCEPT (written_at, version) FROM sliding_windows FINAL",
+    "sessions": "SELECT * EXCEPT (written_at, version) FROM sessions FINAL",
+    "stragglers": "SELECT * EXCEPT (detected_at, batch_id) FROM stragglers FINAL",
+    "corrections": "SELECT * EXCEPT (detected_at, batch_id) FROM corrections FINAL",
+    "device_clocks": "SELECT * EXCEPT (recorded_at) FROM device_clocks FINAL",
+    "dead_letters": "SELECT * EXCEPT (detected_at, source_topic, kafka_timestamp) FROM dead_letters FINAL",
+    "duplicates": "SELECT * EXCEPT (detected_at, source_topic, kafka_timestamp) FROM duplicates FINAL",
+}
+# kll_k above any window's value count: KLL compaction flips coins, so only an uncompacted sketch gives the same
+# quantiles in two runs.
+SETTINGS = {"max_offsets_per_trigger": 60, "trigger_interval_s": 0.5, "sliding_window_s": 60, "session_gap_s": 60,
+            "kll_k": 4000}
+
+Results = dict[str, list[tuple[Any, ...]]]
+
+
+def results(config: Config) -> Results:
+    return {table: sorted(tuple(r.values()) for r in rows(config, sql)) for table, sql in RESULT_QUERIES.items()}
+
+
+@dataclass
+class Comparison:
+    """A faulted run's results against an uninterrupted run of the same input."""
+
+    faults: int
+    events_sent: int
+    rows: dict[str, int]                         # rows per table in the uninterrupted run
+    differing: dict[str, int]                    # rows in one run and not in the other, per table
+    window_events: tuple[int, int] = (0, 0)      # events counted by the finest tumbling windows: (expected, seen)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def identical(self) -> bool:
+        return not any(self.differing.values())
+
+
+def events_counted(config: Config) -> int:
+    """Events counted by the finest tumbling windows (each event once)."""
+    [row] = rows(config, "SELECT sum(event_count) AS n FROM window_aggregates FINAL WHERE window_kind = 'tumbling' "
+                         "AND window_length_ms = (SELECT min(window_length_ms) FROM window_aggregates "
+                         "WHERE window_kind = 'tumbling')")
+    return int(row["n"])
+
+
+def compare(reference: Config, faulted: Config, faults: int, events_sent: int) -> Comparison:
+    expected, observed = results(reference), results(faulted)
+    differing = {table: sum(((Counter(expected[table]) - Counter(observed[table]))
+                             + (Counter(observed[table]) - Counter(expected[table]))).values())
+                 for table in RESULT_QUERIES}
+    return Comparison(faults, events_sent, {t: len(expected[t]) for t in RESULT_QUERIES}, differing,
+                      (events_counted(reference), events_counted(faulted)))
+
+
+def workload(rng: random.Random, events: int = 600) -> list[tuple[str, bytes]]:
+    """Metrics and logs of 8 devices and 20 users, 2 per second of event time, with late events, re-sent copies
+    and malformed records, in arrival order."""
+    records: list[tuple[str, bytes]] = []
+    for i in range(events):
+        at = T0 + i * 500 - (rng.randrange(60_000, 200_000) if rng.random() < 0.05 else 0)
+        event = Event(at, float(rng.randrange(100)), device=f"d{i % 8}", user=f"u{rng.randrange(20)}",
+                      level="error" if rng.random() < 0.1 else None, name="db" if i % 10 == 0 else "latency_ms")
+        value = encode(event.envelope())
+        records.append((event.device, value))
+        if rng.random() < 0.05:                                               # a re-sent copy, a little later
+            records.append((event.device, value))
+        if rng.random() < 0.01:
+            records.append((event.device, value[:-3]))
+    return records
+
+
+def two_runs(kafka: Config, name: str, records: list[tuple[str, bytes]], store: Config | None = None,
+             ) -> tuple[Config, Config]:
+    """Two stacks fed the same records: the uninterrupted reference, already run, and the one to fault (its
+    store ``store``'s when given)."""
+    reference = fresh_stack(kafka, f"{name}_reference", **SETTINGS)
+    own = kafka if store is None else kafka.model_copy(
+        update={"store": kafka.store.model_copy(update={"url": store.store_url})})
+    faulted = fresh_stack(own, f"{name}_faulted", **SETTINGS)
+    for config in (reference, faulted):
+        send(config, records)
+    return reference, faulted
+
+
+def kill_the_job(kafka: Config, spark: Any, kills: int, events: int = 600, seed: int = 7,
+                 name: str = "kills") -> Comparison:
+    """The job runs as its own process and is SIGKILLed (whole process group) ``kills`` times, each at a random
+    moment after it committed a new windows batch; then it runs to the end. Compared with a run never killed."""
+    rng = random.Random(seed)
+    records = workload(rng, events)
+    reference, faulted = two_runs(kafka, name, records)
+    run_job(spark, reference)
+    commits = faulted.checkpoint_dir / "windows" / "commits"
+    done = 0
+    for _ in range(kills):
+        before = len(list(commits.glob("[0-9]*")))
+        job = subprocess.Popen([sys.executable, "-m", "analytics.job"], env={**os.environ, **to_environ(faulted)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_until(lambda b=before: len(list(commits.glob("[0-9]*"))) > b, timeout_s=180)
+            time.sleep(rng.uniform(0.0, 3.0))                                 # a random moment mid-stream
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)                                # no shutdown hooks, no final commit
+            job.wait()
+        done += 1
+    expected = results(reference)
+    unfinished = results(faulted) != expected
+    run_job(spark, faulted)                                                   # restart, run to the end
+    comparison = compare(reference, faulted, done, len(records))
+    comparison.extra["unfinished_before_the_last_restart"] = unfinished
+    return comparison
+
+
+def store_away(kafka: Config, spark: Any, store: Config, store_process: subprocess.Popen[bytes], outage_s: float,
+               log_dir: Path, events: int = 600, seed: int = 3, name: str = "outage") -> Comparison:
+    """The store process (``store_process``, serving ``store``) is stopped once the faulted job committed two
+    windows batches, and started again (same port, same directory) ``outage_s`` later; meanwhile the job's
+    writes wait and retry. Compared with an uninterrupted run. ``extra["waits"]``: the job's log lines."""
+    import logging
+
+    from store import server
+
+    records = workload(random.Random(seed), events)
+    reference, faulted = two_runs(kafka, name, records, store)
+    run_job(spark, reference)
+    done = threading.Event()
+
+    def stop_then_restart() -> None:
+        wait_until(lambda: (faulted.checkpoint_dir / "windows" / "commits" / "1").exists(), timeout_s=300)
+        store_process.send_signal(signal.SIGTERM)                              # the store goes away mid-run
+        store_process.wait(timeout=60)
+        time.sleep(outage_s)
+        with server.child(store, log=log_dir / "store-2.log"):                 # same port, same directory
+            done.wait(timeout=900)
+
+    waits: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "store unreachable" in record.getMessage():
+                waits.append(record.getMessage())
+
+    handler, sinks_log = Collect(logging.WARNING), logging.getLogger("analytics.sinks")
+    outage = threading.Thread(target=stop_then_restart)
+    sinks_log.addHandler(handler)
+    outage.start()
+    try:
+        run_job(spark, faulted)
+    finally:
+        done.set()
+        sinks_log.removeHandler(handler)
+    outage.join(timeout=120)
+    with server.child(store, log=log_dir / "store-3.log"):
+        comparison = compare(reference, faulted, 1, len(records))
+    comparison.extra["waits"] = waits
+    return comparison
+
+
+# The broker killed under the SDK and the gateway ----------------------------------------------------------------
+@contextmanager
+def killable_broker(kafka: Config, data_dir: Path) -> Iterator[Config]:
+    """A broker of its own (own ports and data), so killing it leaves the session's broker serving."""
+    config = kafka.model_copy(update={
+        "paths": kafka.paths.model_copy(update={"data_dir": data_dir / "data"}),
+        "kafka": kafka.kafka.model_copy(update={"port": free_port(), "controller_port": free_port()}),
+        "gateway": kafka.gateway.model_copy(update={"tokens": [GATEWAY_TOKEN], "ack_timeout_s": 3.0}),
+        "sdk": kafka.sdk.model_copy(update={"reconnect_probe_s": 0.3, "spool_dir": data_dir / "spool"}),
+    })
+    broker.start(config)
+    try:
+        yield config
+    finally:
+        broker.stop(config)
+
+
+@dataclass
+class ProducedOutcome:
+    """What the clients were told was written, and what the job stored."""
+
+    broker_kills: int
+    sdk_events: int                    # events the SDK took (it promises each arrives)
+    sdk_spooled: int
+    sdk_dropped: int
+    gateway_acknowledged: list[float]  # values of the events of batches answered 200
+    gateway_answers: dict[int, int]    # HTTP status -> how many answers
+    records_on_topic: int              # every copy written, retries and replays included
+    accepted_ids: list[str]            # ids in the accepted-events log (what every window counted)
+    stored: dict[str, tuple[int, float]]   # per series: events and sum of values over the 60 s tumbling windows
+    stored_duplicates: int
+
+    @property
+    def lost(self) -> int:
+        expected = {"sdk_seq": self.sdk_events, "gateway_seq": len(self.gateway_acknowledged)}
+        return sum(max(0, n - self.stored.get(name, (0, 0.0))[0]) for name, n in expected.items())
+
+    @property
+    def double_counted(self) -> int:
+        expected = {"sdk_seq": self.sdk_events, "gateway_seq": len(self.gateway_acknowledged)}
+        return sum(max(0, self.stored.get(name, (0, 0.0))[0] - n) for name, n in expected.items()) \
+            + len(self.accepted_ids) - len(set(self.accepted_ids))
+
+
+def kill_the_broker(config: Config, spark: Any, sdk_events: int, gateway_batches: int, batch_size: int = 20,
+                    kills: int = 1, down_s: float = 3.0) -> ProducedOutcome:
+    """An SDK app (~2k events/s) and a gateway client (batches of ``batch_size``, each retried with the same ids
+    until answered 200) produce while the broker is SIGKILLed ``kills`` times, each restarted ``down_s`` later.
+    Then the job drains what was written."""
+    sdk = Client("sdk-app", "phone-1", config=config)
+    sdk_seq = sdk.gauge("sdk_seq")
+    acknowledged: list[float] = []
+    answers: Counter[int] = Counter()
+
+    def sdk_app() -> None:
+        for i in range(sdk_events):
+            sdk_seq.set(float(i))
+            if i % 100 == 0:
+                time.sleep(0.05)
+
+    def gateway_app(client: TestClient) -> None:
+        for b in range(gateway_batches):
+            values = [float(b * batch_size + j) for j in range(batch_size)]
+            at = now_ms()
+            batch = [metric_event(app="gateway-app", device="box-1", name="gateway_seq", value=v, event_time=at,
+                                  sent_time=at, event_id=f"gw-{v:.0f}") for v in values]
+            deadline = time.monotonic() + 120
+            while True:                     # the same batch, same ids, until the gateway says it is written
+                status = client.post("/v1/events", headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+                                     json=batch).status_code
+                answers[status] += 1
+                if status == 200 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            if status == 200:
+                acknowledged.extend(values)
+            time.sleep(0.02)
+
+    assert sdk.flush(30)                    # the topic's leader is up before the stream starts
+    with TestClient(create_app(config)) as gateway:
+        producers = [threading.Thread(target=sdk_app), threading.Thread(target=gateway_app, args=(gateway,))]
+        for p in producers:
+            p.start()
+        for _ in range(kills):
+            time.sleep(1.0)
+            pid = services.state(config, broker.SERVICE).pid
+            assert pid is not None
+            os.killpg(pid, signal.SIGKILL)                                    # no shutdown, no flush
+            time.sleep(down_s)
+            broker.start(config)
+        for p in producers:
+            p.join(timeout=600)
+    assert sdk.flush(120)
+    stats = sdk.stats()
+    sdk.close()
+    on_topic = len(broker.read_committed(config, timeout_s=60))
+    run_job(spark, config)
+    stored = {r["name"]: (r["n"], r["total"]) for r in rows(
+        config, "SELECT name, sum(event_count) AS n, sum(sum) AS total FROM window_aggregates FINAL "
+                "WHERE window_kind = 'tumbling' AND window_length_ms = 60000 GROUP BY name")}
+    [dups] = rows(config, "SELECT count() AS n FROM duplicates FINAL")
+    return ProducedOutcome(
+        kills, sdk_events, stats.spooled, stats.dropped_oldest + stats.dropped_newest + stats.dropped_spool_full,
+        acknowledged, dict(answers), on_topic,
+        pq.read_table(config.accepted_events_dir, columns=["id"])["id"].to_pylist(), stored, dups["n"])
