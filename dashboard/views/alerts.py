@@ -37,8 +37,8 @@ def page() -> None:
         else:
             fig = px.scatter(history, x="window_end", y="rule", color="to_state", symbol="severity",
                              color_discrete_map=STATE_COLOURS, hover_data=["series", "value", "threshold"],
-                             title="Transitions (window end, UTC)")
-            fig.update_layout(height=320, margin={"l": 40, "r": 20, "t": 50, "b": 40})
+                             title="Transitions")
+            common.time_axis(common.chart_layout(fig, height=320), (since, until), "window end (UTC)")
             st.plotly_chart(fig, width="stretch")
         st.subheader("Current state")
         if states.empty:

@@ -24,21 +24,22 @@ def page() -> None:
             st.info("No log windows in the chosen range yet.")
             return
         by_level = levels.groupby(["t", "level"], as_index=False)["lines"].sum()
-        fig = common.time_chart(by_level, "lines", f"Log lines per {resolution} s by level", "lines", "level",
-                                kind="bar")
+        span = (since, until)
+        fig = common.time_chart(by_level, "lines", f"Log lines per {resolution} s by level", "lines", span, "level",
+                                kind="bar", bucket_s=resolution)
         fig.for_each_trace(lambda trace: trace.update(marker_color=LEVEL_COLOURS.get(trace.name)))
         st.plotly_chart(fig, width="stretch")
         severe = levels[levels["level"].isin(["error", "critical"])]
         errors = severe.groupby(["t", "app"], as_index=False)["lines"].sum()
         left, right = st.columns(2)
         left.plotly_chart(common.time_chart(errors, "lines", f"Error + critical lines per {resolution} s by app",
-                                            "lines", "app"), width="stretch")
+                                            "lines", span, "app"), width="stretch")
         if peaks.empty:
             right.info("No sliding windows yet (they are emitted once the watermark passes each event).")
         else:
             length = int(peaks["window_s"].iloc[0])
             right.plotly_chart(common.time_chart(peaks, "peak", f"Error bursts: most error lines in any {length} s",
-                                                 "lines in a sliding window", "app"), width="stretch")
+                                                 "lines in a sliding window", span, "app"), width="stretch")
 
     live()
 

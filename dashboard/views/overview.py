@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
 from dashboard import common, queries
@@ -46,31 +45,30 @@ def page() -> None:
         if rates.empty:
             st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`).")
             return
+        span = (since, until)
         left, right = st.columns(2)
         chart = common.time_chart
-        left.plotly_chart(chart(rates, "events_per_s", "Events/s per app", "events / s", "app"), width="stretch")
-        right.plotly_chart(chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s", "app"),
-                           width="stretch")
+        left.plotly_chart(chart(rates, "events_per_s", "Events/s per app", "events / s", span, "app"),
+                          width="stretch")
+        right.plotly_chart(chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s", span,
+                                 "app"), width="stretch")
         left, right = st.columns(2)
         if dropped.empty:
             left.info("No dropped stragglers in the chosen range.")
         else:
-            left.plotly_chart(chart(dropped, "dropped", f"Dropped stragglers per {resolution} s", "events",
-                                    "window_kind", "bar"), width="stretch")
+            left.plotly_chart(chart(dropped, "dropped", f"Dropped stragglers per {resolution} s", "events", span,
+                                    "window_kind", "bar", resolution), width="stretch")
         if dead.empty:
             right.info("No dead letters in the chosen range.")
         else:
-            right.plotly_chart(chart(dead, "per_s", "Dead-letter rate", "records / s"), width="stretch")
+            right.plotly_chart(chart(dead, "per_s", "Dead-letter rate", "records / s", span), width="stretch")
         if duplicates.empty:
             st.info("No duplicates (re-sent events, same id) in the chosen range.")
         else:
             st.plotly_chart(chart(duplicates, "duplicates", "Duplicates per minute per app (re-sent, counted once)",
-                                  "records", "app", "bar"), width="stretch")
+                                  "records", span, "app", "bar", queries.DUPLICATE_BUCKET_S), width="stretch")
         if lag:
-            fig = px.bar(x=[str(p) for p in lag], y=list(lag.values()), title="Consumer lag per partition",
-                         labels={"x": "partition", "y": "records behind"})
-            fig.update_layout(height=260, margin={"l": 40, "r": 20, "t": 50, "b": 40})
-            st.plotly_chart(fig, width="stretch")
+            st.plotly_chart(common.partition_chart(lag), width="stretch")
         elif lag_error:
             st.warning(f"Consumer lag unknown: Kafka at {config.kafka.bootstrap} did not answer ({lag_error}).")
         firing = states[states["state"] == "firing"] if not states.empty else states

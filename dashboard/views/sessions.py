@@ -26,7 +26,8 @@ def page() -> None:
         cols[1].metric("median duration", f"{shapes['duration_s'].median():.0f} s")
         cols[2].metric("median events", f"{shapes['event_count'].median():.0f}")
         st.plotly_chart(common.time_chart(per_app, "sessions", f"Sessions ended per {resolution} s by app",
-                                          "sessions", "app", kind="bar"), width="stretch")
+                                          "sessions", (since, until), "app", kind="bar", bucket_s=resolution),
+                        width="stretch")
         left, right = st.columns(2)
         left.plotly_chart(common.histogram(shapes, "duration_s", "Session duration (s)", "app"), width="stretch")
         right.plotly_chart(common.histogram(shapes, "event_count", "Events per session", "app"), width="stretch")

@@ -33,7 +33,8 @@ def page() -> None:
         else:
             left, right = st.columns(2)
             left.plotly_chart(common.time_chart(dropped, "dropped", f"Dropped per {resolution} s by window kind",
-                                                "events", "window_kind", kind="bar"), width="stretch")
+                                                "events", (since, until), "window_kind", kind="bar",
+                                                bucket_s=resolution), width="stretch")
             right.plotly_chart(common.histogram(lateness, "lateness_s", "Lateness behind the watermark (s)",
                                                 "window_kind"), width="stretch")
             st.caption("Windows that lost the most events")
@@ -43,8 +44,8 @@ def page() -> None:
             st.info("No window was corrected by late events in the chosen range.")
         else:
             st.plotly_chart(common.time_chart(corrected, "windows", f"Windows corrected by late events per "
-                                              f"{resolution} s", "windows re-published", "window_kind", kind="bar"),
-                            width="stretch")
+                                              f"{resolution} s", "windows re-published", (since, until),
+                                              "window_kind", kind="bar", bucket_s=resolution), width="stretch")
         st.subheader("Device clocks")
         if clocks.empty:
             st.info("No device clock offsets in the chosen range yet.")
@@ -55,8 +56,8 @@ def page() -> None:
         worst = clocks.head(15).iloc[::-1]
         fig = px.bar(worst, x="offset_s", y=worst["app"] + " · " + worst["device"], orientation="h",
                      title="Worst device clocks (s off)", labels={"y": "device", "offset_s": "offset (s)"})
-        fig.update_layout(height=300, margin={"l": 40, "r": 20, "t": 50, "b": 40})
-        right.plotly_chart(fig, width="stretch")
+        fig.update_yaxes(type="category")     # device names, whatever they look like
+        right.plotly_chart(common.chart_layout(fig), width="stretch")
 
     live()
 
