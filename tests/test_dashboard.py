@@ -13,7 +13,7 @@ from datasketches import kll_doubles_sketch
 from streamlit.testing.v1 import AppTest
 
 from analytics.sinks import WINDOW_COLUMNS
-from dashboard import common
+from dashboard import common, queries
 from eventide.config import load_config, to_environ
 from store.client import connect
 from store.migrations import apply_migrations
@@ -358,3 +358,32 @@ def test_explorer_shows_hopping_and_sliding_windows_of_the_series(store):
     assert traces["max"] == [9.0, 10.0, 11.0, 12.0]
     assert any("4 sliding windows" in c.value for c in at.caption)
     assert _time_charts_span_the_range(at) == 2
+
+
+def test_device_clock_offsets_equal_the_newest_row_of_each_device_in_any_range(store):
+    """The Stragglers page reads per-minute newest offsets (sql/0008) instead of every device_clocks row: whatever
+    the range (ends inside a minute, newer rows after it, a device's newest row just outside), the answer is the
+    offset of each device's newest row in ``[since, until)``, as ``argMax`` over all rows gives it."""
+    t0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    rows = [["shop", f"phone-{d}", b, 1, 0, 0, float(100 * d + b), (t0 + timedelta(seconds=7 * b + d)).replace(
+        tzinfo=None), t0.replace(tzinfo=None)] for d in range(3) for b in range(40)]      # every 7 s for ~4.5 min
+    columns = ["app", "device", "batch_id", "events", "offset_min_ms", "offset_max_ms", "offset_avg_ms",
+               "last_received", "recorded_at"]
+    with connect(store) as client:
+        # Two inserts: the per-minute table then holds unmerged rows for the same minutes, as in production.
+        client.insert("device_clocks", rows[::2], column_names=columns)
+        client.insert("device_clocks", rows[1::2], column_names=columns)
+
+    def newest(since: datetime, until: datetime) -> dict[str, float]:
+        inside = [r for r in rows if since.replace(tzinfo=None) <= r[7] < until.replace(tzinfo=None)]
+        return {d: max((r[7], r[6]) for r in inside if r[1] == d)[1] / 1000 for d in {r[1] for r in inside}}
+
+    ranges = [(t0, t0 + timedelta(hours=1)),                                        # everything, whole minutes
+              (t0 + timedelta(seconds=30.5), t0 + timedelta(minutes=10)),            # starts inside a minute
+              (t0 + timedelta(seconds=61), t0 + timedelta(seconds=150.25)),          # ends inside one, newer after
+              (t0 + timedelta(seconds=125), t0 + timedelta(seconds=135)),            # inside one minute
+              (t0 + timedelta(seconds=3), t0 + timedelta(seconds=4))]                # between two rows: nothing
+    with connect(store) as client:
+        for since, until in ranges:
+            df = queries.device_clock_offsets(client, since, until)
+            assert dict(zip(df["device"], df["offset_s"], strict=True)) == newest(since, until), (since, until)
