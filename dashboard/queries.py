@@ -41,6 +41,10 @@ def resolutions_s(lengths_ms: list[int], extra_s: tuple[int, ...] = (300, 3600))
     return sorted({*lengths_s, *(r for r in extra_s if any(r % n == 0 for n in lengths_s))})
 
 
+CHARTED_QUANTILES = (0.5, 0.9, 0.99)
+"""The percentiles the explorer charts: only these are read from each bucket's merged sketch."""
+
+
 def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: datetime,
                    until: datetime) -> pd.DataFrame:
     """One row per bucket of ``resolution_s``: start, count, rate, p50/p90/p99, distinct users, final.
@@ -48,7 +52,8 @@ def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: 
     Buckets come from ``store.range_query``: sums add up and percentiles / distinct counts are read from the merged
     sketches of the bucket's windows, never averaged. Each window's newest version is used (corrections).
     """
-    buckets = range_query.range_buckets(client, series, since, until, resolution_s)
+    buckets = range_query.range_buckets(client, series, since, until, resolution_s, quantiles=CHARTED_QUANTILES,
+                                        devices=False)
     return pd.DataFrame([{
         "window_start": b.start, "event_count": b.count, "rate": b.rate,
         "p50": b.quantiles.get(0.5), "p90": b.quantiles.get(0.9), "p99": b.quantiles.get(0.99),
