@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 import plotly.express as px
@@ -39,8 +39,24 @@ def store(config: Config) -> Iterator[Client]:
         with connect(config) as client:
             yield client
     except StoreUnavailable as exc:
-        st.error(f"Store unreachable at {config.store_url}: {exc}")
-        st.stop()
+        _unreachable(config, exc)
+
+
+def fetch(config: Config, **calls: Callable[[Client], Any]) -> dict[str, Any]:
+    """The page's independent queries run side by side (``queries.concurrently``), results by keyword; an
+    unreachable store becomes an error naming the URL tried, and the page stops."""
+    from dashboard.queries import concurrently
+
+    try:
+        return concurrently(config, calls)
+    except StoreUnavailable as exc:
+        _unreachable(config, exc)
+        raise
+
+
+def _unreachable(config: Config, exc: StoreUnavailable) -> None:
+    st.error(f"Store unreachable at {config.store_url}: {exc}")
+    st.stop()
 
 
 def url_select(label: str, key: str, options: Sequence[T], format_func: Callable[[T], str] = str,

@@ -24,9 +24,9 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         since, until = common.last(minutes)
-        with common.store(config) as client:
-            states = queries.alert_states(client)
-            history = queries.alert_history(client, since, until)
+        data = common.fetch(config, states=queries.alert_states,
+                            history=lambda c: queries.alert_history(c, since, until))
+        states, history = data["states"], data["history"]
         firing = states[states["state"] == "firing"] if not states.empty else states
         left, middle, right = st.columns(3)
         left.metric("firing", len(firing))

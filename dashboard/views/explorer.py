@@ -32,12 +32,11 @@ def _param(series: SeriesKey) -> str:
 def page() -> None:
     st.title("Metric explorer")
     config = common.config_or_stop()
-    # One store open for the pickers (each open costs chDB time and leaks a little, docs/architecture.md).
-    with common.store(config) as client:
-        series = queries.list_series(client)
-        lengths = queries.window_lengths_ms(client)
-        if series:
-            chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
+    pickers = common.fetch(config, series=queries.list_series, lengths=queries.window_lengths_ms)
+    series, lengths = pickers["series"], pickers["lengths"]
+    if series:
+        chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
+        with common.store(config) as client:
             hopping = queries.hopping_specs(client, chosen)
     if not series:
         st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`); "

@@ -18,8 +18,11 @@ def page() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
             lengths, resolution = common.bucket_seconds(client, minutes)
-            levels = queries.log_levels(client, since, until, resolution, min(lengths)) if lengths else None
-            peaks = queries.error_burst_peaks(client, since, until, resolution)
+        data = common.fetch(
+            config,
+            levels=lambda c: queries.log_levels(c, since, until, resolution, min(lengths)) if lengths else None,
+            peaks=lambda c: queries.error_burst_peaks(c, since, until, resolution))
+        levels, peaks = data["levels"], data["peaks"]
         if levels is None or levels.empty:
             st.info("No log windows in the chosen range yet.")
             return

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pandas as pd
 import streamlit as st
+from clickhouse_connect.driver.client import Client
 
 from dashboard import common, queries
 from store import pipeline
@@ -23,18 +24,22 @@ def page() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
             lengths, resolution = common.bucket_seconds(client, minutes)
-            rates = queries.app_rates(client, since, until, resolution, min(lengths)) if lengths else pd.DataFrame()
-            dropped = queries.dropped_stragglers(client, since, until, resolution)
-            dead = queries.dead_letter_rate(client, since, until, resolution)
-            duplicates = queries.duplicates_per_app(client, since, until)
-            marks = pipeline.watermarks(client)
-            states = queries.alert_states(client)
+
+        def lag_or_error(client: Client) -> tuple[dict[int, int], str]:
             try:
-                lag = pipeline.consumer_lag(config, client)
+                return pipeline.consumer_lag(config, client), ""
             except Exception as exc:  # the broker may be down while the store is up: say so, keep the page
-                lag, lag_error = {}, str(exc)
-            else:
-                lag_error = ""
+                return {}, str(exc)
+
+        data = common.fetch(
+            config,
+            rates=lambda c: queries.app_rates(c, since, until, resolution, min(lengths)) if lengths else pd.DataFrame(),
+            dropped=lambda c: queries.dropped_stragglers(c, since, until, resolution),
+            dead=lambda c: queries.dead_letter_rate(c, since, until, resolution),
+            duplicates=lambda c: queries.duplicates_per_app(c, since, until),
+            marks=pipeline.watermarks, states=queries.alert_states, lag=lag_or_error)
+        rates, dropped, dead, duplicates = data["rates"], data["dropped"], data["dead"], data["duplicates"]
+        marks, states, (lag, lag_error) = data["marks"], data["states"], data["lag"]
         now = datetime.now(UTC)
         cols = st.columns(4)
         mark = marks.get(pipeline.WINDOWS_QUERY)

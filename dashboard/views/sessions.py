@@ -15,8 +15,9 @@ def page() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
             _, resolution = common.bucket_seconds(client, minutes)
-            per_app = queries.sessions_per_app(client, since, until, resolution)
-            shapes = queries.session_shapes(client, since, until)
+        data = common.fetch(config, per_app=lambda c: queries.sessions_per_app(c, since, until, resolution),
+                            shapes=lambda c: queries.session_shapes(c, since, until))
+        per_app, shapes = data["per_app"], data["shapes"]
         if per_app.empty:
             st.info("No sessions ended in the chosen range yet (a session ends once the watermark passes its "
                     f"last event + {config.stream.session_gap_s} s).")

@@ -22,11 +22,15 @@ def page() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
             _, resolution = common.bucket_seconds(client, minutes)
-            dropped = queries.dropped_stragglers(client, since, until, resolution)
-            lateness = queries.straggler_lateness(client, since, until)
-            worst_windows = queries.straggler_windows(client, since, until)
-            clocks = queries.device_clock_offsets(client, since, until)
-            corrected = queries.corrections_published(client, since, until, resolution)
+        data = common.fetch(
+            config,
+            dropped=lambda c: queries.dropped_stragglers(c, since, until, resolution),
+            lateness=lambda c: queries.straggler_lateness(c, since, until),
+            worst_windows=lambda c: queries.straggler_windows(c, since, until),
+            clocks=lambda c: queries.device_clock_offsets(c, since, until),
+            corrected=lambda c: queries.corrections_published(c, since, until, resolution))
+        dropped, lateness, worst_windows = data["dropped"], data["lateness"], data["worst_windows"]
+        clocks, corrected = data["clocks"], data["corrected"]
         st.subheader("Dropped stragglers")
         if dropped.empty:
             st.info("No stragglers dropped in the chosen range.")
