@@ -265,12 +265,16 @@ def _series_params(series: SeriesKey) -> dict[str, Any]:
     return {"app": series.app, "kind": series.kind, "name": series.name, "tags": series.series_tags}
 
 
-def hopping_specs(client: Client, series: SeriesKey) -> list[tuple[int, int]]:
-    """(length_ms, hop_ms) of the hopping windows stored for the series."""
-    rows = client.query("SELECT DISTINCT window_length_ms, window_hop_ms FROM window_aggregates "
-                        f"WHERE window_kind = 'hopping' AND {_series_filter()} ORDER BY 1, 2",
-                        parameters=_series_params(series)).result_rows
-    return [(int(length), int(hop)) for length, hop in rows]
+def hopping_specs(client: Client) -> dict[SeriesKey, list[tuple[int, int]]]:
+    """Per series with hopping windows: the (length_ms, hop_ms) stored, in order.
+
+    Every series at once, so the explorer asks beside ``list_series`` instead of after choosing a series."""
+    rows = client.query("SELECT DISTINCT app, kind, name, series_tags, window_length_ms, window_hop_ms "
+                        "FROM window_aggregates WHERE window_kind = 'hopping' ORDER BY ALL").result_rows
+    specs: dict[SeriesKey, list[tuple[int, int]]] = {}
+    for app, kind, name, tags, length, hop in rows:
+        specs.setdefault(SeriesKey(app, kind, name, tags), []).append((int(length), int(hop)))
+    return specs
 
 
 def hopping_windows(client: Client, series: SeriesKey, length_ms: int, hop_ms: int, since: datetime,
