@@ -115,7 +115,10 @@ def _bucketed(client: Client, sql: str, since: datetime, until: datetime, resolu
               **parameters: Any) -> pd.DataFrame:
     df = _frame(client, sql, since, until, r=resolution_s, **parameters)
     if not df.empty:
-        df["t"] = pd.to_datetime(df["t"], utc=True)
+        # toStartOfInterval gives a DateTime, which Arrow carries as seconds since the epoch (UInt32).
+        t = df["t"]
+        df["t"] = pd.to_datetime(t, unit="s", utc=True) if pd.api.types.is_integer_dtype(t) else pd.to_datetime(
+            t, utc=True)
     return df
 
 
@@ -202,7 +205,8 @@ def _frame(client: Client, sql: str, since: datetime, until: datetime, **paramet
     """The result of ``sql`` over ``[since, until)`` (``{lo}``, ``{hi}``) as a DataFrame, read as Arrow columns.
 
     Building the frame from Python row tuples cost ~300 ms for the 100,000 rows of a histogram, Arrow ~40 ms.
-    Timestamps are given back naive (UTC), as the row API gives them, so tables show them as before.
+    ``DateTime64`` columns are given back naive (UTC), as the row API gives them, so tables show them as before;
+    Arrow carries a plain ``DateTime`` as seconds since the epoch (UInt32), see :func:`_bucketed`.
     """
     table = client.query_arrow(sql, parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None),
                                                 **parameters})

@@ -62,7 +62,8 @@ def _time_charts_span_the_range(at: AppTest, minutes: int = 15) -> int:
     charts there were, so a caller can tell the check was not vacuous.
 
     Every legend sits above its plot (below, it covered the x-axis title); every time axis spans exactly the
-    chosen range, ending now, whatever the data covers; no tick is labelled finer than a second.
+    chosen range, ending now, whatever the data covers, and the data lies in it (a bucket may start up to a bucket
+    before); no tick is labelled finer than a second.
     """
     now = datetime.now(UTC).replace(tzinfo=None)
     time_charts = 0
@@ -75,6 +76,8 @@ def _time_charts_span_the_range(at: AppTest, minutes: int = 15) -> int:
         lo, hi = (datetime.fromisoformat(t) for t in layout["xaxis"]["range"])
         assert hi - lo == timedelta(minutes=minutes), layout["title"]
         assert abs(now - hi) < timedelta(seconds=30), (layout["title"], hi, now)
+        xs = [datetime.fromisoformat(x) for trace in spec["data"] for x in trace["x"]]
+        assert xs and all(lo - timedelta(hours=1) <= x <= hi for x in xs), (layout["title"], min(xs), max(xs))
         assert all("%L" not in stop["value"] for stop in layout["xaxis"]["tickformatstops"])
     return time_charts
 
