@@ -421,12 +421,10 @@ def overview(config: Config, r: Render, since: datetime, until: datetime, minute
 def explorer(kind: str, resolution_s: int | None = None) -> Callable[[Config, Render, datetime, datetime, int], None]:
     """The explorer page for the busiest series of the window kind's family (logs for sliding windows)."""
     def render(config: Config, r: Render, since: datetime, until: datetime, minutes: int) -> None:
-        pickers = queries.concurrently(config, {
-            "series": lambda c: r("list_series", queries.list_series, c),
-            "lengths": lambda c: r("window_lengths_ms", queries.window_lengths_ms, c),
-            "hopping": lambda c: r("hopping_specs", queries.hopping_specs, c)})
-        chosen = next(s for s in pickers["series"] if (s.kind == "log") == (kind == "sliding"))
-        hopping = pickers["hopping"].get(chosen, [])
+        with connect(config) as client:
+            catalog = r("series_catalog", queries.series_catalog, client)
+        chosen = next(s for s in catalog.series if (s.kind == "log") == (kind == "sliding"))
+        hopping = catalog.hopping.get(chosen, [])
         with connect(config) as client:
             if kind == "tumbling":
                 r("series_buckets", queries.series_buckets, client, chosen, resolution_s, since, until)

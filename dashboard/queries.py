@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -41,13 +42,38 @@ def concurrently(config: Config, calls: Mapping[str, Callable[[Client], Any]]) -
     return {name: future.result() for name, future in futures.items()}
 
 
-def list_series(client: Client) -> list[SeriesKey]:
-    """Every series that has at least one window, most active first."""
+@dataclass(frozen=True)
+class SeriesCatalog:
+    """What the explorer's pickers offer: the series, most active first, and the windows stored for them."""
+
+    series: list[SeriesKey]
+    lengths_ms: list[int]
+    """Stored tumbling window lengths, as :func:`window_lengths_ms`."""
+    hopping: dict[SeriesKey, list[tuple[int, int]]]
+    """Per series with hopping windows: their (length_ms, hop_ms), in order."""
+
+
+def series_catalog(client: Client) -> SeriesCatalog:
+    """Every series that has at least one window (most active first: most events summed over the newest version of
+    all its windows), the tumbling lengths and each series' hopping windowings, from one pass over the windows.
+
+    One query where the explorer made three (series, lengths, hopping specs), each a scan of ``window_aggregates``.
+    """
     rows = client.query(
-        "SELECT app, kind, name, series_tags FROM window_aggregates FINAL "
-        "GROUP BY app, kind, name, series_tags ORDER BY sum(event_count) DESC"
+        "SELECT app, kind, name, series_tags, window_kind, window_length_ms, window_hop_ms, sum(event_count) "
+        "FROM window_aggregates FINAL GROUP BY ALL ORDER BY window_length_ms, window_hop_ms"
     ).result_rows
-    return [SeriesKey(*row) for row in rows]
+    events: dict[SeriesKey, int] = {}
+    lengths: set[int] = set()
+    hopping: dict[SeriesKey, list[tuple[int, int]]] = {}
+    for app, kind, name, tags, window_kind, length, hop, count in rows:
+        series = SeriesKey(app, kind, name, tags)
+        events[series] = events.get(series, 0) + int(count)
+        if window_kind == "tumbling":
+            lengths.add(int(length))
+        elif window_kind == "hopping":
+            hopping.setdefault(series, []).append((int(length), int(hop)))
+    return SeriesCatalog(sorted(events, key=lambda s: -events[s]), sorted(lengths), hopping)
 
 
 def window_lengths_ms(client: Client) -> list[int]:
@@ -267,18 +293,6 @@ def _series_filter() -> str:
 
 def _series_params(series: SeriesKey) -> dict[str, Any]:
     return {"app": series.app, "kind": series.kind, "name": series.name, "tags": series.series_tags}
-
-
-def hopping_specs(client: Client) -> dict[SeriesKey, list[tuple[int, int]]]:
-    """Per series with hopping windows: the (length_ms, hop_ms) stored, in order.
-
-    Every series at once, so the explorer asks beside ``list_series`` instead of after choosing a series."""
-    rows = client.query("SELECT DISTINCT app, kind, name, series_tags, window_length_ms, window_hop_ms "
-                        "FROM window_aggregates WHERE window_kind = 'hopping' ORDER BY ALL").result_rows
-    specs: dict[SeriesKey, list[tuple[int, int]]] = {}
-    for app, kind, name, tags, length, hop in rows:
-        specs.setdefault(SeriesKey(app, kind, name, tags), []).append((int(length), int(hop)))
-    return specs
 
 
 def hopping_windows(client: Client, series: SeriesKey, length_ms: int, hop_ms: int, since: datetime,

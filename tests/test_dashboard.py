@@ -390,3 +390,21 @@ def test_device_clock_offsets_equal_the_newest_row_of_each_device_in_any_range(s
         for since, until in ranges:
             df = queries.device_clock_offsets(client, since, until)
             assert dict(zip(df["device"], df["offset_s"], strict=True)) == newest(since, until), (since, until)
+
+
+def test_the_series_catalog_lists_series_by_events_with_their_tumbling_lengths_and_hopping_windows(store):
+    now = datetime.now(UTC).replace(microsecond=0, second=0, tzinfo=None)
+    quiet = [_window(now - timedelta(minutes=i), 5, 1.0) for i in range(1, 3)]            # shop: 10 events
+    busy = []                                                                            # search: 40, in 2 kinds
+    for i, (kind, length, hop) in enumerate([("tumbling", 60_000, 60_000), ("hopping", 300_000, 60_000)]):
+        row = dict(zip(WINDOW_COLUMNS, _window(now - timedelta(minutes=5 + i), 20, 2.0), strict=True))
+        row.update(app="search", window_kind=kind, window_length_ms=length, window_hop_ms=hop,
+                   window_end=row["window_start"] + timedelta(milliseconds=length))
+        busy.append([row[c] for c in WINDOW_COLUMNS])
+    with connect(store) as client:
+        client.insert("window_aggregates", [[*r, 1, now] for r in quiet + busy],
+                      column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+        catalog = queries.series_catalog(client)
+        assert catalog.lengths_ms == queries.window_lengths_ms(client) == [10_000, 60_000]
+    assert [s.app for s in catalog.series] == ["search", "shop"]
+    assert {s.app: specs for s, specs in catalog.hopping.items()} == {"search": [(300_000, 60_000)]}

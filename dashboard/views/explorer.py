@@ -32,12 +32,12 @@ def _param(series: SeriesKey) -> str:
 def page() -> None:
     st.title("Metric explorer")
     config = common.config_or_stop()
-    pickers = common.fetch(config, series=queries.list_series, lengths=queries.window_lengths_ms,
-                           hopping=queries.hopping_specs)
-    series, lengths = pickers["series"], pickers["lengths"]
+    with common.store(config) as client:
+        catalog = queries.series_catalog(client)
+    series, lengths = catalog.series, catalog.lengths_ms
     if series:
         chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
-        hopping = pickers["hopping"].get(chosen, [])
+        hopping = catalog.hopping.get(chosen, [])
     if not series:
         st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`); "
                 "the first windows appear once a micro-batch has run.")
