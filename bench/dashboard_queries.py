@@ -4,9 +4,11 @@ Serves a temporary embedded store (``python -m store.server`` over a fresh chDB 
 port), fills it with 24 h of what the stream job and the alert evaluator write for 50 series (5 apps x 8 metric +
 2 log names; tumbling windows with real KLL/HLL sketches, hopping windows, stragglers, corrections, dead letters,
 sessions, sliding windows, device clocks, pipeline progress, alerts), then renders each page's data N times the way
-the page does: the same ``dashboard.queries`` / ``store.pipeline`` calls with the same arguments, inside one
-``store.client.connect`` per ``common.store`` block of the page (a client's set-up is part of every real render).
-Plotly/Streamlit rendering is not included; Kafka (consumer lag) is skipped.
+the page does: the same ``dashboard.queries`` / ``store.pipeline`` calls with the same arguments, one
+``store.client.connect`` per ``common.store`` block of the page and side by side where the page runs them side by
+side (``common.fetch`` = ``queries.concurrently``), so a render's time is what the page waits for. Per call, the
+median time of the slowest calls (overlapping calls each count their own wait). Plotly/Streamlit rendering is not
+included; Kafka (consumer lag) is skipped.
 
     .venv/bin/python bench/dashboard_queries.py --repeat 20
     .venv/bin/python bench/dashboard_queries.py --tumbling 10,60   # the default config's windows (6x the rows)
@@ -33,6 +35,8 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from datasketches import hll_sketch, hll_union, kll_doubles_sketch
 
+from analytics.keyed_windows import KEYED_WINDOWS_QUERY
+from analytics.sinks import ACCEPT_QUERY
 from dashboard import queries
 from eventide.config import Config, load_config
 from eventide.services import free_port
@@ -298,7 +302,7 @@ def _other_tables(load: Load, t0_ms: int, rng: np.random.Generator) -> Iterator[
         "level_warning": np.full(n, 5, np.uint64), "level_error": errors.astype(np.uint64),
         "level_critical": np.zeros(n, np.uint64), "version": np.ones(n, np.uint64), "written_at": _ms(end)})
 
-    # Device clocks: every device in every micro-batch of the dead_letters query (a day per insert).
+    # Device clocks: every device in every micro-batch of the accept query (a day per insert).
     batches = load.hours * 3600 // load.trigger_s
     devices = [(f"app-{a}", f"app-{a}-device-{d}") for a in range(load.apps) for d in range(load.devices_per_app)]
     offset = rng.normal(0, 5_000, len(devices))
@@ -318,11 +322,11 @@ def _other_tables(load: Load, t0_ms: int, rng: np.random.Generator) -> Iterator[
 
     # Pipeline progress: every micro-batch of the three queries, with Spark's sources JSON.
     at = t0_ms + np.arange(batches, dtype=np.int64) * load.trigger_s * 1000
-    for query in ("windows", "keyed_windows", "dead_letters"):
+    for query in (pipeline.WINDOWS_QUERY, KEYED_WINDOWS_QUERY, ACCEPT_QUERY):
         sources = [json.dumps([{"description": "KafkaV2[Subscribe[eventide.events]]",
                                 "endOffset": {"eventide.events": {str(p): int(b) * 500 + p for p in range(4)}}}])
                    for b in range(batches)]
-        mark = at - 30_000 if query != "dead_letters" else np.zeros(batches, np.int64)
+        mark = at - 30_000 if query != ACCEPT_QUERY else np.zeros(batches, np.int64)   # accept has no watermark
         yield "pipeline_progress", pa.table({
             "query_name": [query] * batches, "query_id": ["q"] * batches, "run_id": ["r"] * batches,
             "batch_id": np.arange(batches, dtype=np.uint64), "batch_timestamp": _ms(at), "watermark": _ms(mark),
@@ -402,24 +406,25 @@ class Render:
 def overview(config: Config, r: Render, since: datetime, until: datetime, minutes: int) -> None:
     with connect(config) as client:
         lengths = r("window_lengths_ms", queries.window_lengths_ms, client)
-        resolution = queries.overview_resolution_s(lengths, minutes)
-        r("app_rates", queries.app_rates, client, since, until, resolution, min(lengths))
-        r("dropped_stragglers", queries.dropped_stragglers, client, since, until, resolution)
-        r("dead_letter_rate", queries.dead_letter_rate, client, since, until, resolution)
-        r("watermarks", pipeline.watermarks, client)
-        r("alert_states", queries.alert_states, client)
+    resolution = queries.overview_resolution_s(lengths, minutes)
+    queries.concurrently(config, {
+        "rates": lambda c: r("app_rates", queries.app_rates, c, since, until, resolution, min(lengths)),
+        "dropped": lambda c: r("dropped_stragglers", queries.dropped_stragglers, c, since, until, resolution),
+        "dead": lambda c: r("dead_letter_rate", queries.dead_letter_rate, c, since, until, resolution),
+        "duplicates": lambda c: r("duplicates_per_app", queries.duplicates_per_app, c, since, until),
+        "marks": lambda c: r("watermarks", pipeline.watermarks, c),
+        "states": lambda c: r("alert_states", queries.alert_states, c),
         # consumer_lag's store half; its Kafka half (end offsets from the broker) is not part of this bench.
-        r("processed_offsets", pipeline.processed_offsets, client, config.kafka.events_topic)
+        "lag": lambda c: r("processed_offsets", pipeline.processed_offsets, c, config.kafka.events_topic)})
 
 
 def explorer(kind: str, resolution_s: int | None = None) -> Callable[[Config, Render, datetime, datetime, int], None]:
     """The explorer page for the busiest series of the window kind's family (logs for sliding windows)."""
     def render(config: Config, r: Render, since: datetime, until: datetime, minutes: int) -> None:
         with connect(config) as client:
-            series = r("list_series", queries.list_series, client)
-            r("window_lengths_ms", queries.window_lengths_ms, client)
-            chosen = next(s for s in series if (s.kind == "log") == (kind == "sliding"))
-            hopping = r("hopping_specs", queries.hopping_specs, client, chosen)
+            catalog = r("series_catalog", queries.series_catalog, client)
+        chosen = next(s for s in catalog.series if (s.kind == "log") == (kind == "sliding"))
+        hopping = catalog.hopping.get(chosen, [])
         with connect(config) as client:
             if kind == "tumbling":
                 r("series_buckets", queries.series_buckets, client, chosen, resolution_s, since, until)
@@ -433,34 +438,37 @@ def explorer(kind: str, resolution_s: int | None = None) -> Callable[[Config, Re
 def logs(config: Config, r: Render, since: datetime, until: datetime, minutes: int) -> None:
     with connect(config) as client:
         lengths = r("window_lengths_ms", queries.window_lengths_ms, client)
-        resolution = queries.overview_resolution_s(lengths, minutes)
-        r("log_levels", queries.log_levels, client, since, until, resolution, min(lengths))
-        r("error_burst_peaks", queries.error_burst_peaks, client, since, until, resolution)
+    resolution = queries.overview_resolution_s(lengths, minutes)
+    queries.concurrently(config, {
+        "levels": lambda c: r("log_levels", queries.log_levels, c, since, until, resolution, min(lengths)),
+        "peaks": lambda c: r("error_burst_peaks", queries.error_burst_peaks, c, since, until, resolution)})
 
 
 def sessions(config: Config, r: Render, since: datetime, until: datetime, minutes: int) -> None:
     with connect(config) as client:
         lengths = r("window_lengths_ms", queries.window_lengths_ms, client)
-        resolution = queries.overview_resolution_s(lengths, minutes)
-        r("sessions_per_app", queries.sessions_per_app, client, since, until, resolution)
-        r("session_shapes", queries.session_shapes, client, since, until)
+    resolution = queries.overview_resolution_s(lengths, minutes)
+    queries.concurrently(config, {
+        "per_app": lambda c: r("sessions_per_app", queries.sessions_per_app, c, since, until, resolution),
+        "shapes": lambda c: r("session_shapes", queries.session_shapes, c, since, until)})
 
 
 def stragglers(config: Config, r: Render, since: datetime, until: datetime, minutes: int) -> None:
     with connect(config) as client:
         lengths = r("window_lengths_ms", queries.window_lengths_ms, client)
-        resolution = queries.overview_resolution_s(lengths, minutes)
-        r("dropped_stragglers", queries.dropped_stragglers, client, since, until, resolution)
-        r("straggler_lateness", queries.straggler_lateness, client, since, until)
-        r("straggler_windows", queries.straggler_windows, client, since, until)
-        r("device_clock_offsets", queries.device_clock_offsets, client, since, until)
-        r("corrections_published", queries.corrections_published, client, since, until, resolution)
+    resolution = queries.overview_resolution_s(lengths, minutes)
+    queries.concurrently(config, {
+        "dropped": lambda c: r("dropped_stragglers", queries.dropped_stragglers, c, since, until, resolution),
+        "lateness": lambda c: r("straggler_lateness", queries.straggler_lateness, c, since, until),
+        "worst": lambda c: r("straggler_windows", queries.straggler_windows, c, since, until),
+        "clocks": lambda c: r("device_clock_offsets", queries.device_clock_offsets, c, since, until),
+        "corrected": lambda c: r("corrections_published", queries.corrections_published, c, since, until,
+                                 resolution)})
 
 
 def alerts(config: Config, r: Render, since: datetime, until: datetime, minutes: int) -> None:
-    with connect(config) as client:
-        r("alert_states", queries.alert_states, client)
-        r("alert_history", queries.alert_history, client, since, until)
+    queries.concurrently(config, {"states": lambda c: r("alert_states", queries.alert_states, c),
+                                  "history": lambda c: r("alert_history", queries.alert_history, c, since, until)})
 
 
 def main() -> None:
@@ -532,12 +540,10 @@ def run(config: Config, load: Load, data: Path, repeat: int) -> None:
             totals.append(time.perf_counter() - t)
             runs.append(r)
         calls = {c: statistics.median(run.seconds[c] for run in runs) for c in runs[0].seconds}
-        opened = statistics.median(total - sum(run.seconds.values()) for total, run in zip(totals, runs,
-                                                                                           strict=True))
         top = sorted(calls.items(), key=lambda kv: -kv[1])[:4]
         detail = ", ".join(f"{c} {s * 1000:.0f} ({runs[0].rows[c]:,})" for c, s in top)
         print(f"{name:<32} {_percentile(totals, 0.5):>7.3f} {_percentile(totals, 0.95):>7.3f} "
-              f"{max(totals):>7.3f}   {detail}; client set-up {opened * 1000:.0f}")
+              f"{max(totals):>7.3f}   {detail}")
 
 
 if __name__ == "__main__":

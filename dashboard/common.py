@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 import plotly.express as px
@@ -39,8 +39,24 @@ def store(config: Config) -> Iterator[Client]:
         with connect(config) as client:
             yield client
     except StoreUnavailable as exc:
-        st.error(f"Store unreachable at {config.store_url}: {exc}")
-        st.stop()
+        _unreachable(config, exc)
+
+
+def fetch(config: Config, **calls: Callable[[Client], Any]) -> dict[str, Any]:
+    """The page's independent queries run side by side (``queries.concurrently``), results by keyword; an
+    unreachable store becomes an error naming the URL tried, and the page stops."""
+    from dashboard.queries import concurrently
+
+    try:
+        return concurrently(config, calls)
+    except StoreUnavailable as exc:
+        _unreachable(config, exc)
+        raise
+
+
+def _unreachable(config: Config, exc: StoreUnavailable) -> None:
+    st.error(f"Store unreachable at {config.store_url}: {exc}")
+    st.stop()
 
 
 def url_select(label: str, key: str, options: Sequence[T], format_func: Callable[[T], str] = str,
@@ -94,18 +110,64 @@ def last(minutes: int) -> tuple[datetime, datetime]:
     return until - timedelta(minutes=minutes), until
 
 
-def time_chart(df: pd.DataFrame, y: str, title: str, unit: str, colour: str | None = None,
-               kind: str = "line", height: int = 300) -> go.Figure:
-    """A line (or bar) chart over the ``t`` column, one trace per value of ``colour``."""
+# Chart look ----------------------------------------------------------------------------------------------------
+# Every figure goes through chart_layout, every time chart also through time_axis, so a fix applies to all pages.
+
+LEGEND_ABOVE = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0}
+"""A horizontal legend in the top margin: below the plot it covered the x-axis title and the date under the ticks."""
+MARGIN = {"l": 40, "r": 20, "t": 80, "b": 40}
+"""The top margin holds the title and a row or two of legend."""
+NO_SUB_SECOND_TICKS = [{"dtickrange": [None, 1000], "value": "%H:%M:%S"}]
+"""Plotly labels ticks closer than 1 s with milliseconds (``18:44:49.9998``); nothing here is finer than 1 s."""
+
+
+def chart_layout(fig: go.Figure, height: int = 300) -> go.Figure:
+    """The layout every dashboard figure shares: title at the top, legend between it and the plot."""
+    fig.update_layout(height=height, margin=MARGIN, legend=LEGEND_ABOVE,
+                      title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 12}})
+    return fig
+
+
+def time_axis(fig: go.Figure, span: tuple[datetime, datetime], title: str = "UTC") -> go.Figure:
+    """The x axis spans the chosen range ``span`` (since, until), however much of it the data covers.
+
+    Without a fixed range Plotly zooms to the data: a few buckets looked like the whole range, and a single one
+    gave an axis milliseconds wide. Plotly reads naive datetimes as they are, so both ends are given in UTC.
+    """
+    fig.update_xaxes(type="date", range=[_naive_utc(t) for t in span], tickformatstops=NO_SUB_SECOND_TICKS,
+                     title_text=title)
+    # A line needs two points: a line trace with one gets its marker, or it would not show at all.
+    fig.for_each_trace(lambda t: t.update(mode="lines+markers")
+                       if t.type == "scatter" and t.mode == "lines" and t.x is not None and len(t.x) < 2 else None)
+    return fig
+
+
+def _naive_utc(t: datetime) -> datetime:
+    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t
+
+
+def time_chart(df: pd.DataFrame, y: str, title: str, unit: str, span: tuple[datetime, datetime],
+               colour: str | None = None, kind: str = "line", bucket_s: int | None = None,
+               height: int = 300) -> go.Figure:
+    """A line (or bar) chart over the ``t`` column (bucket starts), one trace per value of ``colour``, across
+    ``span``. Bars are ``bucket_s`` wide from their bucket's start, so one bucket is as wide as it lasts."""
     draw = px.bar if kind == "bar" else px.line
     fig = draw(df, x="t", y=y, color=colour, title=title)
-    fig.update_layout(height=height, yaxis_title=unit, xaxis_title="UTC", legend={"orientation": "h"},
-                      margin={"l": 40, "r": 20, "t": 50, "b": 40})
-    return fig
+    if kind == "bar" and bucket_s:
+        fig.update_traces(width=bucket_s * 1000, offset=0)
+    fig.update_yaxes(title_text=unit, rangemode="nonnegative")     # counts and rates: never below 0
+    return time_axis(chart_layout(fig, height), span)
 
 
 def histogram(df: pd.DataFrame, x: str, title: str, colour: str | None = None, log_y: bool = True) -> go.Figure:
     fig = px.histogram(df, x=x, color=colour, title=title, log_y=log_y, nbins=60)
-    fig.update_layout(height=300, bargap=0.05, legend={"orientation": "h"},
-                      margin={"l": 40, "r": 20, "t": 50, "b": 40})
-    return fig
+    fig.update_layout(bargap=0.05)
+    return chart_layout(fig)
+
+
+def partition_chart(records_behind: dict[int, int]) -> go.Figure:
+    """Consumer lag per Kafka partition: partitions are names, not numbers (a numeric axis drew ``0.5`` ticks)."""
+    fig = px.bar(x=[str(p) for p in records_behind], y=list(records_behind.values()),
+                 title="Consumer lag per partition", labels={"x": "partition", "y": "records behind"})
+    fig.update_xaxes(type="category")
+    return chart_layout(fig, height=260)

@@ -19,7 +19,7 @@ WINDOWS_QUERY = "windows"
 
 def watermarks(client: Client) -> dict[str, datetime]:
     """Latest watermark per streaming query (queries without one, like dead letters, are left out)."""
-    rows = client.query("SELECT query_name, max(watermark) FROM pipeline_progress GROUP BY query_name").result_rows
+    rows = client.query("SELECT query_name, watermark FROM query_watermarks").result_rows
     marks = {name: mark.replace(tzinfo=UTC) for name, mark in rows if mark is not None}
     return {name: mark for name, mark in marks.items() if mark.timestamp() > 0}
 

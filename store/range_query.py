@@ -201,6 +201,7 @@ def range_buckets(
     quantiles: Sequence[float] = DEFAULT_QUANTILES,
     source_length_s: float | None = None,
     hll_lg_k: int | None = None,
+    devices: bool = True,
 ) -> list[RangeStats]:
     """One :class:`RangeStats` per bucket ``[k·R, (k+1)·R)`` (R = ``resolution_s``, aligned to the epoch) that
     overlaps ``[start, end)``, oldest first, including buckets without windows (count 0).
@@ -208,6 +209,8 @@ def range_buckets(
     The source windows are the largest stored tumbling length dividing R, so every bucket is an exact union of
     windows; the first and last bucket are clipped to the (snapped) range and report the span they cover.
     Raises ``ValueError`` when the only stored lengths do not divide R (buckets would cut windows in two).
+    ``devices=False`` neither fetches nor merges the devices sketches (a third of the sketch work per bucket):
+    ``distinct_devices`` then reads 0 and ``devices_sketch`` None.
     """
     start_ms, end_ms = _epoch_ms(start), _epoch_ms(end)
     resolution_ms = round(resolution_s * 1000)
@@ -216,7 +219,7 @@ def range_buckets(
     _check_quantiles(quantiles)
     if end_ms <= start_ms:
         return []
-    length_ms, rows = _fetch(client, series, start_ms, end_ms, resolution_ms, source_length_s)
+    length_ms, rows = _fetch(client, series, start_ms, end_ms, resolution_ms, source_length_s, devices)
     if length_ms is not None and resolution_ms % length_ms:
         raise ValueError(f"no stored tumbling window length divides the resolution {resolution_s} s "
                          f"(closest: {length_ms / 1000} s windows)")
@@ -254,6 +257,10 @@ class _Row(NamedTuple):
     is_final: int
 
 
+_LEVEL_FIELDS = tuple((level, f"level_{level}") for level in LEVELS)
+_NO_ROWS = _Row(*([()] * len(_Row._fields)))
+"""Column-wise view of no windows (see ``_combine``)."""
+
 _SERIES_IN_RANGE = (
     "window_kind = 'tumbling' AND app = {app:String} AND kind = {kind:String} AND name = {name:String} "
     "AND series_tags = {tags:String} "
@@ -277,7 +284,7 @@ _WINDOWS_SQL = (
 
 
 def _fetch(client: Client, series: SeriesKey, start_ms: int, end_ms: int, align_ms: int,
-           source_length_s: float | None) -> tuple[int | None, list[_Row]]:
+           source_length_s: float | None, devices: bool = True) -> tuple[int | None, list[_Row]]:
     """(source window length in ms or None when unknown, the windows of that length inside the range)."""
     parameters: dict[str, Any] = {"app": series.app, "kind": series.kind, "name": series.name,
                                   "tags": series.series_tags, "start_ms": start_ms, "end_ms": end_ms}
@@ -289,8 +296,10 @@ def _fetch(client: Client, series: SeriesKey, start_ms: int, end_ms: int, align_
         if parameters["length_ms"] <= 0:
             raise ValueError(f"source_length_s must be positive, got {source_length_s}")
         length = "{length_ms:UInt64}"
-    result = client.query(_WINDOWS_SQL.replace("{length}", length), parameters=parameters,
-                          column_formats=_SKETCH_FORMATS)
+    sql = _WINDOWS_SQL.replace("{length}", length)
+    if not devices:
+        sql = sql.replace("devices_sketch,", "'' AS devices_sketch,")
+    result = client.query(sql, parameters=parameters, column_formats=_SKETCH_FORMATS)
     rows = [_Row(*row) for row in result.result_rows]
     if source_length_s is not None:
         return parameters["length_ms"], rows
@@ -299,26 +308,31 @@ def _fetch(client: Client, series: SeriesKey, start_ms: int, end_ms: int, align_
 
 def _combine(rows: list[_Row], lo: int, hi: int, length_ms: int | None, quantiles: Sequence[float],
              hll_lg_k: int | None, horizon_ms: int | None) -> RangeStats:
-    values = merge_kll(r.value_sketch for r in rows)
-    users = merge_hll((r.users_sketch for r in rows), hll_lg_k)
-    devices = merge_hll((r.devices_sketch for r in rows), hll_lg_k)
-    mins = [r.min for r in rows if r.min is not None]
-    maxs = [r.max for r in rows if r.max is not None]
+    # Column-wise (one tuple per field): sums over tuples run in C, where a generator per field and bucket cost
+    # more than the sketches for a day of 60 s buckets.
+    cols = _Row(*zip(*rows, strict=True)) if rows else _NO_ROWS
+    values = merge_kll(cols.value_sketch)
+    users = merge_hll(cols.users_sketch, hll_lg_k)
+    devices = merge_hll(cols.devices_sketch, hll_lg_k)
+    mins = [m for m in cols.min if m is not None]
+    maxs = [m for m in cols.max if m is not None]
+    # One sorted view of the sketch for all ranks (get_quantile per rank built it once per rank).
+    ranked = values.get_quantiles(list(quantiles), inclusive=True) if values is not None else [None] * len(quantiles)
     return RangeStats(
         start=_EPOCH + lo * _MS,
         end=_EPOCH + hi * _MS,
         source_length_s=length_ms / 1000 if length_ms is not None else None,
         windows=len(rows),
-        count=sum(int(r.event_count) for r in rows),
-        value_count=sum(int(r.value_count) for r in rows),
+        count=int(sum(cols.event_count)),
+        value_count=int(sum(cols.value_count)),
         # fsum: the correctly rounded sum of the window sums, independent of their order.
-        sum=math.fsum(r.sum for r in rows),
+        sum=math.fsum(cols.sum),
         min=min(mins) if mins else None,
         max=max(maxs) if maxs else None,
-        quantiles={q: (values.get_quantile(q, inclusive=True) if values is not None else None) for q in quantiles},
+        quantiles=dict(zip(quantiles, ranked, strict=True)),
         distinct_users=hll_estimate(users),
         distinct_devices=hll_estimate(devices),
-        levels={level: sum(int(getattr(r, f"level_{level}")) for r in rows) for level in LEVELS},
+        levels={level: int(sum(getattr(cols, field))) for level, field in _LEVEL_FIELDS},
         final=horizon_ms is not None and horizon_ms >= hi,
         value_sketch=values,
         users_sketch=users,

@@ -7,11 +7,13 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import pandas as pd
 import pytest
 from datasketches import kll_doubles_sketch
 from streamlit.testing.v1 import AppTest
 
 from analytics.sinks import WINDOW_COLUMNS
+from dashboard import common, queries
 from eventide.config import load_config, to_environ
 from store.client import connect
 from store.migrations import apply_migrations
@@ -51,6 +53,55 @@ def _values(y: list | dict) -> list[float]:
     return list(y)
 
 
+def _specs(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _time_charts_span_the_range(at: AppTest, minutes: int = 15) -> int:
+    """Checks what every chart of the page shares (common.chart_layout, common.time_axis); returns how many time
+    charts there were, so a caller can tell the check was not vacuous.
+
+    Every legend sits above its plot (below, it covered the x-axis title); every time axis spans exactly the
+    chosen range, ending now, whatever the data covers, and the data lies in it (a bucket may start up to a bucket
+    before); no tick is labelled finer than a second.
+    """
+    now = datetime.now(UTC).replace(tzinfo=None)
+    time_charts = 0
+    for spec in _specs(at):
+        layout = spec["layout"]
+        assert layout["legend"]["yanchor"] == "bottom" and layout["legend"]["y"] >= 1, layout["title"]
+        if layout["xaxis"].get("type") != "date":
+            continue
+        time_charts += 1
+        lo, hi = (datetime.fromisoformat(t) for t in layout["xaxis"]["range"])
+        assert hi - lo == timedelta(minutes=minutes), layout["title"]
+        assert abs(now - hi) < timedelta(seconds=30), (layout["title"], hi, now)
+        xs = [datetime.fromisoformat(x) for trace in spec["data"] for x in trace["x"]]
+        assert xs and all(lo - timedelta(hours=1) <= x <= hi for x in xs), (layout["title"], min(xs), max(xs))
+        assert all("%L" not in stop["value"] for stop in layout["xaxis"]["tickformatstops"])
+    return time_charts
+
+
+def test_a_time_chart_with_one_bucket_spans_the_chosen_range_with_a_bucket_wide_bar():
+    until = datetime(2026, 11, 23, 18, 45, tzinfo=UTC)
+    since = until - timedelta(hours=1)
+    one = pd.DataFrame({"t": [pd.Timestamp("2026-11-23 18:44:00", tz="UTC")], "n": [3], "app": ["shop"]})
+    bar = json.loads(common.time_chart(one, "n", "per 60 s", "events", (since, until), "app", "bar", 60).to_json())
+    assert bar["layout"]["xaxis"]["range"] == ["2026-11-23T17:45:00", "2026-11-23T18:45:00"]   # naive UTC
+    [trace] = bar["data"]
+    assert (trace["width"], trace["offset"]) == (60_000, 0)       # [bucket start, + 60 s), not a hairline
+    # Plotly labels sub-second ticks with milliseconds: they are formatted to the second instead.
+    assert bar["layout"]["xaxis"]["tickformatstops"] == [{"dtickrange": [None, 1000], "value": "%H:%M:%S"}]
+    [line] = json.loads(common.time_chart(one, "n", "rate", "events / s", (since, until)).to_json())["data"]
+    assert line["mode"] == "lines+markers"        # a one-point line would draw nothing
+
+
+def test_the_partition_axis_is_categorical():
+    fig = json.loads(common.partition_chart({0: 12, 1: 0, 2: 7}).to_json())
+    assert fig["layout"]["xaxis"]["type"] == "category"
+    assert fig["data"][0]["x"] == ["0", "1", "2"]
+
+
 def test_empty_store_says_there_is_no_data_yet(store):
     at = AppTest.from_file(APP, default_timeout=30).run()
     assert not at.exception
@@ -72,6 +123,7 @@ def test_series_page_charts_rate_and_p99(store):
     assert any("5 buckets of 10 s" in c.value for c in at.caption)
     traces = {t["name"]: _values(t["y"]) for t in json.loads(charts[1].proto.spec)["data"]}
     assert traces["p99"] == [5.0, 4.0, 3.0, 2.0, 1.0]   # read from each window's KLL sketch, oldest first
+    assert _time_charts_span_the_range(at) == 3
 
 
 def test_unreachable_store_shows_the_url_it_tried(store, monkeypatch):
@@ -112,6 +164,7 @@ def test_alerts_page_shows_firing_alerts_their_history_and_the_rules(store, tmp_
     assert {m.label: m.value for m in at.metric} == {"firing": "1", "pending": "0", "rules": "1"}
     [chart] = at.get("plotly_chart")
     assert {t["name"] for t in json.loads(chart.proto.spec)["data"]} >= {"pending, warning", "firing, warning"}
+    assert _time_charts_span_the_range(at) == 1
     assert len(at.dataframe) == 2 and list(at.dataframe[1].value["name"]) == ["checkout p99"]
     assert at.query_params["minutes"] == "15"      # the range is in the URL
 
@@ -172,6 +225,7 @@ def test_overview_charts_rates_stragglers_dead_letters_and_shows_freshness(store
     [duplicates] = [json.loads(c.proto.spec) for c in at.get("plotly_chart")
                     if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Duplicates per minute")]
     assert sorted((t["name"], sum(_values(t["y"]))) for t in duplicates["data"]) == [("search", 1), ("shop", 2)]
+    assert _time_charts_span_the_range(at) == 5
 
 
 def _log_window(start: datetime, app: str, **levels: int) -> dict:
@@ -209,6 +263,7 @@ def test_logs_page_charts_levels_errors_per_app_and_error_burst_peaks(store):
     assert levels == {"debug": 0, "info": 120, "warning": 0, "error": 12, "critical": 6}
     [peak] = specs[2]["data"]
     assert max(_values(peak["y"])) == 7          # 4 + 2 errors + 1 critical in the fullest sliding window
+    assert _time_charts_span_the_range(at) == 3
 
 
 def test_sessions_page_counts_sessions_and_shows_duration_and_size_distributions(store):
@@ -229,6 +284,7 @@ def test_sessions_page_counts_sessions_and_shows_duration_and_size_distributions
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     # No tumbling windows are stored, so buckets fall back to 60 s.
     assert titles == ["Sessions ended per 60 s by app", "Session duration (s)", "Events per session"]
+    assert _time_charts_span_the_range(at) == 1      # all ended in one minute: one bucket, still 15 min wide
 
 
 def test_stragglers_page_charts_drops_lateness_and_the_worst_device_clocks(store):
@@ -265,6 +321,7 @@ def test_stragglers_page_charts_drops_lateness_and_the_worst_device_clocks(store
     assert list(at.dataframe[0].value["dropped"]) == [2, 1]
     [worst] = specs[4]["data"]
     assert max(_values(worst["x"])) == 38.0 and len(_values(worst["x"])) == 15   # phone-19, 2nd batch: 38 s
+    assert _time_charts_span_the_range(at) == 2
 
 
 def test_explorer_shows_hopping_and_sliding_windows_of_the_series(store):
@@ -296,9 +353,58 @@ def test_explorer_shows_hopping_and_sliding_windows_of_the_series(store):
     p99 = {t["name"]: _values(t["y"]) for t in json.loads(at.get("plotly_chart")[1].proto.spec)["data"]}["p99"]
     assert p99 == [21.0, 14.0, 7.0]                       # each hopping window's own sketch, oldest first
     assert any("3 hopping windows of 300 s every 60 s" in c.value for c in at.caption)
+    assert _time_charts_span_the_range(at) == 3
 
     at.sidebar.selectbox[1].select("sliding").run()
     assert not at.exception and at.query_params["kind"] == "sliding"
     traces = {t["name"]: _values(t["y"]) for t in json.loads(at.get("plotly_chart")[1].proto.spec)["data"]}
     assert traces["max"] == [9.0, 10.0, 11.0, 12.0]
     assert any("4 sliding windows" in c.value for c in at.caption)
+    assert _time_charts_span_the_range(at) == 2
+
+
+def test_device_clock_offsets_equal_the_newest_row_of_each_device_in_any_range(store):
+    """The Stragglers page reads per-minute newest offsets (sql/0008) instead of every device_clocks row: whatever
+    the range (ends inside a minute, newer rows after it, a device's newest row just outside), the answer is the
+    offset of each device's newest row in ``[since, until)``, as ``argMax`` over all rows gives it."""
+    t0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    rows = [["shop", f"phone-{d}", b, 1, 0, 0, float(100 * d + b), (t0 + timedelta(seconds=7 * b + d)).replace(
+        tzinfo=None), t0.replace(tzinfo=None)] for d in range(3) for b in range(40)]      # every 7 s for ~4.5 min
+    columns = ["app", "device", "batch_id", "events", "offset_min_ms", "offset_max_ms", "offset_avg_ms",
+               "last_received", "recorded_at"]
+    with connect(store) as client:
+        # Two inserts: the per-minute table then holds unmerged rows for the same minutes, as in production.
+        client.insert("device_clocks", rows[::2], column_names=columns)
+        client.insert("device_clocks", rows[1::2], column_names=columns)
+
+    def newest(since: datetime, until: datetime) -> dict[str, float]:
+        inside = [r for r in rows if since.replace(tzinfo=None) <= r[7] < until.replace(tzinfo=None)]
+        return {d: max((r[7], r[6]) for r in inside if r[1] == d)[1] / 1000 for d in {r[1] for r in inside}}
+
+    ranges = [(t0, t0 + timedelta(hours=1)),                                        # everything, whole minutes
+              (t0 + timedelta(seconds=30.5), t0 + timedelta(minutes=10)),            # starts inside a minute
+              (t0 + timedelta(seconds=61), t0 + timedelta(seconds=150.25)),          # ends inside one, newer after
+              (t0 + timedelta(seconds=125), t0 + timedelta(seconds=135)),            # inside one minute
+              (t0 + timedelta(seconds=3), t0 + timedelta(seconds=4))]                # between two rows: nothing
+    with connect(store) as client:
+        for since, until in ranges:
+            df = queries.device_clock_offsets(client, since, until)
+            assert dict(zip(df["device"], df["offset_s"], strict=True)) == newest(since, until), (since, until)
+
+
+def test_the_series_catalog_lists_series_by_events_with_their_tumbling_lengths_and_hopping_windows(store):
+    now = datetime.now(UTC).replace(microsecond=0, second=0, tzinfo=None)
+    quiet = [_window(now - timedelta(minutes=i), 5, 1.0) for i in range(1, 3)]            # shop: 10 events
+    busy = []                                                                            # search: 40, in 2 kinds
+    for i, (kind, length, hop) in enumerate([("tumbling", 60_000, 60_000), ("hopping", 300_000, 60_000)]):
+        row = dict(zip(WINDOW_COLUMNS, _window(now - timedelta(minutes=5 + i), 20, 2.0), strict=True))
+        row.update(app="search", window_kind=kind, window_length_ms=length, window_hop_ms=hop,
+                   window_end=row["window_start"] + timedelta(milliseconds=length))
+        busy.append([row[c] for c in WINDOW_COLUMNS])
+    with connect(store) as client:
+        client.insert("window_aggregates", [[*r, 1, now] for r in quiet + busy],
+                      column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+        catalog = queries.series_catalog(client)
+        assert catalog.lengths_ms == queries.window_lengths_ms(client) == [10_000, 60_000]
+    assert [s.app for s in catalog.series] == ["search", "shop"]
+    assert {s.app: specs for s, specs in catalog.hopping.items()} == {"search": [(300_000, 60_000)]}

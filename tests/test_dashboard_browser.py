@@ -55,10 +55,12 @@ class PageSpec:
     """Charts the fixture data gives the page (at least; a page may gain more)."""
     minutes: int | None = None
     """Open the page as a shared link with ``?minutes=`` (which must survive the load) instead of the default."""
+    root: bool = False
+    """The default page: served at the app's root URL (its own path would show "Page not found" first)."""
 
 
 PAGES = {
-    "overview": PageSpec("Overview", 4),
+    "overview": PageSpec("Overview", 4, root=True),
     "explorer": PageSpec("Metric explorer", 3),
     "logs": PageSpec("Logs", 3),
     "sessions": PageSpec("Sessions", 3),
@@ -258,13 +260,14 @@ def test_page_renders_its_charts_in_chromium(browser: BrowserContext, dashboard:
     page_errors: list[str] = []
     page.on("pageerror", lambda exc: page_errors.append(str(exc)))
     try:
-        page.goto(f"{dashboard}/{path}" + (f"?minutes={spec.minutes}" if spec.minutes else ""))
+        page.goto(f"{dashboard}/{'' if spec.root else path}" + (f"?minutes={spec.minutes}" if spec.minutes else ""))
         settle(page)
         shot = screenshot(page, path)      # before asserting, so a failure leaves its picture behind
         if spec.minutes:     # a shared link keeps its time range: in the URL and on the slider
             assert f"minutes={spec.minutes}" in page.url, page.url
             assert texts(page, '[data-testid="stSliderThumbValue"]') == [str(spec.minutes)], shot
         assert texts(page, "h1") [:1] == [spec.title], f"{path} routed to the wrong page ({shot})"
+        assert page.get_by_text("Page not found").count() == 0, f"{path} is not where the app serves it ({shot})"
         # The app's own navigation (st.navigation titles), not Streamlit's automatic listing of a pages/ folder.
         assert texts(page, '[data-testid="stSidebarNavLink"]') == [p.title for p in PAGES.values()], shot
         assert texts(page, '[data-testid="stException"]') == [], f"exception on {path} ({shot})"

@@ -259,6 +259,19 @@ def test_five_minute_buckets_have_exact_counts_and_finality_follows_the_watermar
     assert summary(store, LATENCY, T0, WATERMARK).final and not summary(store, LATENCY, T0, T0 + HOUR).final
 
 
+def test_buckets_without_devices_skip_only_the_distinct_devices(store):
+    everything = buckets(store, LATENCY, T0, T0 + HOUR, 300, quantiles=(0.5, 0.99))
+    lean = buckets(store, LATENCY, T0, T0 + HOUR, 300, quantiles=(0.5, 0.99), devices=False)
+
+    assert all(b.distinct_devices > 0 for b in everything)
+    assert [(b.distinct_devices, b.devices_sketch) for b in lean] == [(0, None)] * len(everything)
+    # Everything else is the same answer (KLL merges are randomized: quantiles agree within the rank error).
+    same = ("start", "end", "windows", "count", "sum", "min", "max", "distinct_users", "levels", "final")
+    assert [[getattr(b, f) for f in same] for b in lean] == [[getattr(b, f) for f in same] for b in everything]
+    assert all(abs(x.rank(y.quantiles[0.99]) - 0.99) <= x.quantile_rank_error for x, y in zip(everything, lean,
+                                                                                          strict=True))
+
+
 def test_ten_second_buckets_read_the_ten_second_windows(store):
     events = store.events[LATENCY]
 

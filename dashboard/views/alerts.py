@@ -24,9 +24,9 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         since, until = common.last(minutes)
-        with common.store(config) as client:
-            states = queries.alert_states(client)
-            history = queries.alert_history(client, since, until)
+        data = common.fetch(config, states=queries.alert_states,
+                            history=lambda c: queries.alert_history(c, since, until))
+        states, history = data["states"], data["history"]
         firing = states[states["state"] == "firing"] if not states.empty else states
         left, middle, right = st.columns(3)
         left.metric("firing", len(firing))
@@ -37,8 +37,8 @@ def page() -> None:
         else:
             fig = px.scatter(history, x="window_end", y="rule", color="to_state", symbol="severity",
                              color_discrete_map=STATE_COLOURS, hover_data=["series", "value", "threshold"],
-                             title="Transitions (window end, UTC)")
-            fig.update_layout(height=320, margin={"l": 40, "r": 20, "t": 50, "b": 40})
+                             title="Transitions")
+            common.time_axis(common.chart_layout(fig, height=320), (since, until), "window end (UTC)")
             st.plotly_chart(fig, width="stretch")
         st.subheader("Current state")
         if states.empty:

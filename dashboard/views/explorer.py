@@ -5,6 +5,8 @@ Every bucket is merged from the stored windows' sketches (``store.range_query``)
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -13,14 +15,14 @@ from dashboard import common, queries
 from store.range_query import SeriesKey
 
 
-def line_chart(df: pd.DataFrame, columns: list[str], title: str, unit: str,
+def line_chart(df: pd.DataFrame, columns: list[str], title: str, unit: str, span: tuple[datetime, datetime],
                x_title: str = "window start (UTC)") -> go.Figure:
+    """One line per column over ``window_start``, across the chosen range ``span``."""
     fig = go.Figure()
     for col in columns:
         fig.add_trace(go.Scatter(x=df["window_start"], y=df[col], mode="lines+markers", name=col))
-    fig.update_layout(title=title, yaxis_title=unit, xaxis_title=x_title, height=340,
-                      margin={"l": 40, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})
-    return fig
+    fig.update_layout(title=title, yaxis_title=unit)
+    return common.time_axis(common.chart_layout(fig, height=340), span, x_title)
 
 
 def _param(series: SeriesKey) -> str:
@@ -30,13 +32,12 @@ def _param(series: SeriesKey) -> str:
 def page() -> None:
     st.title("Metric explorer")
     config = common.config_or_stop()
-    # One store open for the pickers (each open costs chDB time and leaks a little, docs/architecture.md).
     with common.store(config) as client:
-        series = queries.list_series(client)
-        lengths = queries.window_lengths_ms(client)
-        if series:
-            chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
-            hopping = queries.hopping_specs(client, chosen)
+        catalog = queries.series_catalog(client)
+    series, lengths = catalog.series, catalog.lengths_ms
+    if series:
+        chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
+        hopping = catalog.hopping.get(chosen, [])
     if not series:
         st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`); "
                 "the first windows appear once a micro-batch has run.")
@@ -54,7 +55,7 @@ def page() -> None:
 
     @common.refreshing(config)
     def charts() -> None:
-        since, until = common.last(minutes)
+        since, until = span = common.last(minutes)
         with common.store(config) as client:
             if kind == "tumbling":
                 df = queries.series_buckets(client, chosen, resolution_s, since, until)
@@ -70,17 +71,17 @@ def page() -> None:
             df = df.rename(columns={"window_end": "window_start"})
             length = int(df["window_s"].iloc[0])
             left.plotly_chart(line_chart(df, ["rate"], f"Rate over the trailing {length} s · {chosen.label}",
-                                         "events / s", x_title="event time (window end, UTC)"), width="stretch")
+                                         "events / s", span, "event time (window end, UTC)"), width="stretch")
             value_columns = ["mean", "max"] if chosen.kind == "metric" else ["errors"]
             right.plotly_chart(line_chart(df, value_columns, f"Trailing {length} s · {chosen.label}", "value",
-                                          x_title="event time (window end, UTC)"), width="stretch")
+                                          span, "event time (window end, UTC)"), width="stretch")
             st.caption(f"{len(df)} sliding windows (one per event; quantiles and distinct counts are kept for "
                        "tumbling and hopping windows only)")
             return
-        left.plotly_chart(line_chart(df, ["rate"], f"Rate · {chosen.label}", "events / s"), width="stretch")
-        right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {chosen.label}", "value"),
+        left.plotly_chart(line_chart(df, ["rate"], f"Rate · {chosen.label}", "events / s", span), width="stretch")
+        right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {chosen.label}", "value", span),
                            width="stretch")
-        st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {chosen.label}", "users"),
+        st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {chosen.label}", "users", span),
                         width="stretch")
         if kind == "tumbling":
             st.caption(f"{len(df)} buckets of {resolution_s} s (merged sketches) · "

@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
+from clickhouse_connect.driver.client import Client
 
 from dashboard import common, queries
 from store import pipeline
@@ -24,18 +24,22 @@ def page() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
             lengths, resolution = common.bucket_seconds(client, minutes)
-            rates = queries.app_rates(client, since, until, resolution, min(lengths)) if lengths else pd.DataFrame()
-            dropped = queries.dropped_stragglers(client, since, until, resolution)
-            dead = queries.dead_letter_rate(client, since, until, resolution)
-            duplicates = queries.duplicates_per_app(client, since, until)
-            marks = pipeline.watermarks(client)
-            states = queries.alert_states(client)
+
+        def lag_or_error(client: Client) -> tuple[dict[int, int], str]:
             try:
-                lag = pipeline.consumer_lag(config, client)
+                return pipeline.consumer_lag(config, client), ""
             except Exception as exc:  # the broker may be down while the store is up: say so, keep the page
-                lag, lag_error = {}, str(exc)
-            else:
-                lag_error = ""
+                return {}, str(exc)
+
+        data = common.fetch(
+            config,
+            rates=lambda c: queries.app_rates(c, since, until, resolution, min(lengths)) if lengths else pd.DataFrame(),
+            dropped=lambda c: queries.dropped_stragglers(c, since, until, resolution),
+            dead=lambda c: queries.dead_letter_rate(c, since, until, resolution),
+            duplicates=lambda c: queries.duplicates_per_app(c, since, until),
+            marks=pipeline.watermarks, states=queries.alert_states, lag=lag_or_error)
+        rates, dropped, dead, duplicates = data["rates"], data["dropped"], data["dead"], data["duplicates"]
+        marks, states, (lag, lag_error) = data["marks"], data["states"], data["lag"]
         now = datetime.now(UTC)
         cols = st.columns(4)
         mark = marks.get(pipeline.WINDOWS_QUERY)
@@ -46,31 +50,30 @@ def page() -> None:
         if rates.empty:
             st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`).")
             return
+        span = (since, until)
         left, right = st.columns(2)
         chart = common.time_chart
-        left.plotly_chart(chart(rates, "events_per_s", "Events/s per app", "events / s", "app"), width="stretch")
-        right.plotly_chart(chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s", "app"),
-                           width="stretch")
+        left.plotly_chart(chart(rates, "events_per_s", "Events/s per app", "events / s", span, "app"),
+                          width="stretch")
+        right.plotly_chart(chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s", span,
+                                 "app"), width="stretch")
         left, right = st.columns(2)
         if dropped.empty:
             left.info("No dropped stragglers in the chosen range.")
         else:
-            left.plotly_chart(chart(dropped, "dropped", f"Dropped stragglers per {resolution} s", "events",
-                                    "window_kind", "bar"), width="stretch")
+            left.plotly_chart(chart(dropped, "dropped", f"Dropped stragglers per {resolution} s", "events", span,
+                                    "window_kind", "bar", resolution), width="stretch")
         if dead.empty:
             right.info("No dead letters in the chosen range.")
         else:
-            right.plotly_chart(chart(dead, "per_s", "Dead-letter rate", "records / s"), width="stretch")
+            right.plotly_chart(chart(dead, "per_s", "Dead-letter rate", "records / s", span), width="stretch")
         if duplicates.empty:
             st.info("No duplicates (re-sent events, same id) in the chosen range.")
         else:
             st.plotly_chart(chart(duplicates, "duplicates", "Duplicates per minute per app (re-sent, counted once)",
-                                  "records", "app", "bar"), width="stretch")
+                                  "records", span, "app", "bar", queries.DUPLICATE_BUCKET_S), width="stretch")
         if lag:
-            fig = px.bar(x=[str(p) for p in lag], y=list(lag.values()), title="Consumer lag per partition",
-                         labels={"x": "partition", "y": "records behind"})
-            fig.update_layout(height=260, margin={"l": 40, "r": 20, "t": 50, "b": 40})
-            st.plotly_chart(fig, width="stretch")
+            st.plotly_chart(common.partition_chart(lag), width="stretch")
         elif lag_error:
             st.warning(f"Consumer lag unknown: Kafka at {config.kafka.bootstrap} did not answer ({lag_error}).")
         firing = states[states["state"] == "firing"] if not states.empty else states

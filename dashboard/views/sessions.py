@@ -15,8 +15,9 @@ def page() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
             _, resolution = common.bucket_seconds(client, minutes)
-            per_app = queries.sessions_per_app(client, since, until, resolution)
-            shapes = queries.session_shapes(client, since, until)
+        data = common.fetch(config, per_app=lambda c: queries.sessions_per_app(c, since, until, resolution),
+                            shapes=lambda c: queries.session_shapes(c, since, until))
+        per_app, shapes = data["per_app"], data["shapes"]
         if per_app.empty:
             st.info("No sessions ended in the chosen range yet (a session ends once the watermark passes its "
                     f"last event + {config.stream.session_gap_s} s).")
@@ -26,7 +27,8 @@ def page() -> None:
         cols[1].metric("median duration", f"{shapes['duration_s'].median():.0f} s")
         cols[2].metric("median events", f"{shapes['event_count'].median():.0f}")
         st.plotly_chart(common.time_chart(per_app, "sessions", f"Sessions ended per {resolution} s by app",
-                                          "sessions", "app", kind="bar"), width="stretch")
+                                          "sessions", (since, until), "app", kind="bar", bucket_s=resolution),
+                        width="stretch")
         left, right = st.columns(2)
         left.plotly_chart(common.histogram(shapes, "duration_s", "Session duration (s)", "app"), width="stretch")
         right.plotly_chart(common.histogram(shapes, "event_count", "Events per session", "app"), width="stretch")

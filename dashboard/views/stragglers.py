@@ -22,18 +22,23 @@ def page() -> None:
         since, until = common.last(minutes)
         with common.store(config) as client:
             _, resolution = common.bucket_seconds(client, minutes)
-            dropped = queries.dropped_stragglers(client, since, until, resolution)
-            lateness = queries.straggler_lateness(client, since, until)
-            worst_windows = queries.straggler_windows(client, since, until)
-            clocks = queries.device_clock_offsets(client, since, until)
-            corrected = queries.corrections_published(client, since, until, resolution)
+        data = common.fetch(
+            config,
+            dropped=lambda c: queries.dropped_stragglers(c, since, until, resolution),
+            lateness=lambda c: queries.straggler_lateness(c, since, until),
+            worst_windows=lambda c: queries.straggler_windows(c, since, until),
+            clocks=lambda c: queries.device_clock_offsets(c, since, until),
+            corrected=lambda c: queries.corrections_published(c, since, until, resolution))
+        dropped, lateness, worst_windows = data["dropped"], data["lateness"], data["worst_windows"]
+        clocks, corrected = data["clocks"], data["corrected"]
         st.subheader("Dropped stragglers")
         if dropped.empty:
             st.info("No stragglers dropped in the chosen range.")
         else:
             left, right = st.columns(2)
             left.plotly_chart(common.time_chart(dropped, "dropped", f"Dropped per {resolution} s by window kind",
-                                                "events", "window_kind", kind="bar"), width="stretch")
+                                                "events", (since, until), "window_kind", kind="bar",
+                                                bucket_s=resolution), width="stretch")
             right.plotly_chart(common.histogram(lateness, "lateness_s", "Lateness behind the watermark (s)",
                                                 "window_kind"), width="stretch")
             st.caption("Windows that lost the most events")
@@ -43,8 +48,8 @@ def page() -> None:
             st.info("No window was corrected by late events in the chosen range.")
         else:
             st.plotly_chart(common.time_chart(corrected, "windows", f"Windows corrected by late events per "
-                                              f"{resolution} s", "windows re-published", "window_kind", kind="bar"),
-                            width="stretch")
+                                              f"{resolution} s", "windows re-published", (since, until),
+                                              "window_kind", kind="bar", bucket_s=resolution), width="stretch")
         st.subheader("Device clocks")
         if clocks.empty:
             st.info("No device clock offsets in the chosen range yet.")
@@ -55,8 +60,8 @@ def page() -> None:
         worst = clocks.head(15).iloc[::-1]
         fig = px.bar(worst, x="offset_s", y=worst["app"] + " · " + worst["device"], orientation="h",
                      title="Worst device clocks (s off)", labels={"y": "device", "offset_s": "offset (s)"})
-        fig.update_layout(height=300, margin={"l": 40, "r": 20, "t": 50, "b": 40})
-        right.plotly_chart(fig, width="stretch")
+        fig.update_yaxes(type="category")     # device names, whatever they look like
+        right.plotly_chart(common.chart_layout(fig), width="stretch")
 
     live()
 
