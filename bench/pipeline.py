@@ -276,9 +276,11 @@ def stored_summary(config: Config) -> dict[str, Any]:
         stored: dict[str, Any] = {
             t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0]
             for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers", "dead_letters", "duplicates")}
-        ids, size = ch.query("SELECT max(horizon_ids), max(horizon_bytes) FROM dedup_state FINAL").result_rows[0]
+        ids, size, memory = ch.query("SELECT max(horizon_ids), max(horizon_bytes), max(horizon_memory_bytes) "
+                                     "FROM dedup_state FINAL").result_rows[0]
     stored["dedup_horizon_ids_max"] = ids
     stored["dedup_horizon_bytes_per_1m_ids"] = round(size / ids * 1e6) if ids else None
+    stored["dedup_memory_bytes_per_1m_ids"] = round(memory / ids * 1e6) if ids else None
     return stored
 
 
