@@ -11,6 +11,10 @@
     eventide dashboard       run the Streamlit dashboard in the foreground
     eventide gateway         run the HTTP gateway (POST /v1/events) in the foreground
     eventide alerts          run the alert evaluator in the foreground (--once: one pass)
+    eventide cluster up      a Spark standalone master + workers and a 3-broker KRaft Kafka cluster on loopback
+    eventide cluster submit  spark-submit the stream job to that cluster (foreground; --until-idle: drain, exit)
+    eventide cluster env     the EVENTIDE_* settings that point other components at the cluster's brokers
+    eventide cluster status | down
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from eventide import broker, jars, services
+from eventide import broker, cluster, jars, services
 from eventide.config import Config, ConfigError, load_config
 
 JOB, LOAD, DASHBOARD, ALERTS, STORE = "stream-job", "demo-load", "dashboard", "alerting", "store"
@@ -137,6 +141,31 @@ def demo(config: Config) -> None:
     print(f"\ndashboard: {url}\n(first windows appear within a minute; stop everything with: ./run down)")
 
 
+def cluster_command(config: Config, action: str, until_idle: bool = False) -> int:
+    """``eventide cluster up|down|status|submit|env``."""
+    if action == "up":
+        print(f"starting {len(config.cluster.kafka_ports)} Kafka brokers and a Spark master with "
+              f"{len(config.cluster.spark_worker_webui_ports)} workers (logs: {config.data_dir / 'logs'})")
+        cluster.up(config)
+    elif action == "down":
+        for name in cluster.down(config):
+            print(f"stopped {name}")
+        return 0
+    elif action == "submit":
+        return cluster.submit(config, until_idle)
+    elif action == "env":
+        job = cluster.job_config(config)
+        for key, value in (("KAFKA__BOOTSTRAP_SERVERS", job.kafka.bootstrap_servers),
+                           ("KAFKA__REPLICATION_FACTOR", job.kafka.replication_factor),
+                           ("KAFKA__MIN_INSYNC_REPLICAS", job.kafka.min_insync_replicas),
+                           ("STREAM__MASTER", job.stream.master),
+                           ("STREAM__CHECKPOINT_DIR", job.checkpoint_dir)):
+            print(f"export EVENTIDE_{key}='{value}'")
+        return 0
+    print("\n".join(cluster.status(config)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eventide", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("gateway", help="run the HTTP gateway (foreground)")
     alerts = sub.add_parser("alerts", help="run the alert evaluator (foreground)")
     alerts.add_argument("--once", action="store_true")
+    on_cluster = sub.add_parser("cluster", help="Spark standalone + Kafka cluster on this machine, and the job on it")
+    on_cluster.add_argument("action", choices=("up", "down", "status", "submit", "env"))
+    on_cluster.add_argument("--until-idle", action="store_true", help="submit: drain Kafka, then exit")
     args = parser.parse_args(argv)
     if args.config:  # background services and child processes load the same file
         os.environ["EVENTIDE_CONFIG"] = str(Path(args.config).resolve())
@@ -174,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                 stack_down(config)
                 return 0
             return stack_status(config)
+        if args.command == "cluster":
+            return cluster_command(config, args.action, args.until_idle)
         if args.command == "demo":
             demo(config)
         elif args.command == "store":
