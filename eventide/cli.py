@@ -6,7 +6,8 @@
     eventide demo            stack up + stream job + demo load + dashboard, in the background
     eventide migrate         apply sql/ migrations to the configured store
     eventide store serve     serve the embedded chDB store over ClickHouse's HTTP interface (foreground)
-    eventide job             run the stream job in the foreground (--until-idle: drain Kafka and exit)
+    eventide job             run the stream job in the foreground (--until-idle: drain Kafka and exit;
+                             --submit: spark-submit it to the cluster at stream.master instead)
     eventide load            run the demo load generator in the foreground
     eventide dashboard       run the Streamlit dashboard in the foreground
     eventide gateway         run the HTTP gateway (POST /v1/events) in the foreground
@@ -152,7 +153,7 @@ def cluster_command(config: Config, action: str, until_idle: bool = False) -> in
             print(f"stopped {name}")
         return 0
     elif action == "submit":
-        return cluster.submit(config, until_idle)
+        return cluster.submit(cluster.job_config(config), until_idle)
     elif action == "env":
         job = cluster.job_config(config)
         for key, value in (("KAFKA__BOOTSTRAP_SERVERS", job.kafka.bootstrap_servers),
@@ -166,7 +167,8 @@ def cluster_command(config: Config, action: str, until_idle: bool = False) -> in
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``eventide`` (also how docker-compose.yml's commands are checked)."""
     parser = argparse.ArgumentParser(prog="eventide", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="config file (default: $EVENTIDE_CONFIG or ./eventide.toml)")
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     store.add_argument("action", choices=("serve",))
     job = sub.add_parser("job", help="run the stream job (foreground)")
     job.add_argument("--until-idle", action="store_true")
+    job.add_argument("--submit", action="store_true", help="spark-submit the job to stream.master (a cluster)")
     load = sub.add_parser("load", help="run the demo load (foreground)")
     load.add_argument("--rate", type=float)
     load.add_argument("--duration", type=float)
@@ -189,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     on_cluster = sub.add_parser("cluster", help="Spark standalone + Kafka cluster on this machine, and the job on it")
     on_cluster.add_argument("action", choices=("up", "down", "status", "submit", "env"))
     on_cluster.add_argument("--until-idle", action="store_true", help="submit: drain Kafka, then exit")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.config:  # background services and child processes load the same file
         os.environ["EVENTIDE_CONFIG"] = str(Path(args.config).resolve())
     try:
@@ -218,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             from store.migrations import apply_migrations
 
             print("applied:", apply_migrations(config) or "nothing (up to date)")
+        elif args.command == "job" and args.submit:
+            return cluster.submit(config, args.until_idle)
         elif args.command == "job":
             from analytics import job as stream_job
 

@@ -6,7 +6,8 @@
 - a KRaft Kafka cluster of ``len(cluster.kafka_ports)`` brokers (each also a controller voter), topics replicated
   ``cluster.replication_factor`` times with ``min.insync.replicas = cluster.min_insync_replicas``; the same jars
   and code as the local broker (:mod:`eventide.broker`);
-- the stream job submitted to that master with ``spark-submit`` (:func:`submit_argv`): the project's code shipped as
+- the stream job submitted to that master with ``spark-submit`` (:func:`submit_argv`, also what
+  ``eventide job --submit`` runs against any cluster): the project's code shipped as
   a zip (``--py-files``), the Kafka connector jars from the cache (``--jars``), the executors' Python the project's
   interpreter, checkpoints on a path every worker reads (one machine: a local directory).
 
@@ -60,7 +61,7 @@ def job_config(config: Config) -> Config:
                                             "replication_factor": c.replication_factor,
                                             "min_insync_replicas": c.min_insync_replicas})
     stream = config.stream.model_copy(update={
-        "master": c.spark_master_url,
+        "master": c.spark_master_url, "driver_host": c.host,
         "checkpoint_dir": config.stream.checkpoint_dir or config.cluster_dir / "checkpoints"})
     return config.model_copy(update={"kafka": kafka, "stream": stream})
 
@@ -182,13 +183,13 @@ def code_zip(config: Config) -> Path:
 
 
 def submit_argv(config: Config, until_idle: bool = False) -> list[str]:
-    """``spark-submit`` of the stream job to the cluster's master (client deploy mode: the foreachBatch sinks run
-    in this driver, next to the store client)."""
+    """``spark-submit`` of the stream job to ``stream.master`` (client deploy mode: the foreachBatch sinks run in
+    this driver, next to the store client). For this machine's cluster pass :func:`job_config` of the config."""
     c = config.cluster
     python = str(config.executor_python)
     argv = [
         str(spark_home() / "bin" / "spark-submit"),
-        "--master", c.spark_master_url,
+        "--master", config.stream.master,
         "--deploy-mode", "client",
         "--name", "eventide-stream",
         "--jars", ",".join(str(j) for j in jars.spark_kafka_connector_jars(config)),
@@ -196,30 +197,26 @@ def submit_argv(config: Config, until_idle: bool = False) -> list[str]:
         "--driver-memory", config.stream.driver_memory,
         "--executor-memory", c.executor_memory,
         "--executor-cores", str(c.executor_cores),
-        "--total-executor-cores", str(c.executor_cores * len(c.spark_worker_webui_ports)),
         "--conf", f"spark.pyspark.python={python}",
         "--conf", f"spark.pyspark.driver.python={python}",
-        "--conf", f"spark.driver.host={c.host}",
         # The job's own log settings (warnings and errors) for the driver and the executors; spark-submit starts
         # the driver's JVM before the job's session builder could set them.
         "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J}",
         "--conf", f"spark.executor.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J}",
-        str(REPO / "analytics" / "job.py"),
     ]
+    if config.stream.driver_host:
+        argv += ["--conf", f"spark.driver.host={config.stream.driver_host}",
+                 "--conf", f"spark.driver.bindAddress={config.stream.driver_host}"]
+    argv.append(str(REPO / "analytics" / "job.py"))
     return [*argv, "--until-idle"] if until_idle else argv
 
 
 def submit_env(config: Config) -> dict[str, str]:
-    """The environment of ``spark-submit``: the job reads its (cluster) configuration from EVENTIDE_* variables."""
-    return {**to_environ(job_config(config)), "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": config.cluster.host}
+    """The environment of ``spark-submit``: the job reads its configuration from EVENTIDE_* variables."""
+    return {**to_environ(config), "SPARK_HOME": str(spark_home())}
 
 
 def submit(config: Config, until_idle: bool = False) -> int:
-    """Run the job on the cluster in the foreground; returns spark-submit's exit status."""
+    """Run the job on ``stream.master`` in the foreground; returns spark-submit's exit status."""
     return subprocess.run(submit_argv(config, until_idle), env={**os.environ, **submit_env(config)},
                           cwd=REPO).returncode
-
-
-def start_job(config: Config) -> subprocess.Popen[bytes]:
-    """Submit the job in the background (service ``cluster-job``; ``cluster down`` stops it)."""
-    return services.start(config, JOB, submit_argv(config), env=submit_env(config), cwd=REPO)

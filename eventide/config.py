@@ -144,6 +144,10 @@ class SeriesSelector(_Section):
 
 class StreamConfig(_Section):
     master: str = "local[*]"
+    """``local[*]`` (the job's own process), or a cluster's master, e.g. ``spark://host:7077``: then start the job
+    with ``eventide job --submit`` (spark-submit)."""
+    driver_host: str = ""
+    """On a cluster: the address executors reach the driver at (``spark.driver.host``). Empty: Spark's default."""
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(4, ge=1)
     allowed_lateness_s: float = Field(30.0, ge=0)
