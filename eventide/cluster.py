@@ -24,6 +24,7 @@ import time
 import tomllib
 import urllib.request
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eventide import broker, jars, services
@@ -144,9 +145,15 @@ def up(config: Config) -> None:
 
 def down(config: Config) -> list[str]:
     """Stop the submitted job, the workers, the master and the brokers. Returns the names of what was running."""
-    names = [JOB, *map(worker_service, range(len(config.cluster.spark_worker_webui_ports))), SPARK_MASTER,
-             *(n.service for n in kafka_nodes(config))]
-    return [name for name in names if services.stop(config, name)]
+    stopped = [JOB] if services.stop(config, JOB) else []
+    # Each tier's processes stop together (a broker's controlled shutdown takes seconds): workers, master, brokers.
+    tiers = [list(map(worker_service, range(len(config.cluster.spark_worker_webui_ports)))), [SPARK_MASTER],
+             [n.service for n in kafka_nodes(config)]]
+    with ThreadPoolExecutor(max_workers=max(map(len, tiers))) as pool:
+        for tier in tiers:
+            stopped += [name for name, was in zip(tier, pool.map(lambda n: services.stop(config, n), tier),
+                                                  strict=True) if was]
+    return stopped
 
 
 def status(config: Config) -> list[str]:
