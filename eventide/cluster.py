@@ -68,15 +68,9 @@ def job_config(config: Config) -> Config:
 
 
 # Spark ----------------------------------------------------------------------------------------------------------
-def spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
-
-
 def _spark_env(config: Config, work_dir: Path) -> dict[str, str]:
     return {
-        "SPARK_HOME": str(spark_home()),
+        "SPARK_HOME": str(jars.spark_home()),
         "SPARK_LOCAL_IP": config.cluster.host,               # no hostname lookups, loopback only
         "SPARK_DAEMON_MEMORY": config.cluster.spark_daemon_memory,
         "SPARK_WORKER_DIR": str(work_dir),                   # executors' stdout/stderr and shipped files
@@ -86,7 +80,7 @@ def _spark_env(config: Config, work_dir: Path) -> dict[str, str]:
 
 
 def _spark_class(*argv: str) -> list[str]:
-    return [str(spark_home() / "bin" / "spark-class"), *argv]
+    return [str(jars.spark_home() / "bin" / "spark-class"), *argv]
 
 
 def master_state(config: Config, timeout_s: float = 2.0) -> dict | None:
@@ -195,7 +189,7 @@ def submit_argv(config: Config, until_idle: bool = False) -> list[str]:
     c = config.cluster
     python = str(config.executor_python)
     argv = [
-        str(spark_home() / "bin" / "spark-submit"),
+        str(jars.spark_home() / "bin" / "spark-submit"),
         "--master", config.stream.master,
         "--deploy-mode", "client",
         "--name", "eventide-stream",
@@ -220,7 +214,7 @@ def submit_argv(config: Config, until_idle: bool = False) -> list[str]:
 
 def submit_env(config: Config) -> dict[str, str]:
     """The environment of ``spark-submit``: the job reads its configuration from EVENTIDE_* variables."""
-    return {**to_environ(config), "SPARK_HOME": str(spark_home())}
+    return {**to_environ(config), "SPARK_HOME": str(jars.spark_home())}
 
 
 def submit(config: Config, until_idle: bool = False) -> int:
