@@ -10,7 +10,7 @@ Each drain is timed from its first micro-batch (the first offsets file of ``acce
 last of ``windows`` / ``keyed_windows``): JVM start and executor registration are not in it. Spark's JVM is not
 warmed up beforehand in either run.
 
-    .venv/bin/python bench/cluster.py --events 100000
+    .venv/bin/python -m bench.cluster --events 100000     (from the checkout: it imports bench.pipeline)
 """
 
 from __future__ import annotations
