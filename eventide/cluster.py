@@ -26,13 +26,13 @@ import urllib.request
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from eventide import broker, jars, services
 from eventide.config import Config, to_environ
 
 REPO = Path(__file__).resolve().parent.parent
 SPARK_MASTER = "spark-master"
-JOB = "cluster-job"
 LOG4J = REPO / "analytics" / "spark-log4j2.properties"
 
 
@@ -83,7 +83,7 @@ def _spark_class(*argv: str) -> list[str]:
     return [str(jars.spark_home() / "bin" / "spark-class"), *argv]
 
 
-def master_state(config: Config, timeout_s: float = 2.0) -> dict | None:
+def master_state(config: Config, timeout_s: float = 2.0) -> dict[str, Any] | None:
     """The master's own JSON status (``/json/`` of its web UI), or None when it does not answer."""
     url = f"http://{config.cluster.host}:{config.cluster.spark_master_webui_port}/json/"
     try:
@@ -138,8 +138,8 @@ def up(config: Config) -> None:
 
 
 def down(config: Config) -> list[str]:
-    """Stop the submitted job, the workers, the master and the brokers. Returns the names of what was running."""
-    stopped = [JOB] if services.stop(config, JOB) else []
+    """Stop the workers (and their executors), the master and the brokers. Returns the names of what was running."""
+    stopped: list[str] = []
     # Each tier's processes stop together (a broker's controlled shutdown takes seconds): workers, master, brokers.
     tiers = [list(map(worker_service, range(len(config.cluster.spark_worker_webui_ports)))), [SPARK_MASTER],
              [n.service for n in kafka_nodes(config)]]
@@ -159,7 +159,7 @@ def status(config: Config) -> list[str]:
              f"{len(c.kafka_ports)} brokers live (replication {c.replication_factor}, "
              f"min.insync.replicas {c.min_insync_replicas})"]
     names = [*(n.service for n in kafka_nodes(config)), SPARK_MASTER,
-             *map(worker_service, range(len(c.spark_worker_webui_ports))), JOB]
+             *map(worker_service, range(len(c.spark_worker_webui_ports)))]
     for name in names:
         st = services.state(config, name)
         lines.append(f"  {name:<15} {'running' if st.running else 'stopped':<8} pid={st.pid or '-':<8} log={st.log}")
