@@ -1,4 +1,5 @@
-"""The local Apache Kafka broker: one KRaft node acting as broker and controller, bound to loopback.
+"""The local Apache Kafka broker: one KRaft node acting as broker and controller, bound to loopback (and, for
+``eventide cluster``, several such nodes forming one quorum: :func:`start_nodes`).
 
 Mirrors what Kafka's own scripts do: ``kafka.tools.StorageTool format`` once, then ``kafka.Kafka
 server.properties``, with the jars from Maven Central (see :mod:`eventide.jars`) and data under
@@ -189,19 +190,19 @@ def start_nodes(config: Config, nodes: list[Node], replication: Replication) -> 
             procs[node.service] = services.start(config, node.service,
                                                  [*_jvm_args(config), "kafka.Kafka", str(properties)])
     deadline = time.monotonic() + config.kafka.start_timeout_s
+    problem = f"kafka did not have {len(nodes)} live broker(s) at {bootstrap} within {config.kafka.start_timeout_s}s"
     while time.monotonic() < deadline:
-        for name, proc in procs.items():
-            if proc.poll() is not None:
-                raise BrokerError(f"{name} exited with {proc.returncode}:\n"
-                                  f"{services.tail(services.log_file(config, name))}")
+        exited = [name for name, proc in procs.items() if proc.poll() is not None]
+        if exited:
+            problem = f"{', '.join(exited)} exited while starting"
+            break
         if live_brokers(config, timeout_s=1.0, bootstrap=bootstrap) == len(nodes):
             return
         time.sleep(0.5)
-    for node in nodes:
-        services.stop(config, node.service)
     logs = "\n".join(f"--- {n.service}\n{services.tail(services.log_file(config, n.service))}" for n in nodes)
-    raise BrokerError(f"kafka did not have {len(nodes)} live broker(s) at {bootstrap} within "
-                      f"{config.kafka.start_timeout_s}s:\n{logs}")
+    for node in nodes:   # a quorum missing a member is of no use: stop the rest too
+        services.stop(config, node.service)
+    raise BrokerError(f"{problem}:\n{logs}")
 
 
 def stop(config: Config) -> bool:
