@@ -56,10 +56,10 @@ def on_cluster(base_config: Config, tmp_path_factory: pytest.TempPathFactory) ->
 
 def submit(config: Config) -> subprocess.Popen[bytes]:
     """``spark-submit`` of the job, draining what is in Kafka (``--until-idle``), in its own process group."""
-    log = open(config.data_dir / "logs" / f"submit-{config.store.database}.log", "ab")  # noqa: SIM115
-    return subprocess.Popen(cluster.submit_argv(config, until_idle=True),
-                            env={**os.environ, **cluster.submit_env(config)}, cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    with open(config.data_dir / "logs" / f"submit-{config.store.database}.log", "ab") as log:
+        return subprocess.Popen(cluster.submit_argv(config, until_idle=True),
+                                env={**os.environ, **cluster.submit_env(config)}, cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def finish(job: subprocess.Popen[bytes], config: Config, timeout_s: float = 600) -> None:
@@ -98,11 +98,16 @@ def test_cluster_results_equal_local_results_even_with_a_broker_and_a_worker_kil
         send(config, records)
     assert plain.stream.master.startswith("spark://") and local.stream.master.startswith("local")
 
-    run_job(spark, local)
+    job = submit(plain)                      # on the cluster, while the reference runs in this process
+    try:
+        run_job(spark, local)
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        raise
+    finish(job, plain)
     expected = results(local)
     assert len(expected["window_aggregates"]) > 50 and expected["duplicates"] and expected["stragglers"]
-
-    finish(submit(plain), plain)
     observed = results(plain)
     for table in RESULT_QUERIES:
         assert observed[table] == expected[table], f"{table}: cluster differs from local[*]"
