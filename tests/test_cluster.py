@@ -98,16 +98,13 @@ def test_cluster_results_equal_local_results_even_with_a_broker_and_a_worker_kil
         send(config, records)
     assert plain.stream.master.startswith("spark://") and local.stream.master.startswith("local")
 
-    job = submit(plain)                      # on the cluster, while the reference runs in this process
-    try:
-        run_job(spark, local)
-    except BaseException:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-        raise
-    finish(job, plain)
+    # One run at a time: on a loaded 2-core machine a Python worker started beside another run can miss Spark's
+    # fixed connect-back timeout ("Python worker failed to connect back"; measured when these two overlapped).
+    run_job(spark, local)
     expected = results(local)
     assert len(expected["window_aggregates"]) > 50 and expected["duplicates"] and expected["stragglers"]
+
+    finish(submit(plain), plain)
     observed = results(plain)
     for table in RESULT_QUERIES:
         assert observed[table] == expected[table], f"{table}: cluster differs from local[*]"
