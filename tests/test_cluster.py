@@ -7,7 +7,7 @@ pyspark's own classes) and a 3-broker KRaft Kafka cluster (replication 3, min.in
 - and still exactly those tables when one Kafka broker (the leader of a partition being read) and one Spark worker
   (with its executor) are SIGKILLed mid-stream: nothing lost, nothing counted twice.
 
-Tables are compared as in the fault suite (tests/test_faults.py): every table the dashboard reads, without what
+Tables are compared as in the fault suite (tests/fault_injection.py): every table the dashboard reads, without what
 differs between two topics (write times, versions, batch ids, broker timestamps, sketch bytes).
 """
 
@@ -26,15 +26,16 @@ import pytest
 from eventide import broker, cluster, services
 from eventide.config import ClusterConfig, Config, to_environ
 from eventide.services import free_port
+from tests import fault_injection as faults
 from tests.conftest import REPO, fresh_stack
 from tests.support import run_job, wait_until
-from tests.test_faults import RESULT_QUERIES, SETTINGS, results, send, workload
 
 pytestmark = pytest.mark.integration
 
 # Larger batches than the fault suite's: fewer micro-batches per run (each costs scheduling and Python worker set-up
 # on the cluster), still three or more per query, so the kills land mid-stream.
-CLUSTER_SETTINGS = {**SETTINGS, "max_offsets_per_trigger": 250}
+CLUSTER_SETTINGS = {**faults.SETTINGS, "max_offsets_per_trigger": 250}
+IDENTICAL = dict.fromkeys(faults.RESULT_QUERIES, 0)     # rows in one run and not in the other, per table
 
 
 @pytest.fixture(scope="module")
@@ -90,24 +91,21 @@ def test_cluster_up_reports_three_brokers_and_two_workers(on_cluster):
 
 @pytest.mark.timeout(1500)  # one local run and two cluster runs (a spark-submit each) on a shared 2-core machine
 def test_cluster_results_equal_local_results_even_with_a_broker_and_a_worker_killed(kafka, spark, on_cluster):
-    records = workload(random.Random(13))
+    records = faults.workload(random.Random(13))
     local = fresh_stack(kafka, "cluster_local_reference", **CLUSTER_SETTINGS)
     plain = fresh_stack(on_cluster, "cluster_plain", **CLUSTER_SETTINGS)
     faulted = fresh_stack(on_cluster, "cluster_killed", **CLUSTER_SETTINGS)
     for config in (local, plain, faulted):
-        send(config, records)
+        faults.send(config, records)
     assert plain.stream.master.startswith("spark://") and local.stream.master.startswith("local")
 
     # One run at a time: on a loaded 2-core machine a Python worker started beside another run can miss Spark's
     # fixed connect-back timeout ("Python worker failed to connect back"; measured when these two overlapped).
     run_job(spark, local)
-    expected = results(local)
-    assert len(expected["window_aggregates"]) > 50 and expected["duplicates"] and expected["stragglers"]
-
     finish(submit(plain), plain)
-    observed = results(plain)
-    for table in RESULT_QUERIES:
-        assert observed[table] == expected[table], f"{table}: cluster differs from local[*]"
+    same = faults.compare(local, plain, faults=0, events_sent=len(records))
+    assert same.rows["window_aggregates"] > 50 and same.rows["duplicates"] and same.rows["stragglers"]
+    assert same.differing == IDENTICAL, "the cluster's results differ from local[*]"
 
     job = submit(faulted)
     try:
@@ -132,10 +130,10 @@ def test_cluster_results_equal_local_results_even_with_a_broker_and_a_worker_kil
     assert accepted_at_broker_kill < commits(faulted, "accept"), "accept had finished before the broker kill"
     assert windows_at_worker_kill < commits(faulted, "windows"), "windows had finished before the worker kill"
     assert len(broker.read_committed(faulted)) == len(records)          # every record on the surviving replicas
-    observed = results(faulted)
-    for table in RESULT_QUERIES:
-        assert observed[table] == expected[table], f"{table}: differs after the broker and worker kills"
+    killed = faults.compare(local, faulted, faults=2, events_sent=len(records))
+    assert killed.differing == IDENTICAL, "results differ after the broker and worker kills"
+    assert killed.window_events[0] == killed.window_events[1]                  # every event counted once
     print(f"\n{len(records)} records; rows per table, identical local / cluster / cluster with kills: "
-          f"{ {table: len(rows) for table, rows in expected.items()} }; broker kill after accept batch "
+          f"{same.rows}; events in the finest windows {killed.window_events}; broker kill after accept batch "
           f"{accepted_at_broker_kill}, worker kill after windows batch {windows_at_worker_kill}; the job ended "
           f"{time.monotonic() - killed_at:.0f} s after the worker kill")
