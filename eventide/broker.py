@@ -80,7 +80,7 @@ def server_properties(config: Config, node: Node | None = None, voters: list[Nod
         f"log.dirs={node.directory / 'data'}",
         "num.partitions=1",
         "auto.create.topics.enable=false",
-        # Kafka's own topics (consumer offsets, transactions) replicated like the project's topics.
+        # Kafka's own topics (consumer offsets, transactions) and any without explicit settings: replicated like ours.
         f"default.replication.factor={replication.factor}",
         f"min.insync.replicas={replication.min_insync}",
         f"offsets.topic.replication.factor={replication.factor}",
