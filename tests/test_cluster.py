@@ -17,18 +17,17 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from eventide import broker, cluster, services
-from eventide.config import ClusterConfig, Config, to_environ
+from eventide.config import ClusterConfig, Config
 from eventide.services import free_port
 from tests import fault_injection as faults
 from tests.conftest import REPO, fresh_stack
-from tests.support import run_job, wait_until
+from tests.support import eventide_cli, run_job, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -78,12 +77,13 @@ def commits(config: Config, query: str) -> int:
 
 
 def test_cluster_up_reports_three_brokers_and_two_workers(on_cluster):
-    done = subprocess.run([sys.executable, "-m", "eventide.cli", "cluster", "status"],
-                          env={**os.environ, **to_environ(on_cluster)}, capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    done = eventide_cli(on_cluster, "cluster", "status")
     assert done.returncode == 0, done.stderr
     assert "2/2 workers alive" in done.stdout
     assert "3/3 brokers live (replication 3, min.insync.replicas 2)" in done.stdout
+    settings = eventide_cli(on_cluster, "cluster", "env").stdout     # what points other commands at the cluster
+    assert f"EVENTIDE_KAFKA__BOOTSTRAP_SERVERS='{on_cluster.cluster.kafka_bootstrap}'" in settings
+    assert f"EVENTIDE_STREAM__MASTER='{on_cluster.cluster.spark_master_url}'" in settings
     assert broker.live_brokers(on_cluster) == 3 and cluster.alive_workers(on_cluster) == 2
     topics = broker.admin(on_cluster).list_topics(timeout=10).topics
     assert all(len(p.replicas) == 3 for p in topics[on_cluster.kafka.events_topic].partitions.values())
