@@ -1,4 +1,5 @@
-"""The local Apache Kafka broker: one KRaft node acting as broker and controller, bound to loopback.
+"""The local Apache Kafka broker: one KRaft node acting as broker and controller, bound to loopback (and, for
+``eventide cluster``, several such nodes forming one quorum: :func:`start_nodes`).
 
 Mirrors what Kafka's own scripts do: ``kafka.tools.StorageTool format`` once, then ``kafka.Kafka
 server.properties``, with the jars from Maven Central (see :mod:`eventide.jars`) and data under
@@ -12,6 +13,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -28,32 +30,66 @@ class BrokerError(RuntimeError):
     """The broker could not be formatted, started or reached; the message includes its log tail."""
 
 
-def _kafka_dir(config: Config) -> Path:
-    return config.data_dir / "kafka"
+@dataclass(frozen=True)
+class Node:
+    """One KRaft process, broker and controller at once: the local stack runs one, ``eventide cluster`` several."""
+
+    node_id: int
+    host: str
+    port: int
+    controller_port: int
+    directory: Path
+    """``server.properties`` and ``data/`` (the log dirs and ``meta.properties``)."""
+    service: str
+    """Its name for :mod:`eventide.services` (pid and log files)."""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
 
 
-def server_properties(config: Config) -> str:
+@dataclass(frozen=True)
+class Replication:
+    """How many copies of each partition a set of nodes keeps, and how many must have a write (``acks=all``)."""
+
+    factor: int = 1
+    min_insync: int = 1
+
+
+def local_node(config: Config) -> Node:
+    """The local stack's single broker."""
     k = config.kafka
-    log_dirs = _kafka_dir(config) / "data"
+    return Node(1, k.host, k.port, k.controller_port, config.data_dir / "kafka", SERVICE)
+
+
+def server_properties(config: Config, node: Node | None = None, voters: list[Node] | None = None,
+                      replication: Replication = Replication()) -> str:
+    """``server.properties`` of ``node`` (default: the local broker) in a quorum of ``voters`` (default: itself)."""
+    node = node or local_node(config)
+    voters = voters or [node]
+    quorum = ",".join(f"{v.node_id}@{v.host}:{v.controller_port}" for v in voters)
     return "\n".join([
         "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@{k.host}:{k.controller_port}",
-        f"listeners=PLAINTEXT://{k.host}:{k.port},CONTROLLER://{k.host}:{k.controller_port}",
-        f"advertised.listeners=PLAINTEXT://{k.host}:{k.port}",
+        f"node.id={node.node_id}",
+        f"controller.quorum.voters={quorum}",
+        f"listeners=PLAINTEXT://{node.host}:{node.port},CONTROLLER://{node.host}:{node.controller_port}",
+        f"advertised.listeners=PLAINTEXT://{node.address}",
         "controller.listener.names=CONTROLLER",
         "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "inter.broker.listener.name=PLAINTEXT",
-        f"log.dirs={log_dirs}",
+        f"log.dirs={node.directory / 'data'}",
         "num.partitions=1",
         "auto.create.topics.enable=false",
-        "offsets.topic.replication.factor=1",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
+        # Kafka's own topics (consumer offsets, transactions) and any without explicit settings: replicated like ours.
+        f"default.replication.factor={replication.factor}",
+        f"min.insync.replicas={replication.min_insync}",
+        f"offsets.topic.replication.factor={replication.factor}",
+        f"transaction.state.log.replication.factor={replication.factor}",
+        f"transaction.state.log.min.isr={replication.min_insync}",
+        f"share.coordinator.state.topic.replication.factor={replication.factor}",
+        f"share.coordinator.state.topic.min.isr={replication.min_insync}",
         "group.initial.rebalance.delay.ms=0",
-        f"message.max.bytes={k.max_message_bytes}",
+        f"message.max.bytes={config.kafka.max_message_bytes}",
         "",
     ])
 
@@ -85,56 +121,88 @@ def _random_cluster_id() -> str:
             return text
 
 
-def _format_storage(config: Config, properties: Path) -> None:
-    if (_kafka_dir(config) / "data" / "meta.properties").exists():
+def _cluster_id(nodes: list[Node]) -> str:
+    """The id a node already formatted carries (a node joining later must share it), else a new one."""
+    for node in nodes:
+        meta = node.directory / "data" / "meta.properties"
+        if meta.exists():
+            for line in meta.read_text().splitlines():
+                if line.startswith("cluster.id="):
+                    return line.split("=", 1)[1].strip()
+    return _random_cluster_id()
+
+
+def _format_storage(config: Config, node: Node, properties: Path, cluster_id: str) -> None:
+    if (node.directory / "data" / "meta.properties").exists():
         return
     cmd = [*_jvm_args(config), "kafka.tools.StorageTool", "format",
-           "-t", _random_cluster_id(), "-c", str(properties), "--ignore-formatted"]
+           "-t", cluster_id, "-c", str(properties), "--ignore-formatted"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise BrokerError(f"kafka storage format failed:\n{done.stdout}\n{done.stderr}")
+        raise BrokerError(f"kafka storage format failed ({node.service}):\n{done.stdout}\n{done.stderr}")
 
 
-def admin(config: Config, timeout_s: float = 5.0, quiet: bool = False) -> AdminClient:
-    settings: dict[str, object] = {"bootstrap.servers": config.kafka.bootstrap,
+def admin(config: Config, timeout_s: float = 5.0, quiet: bool = False, bootstrap: str | None = None) -> AdminClient:
+    settings: dict[str, object] = {"bootstrap.servers": bootstrap or config.kafka.bootstrap,
                                    "socket.timeout.ms": int(timeout_s * 1000)}
     if quiet:  # readiness probes expect "connection refused" while the broker boots
         settings["log_level"] = 0
     return AdminClient(settings)
 
 
+def live_brokers(config: Config, timeout_s: float = 2.0, bootstrap: str | None = None) -> int:
+    """How many brokers the cluster at ``bootstrap`` (default: the configured one) reports; 0 if unreachable."""
+    try:
+        meta = admin(config, timeout_s, quiet=True, bootstrap=bootstrap).list_topics(timeout=timeout_s)
+    except KafkaException:
+        return 0
+    return len(meta.brokers)
+
+
 def is_reachable(config: Config, timeout_s: float = 2.0) -> bool:
     """True once the broker answers a metadata request with at least one broker."""
-    try:
-        meta = admin(config, timeout_s, quiet=True).list_topics(timeout=timeout_s)
-    except KafkaException:
-        return False
-    return bool(meta.brokers)
+    return live_brokers(config, timeout_s) > 0
 
 
 def start(config: Config) -> None:
     """Format (first time) and start the local broker, returning once it accepts clients. Idempotent."""
     if not config.kafka.managed:
         raise BrokerError(f"kafka.bootstrap_servers={config.kafka.bootstrap_servers!r}: broker is external")
-    if services.state(config, SERVICE).running and is_reachable(config):
+    start_nodes(config, [local_node(config)], Replication())
+
+
+def start_nodes(config: Config, nodes: list[Node], replication: Replication) -> None:
+    """Format (first time) and start ``nodes`` as one KRaft quorum, returning once every one of them is a live
+    broker. Nodes already running are left alone."""
+    bootstrap = ",".join(n.address for n in nodes)
+    if all(services.state(config, n.service).running for n in nodes) and \
+            live_brokers(config, bootstrap=bootstrap) == len(nodes):
         return
-    kdir = _kafka_dir(config)
-    kdir.mkdir(parents=True, exist_ok=True)
-    properties = kdir / "server.properties"
-    properties.write_text(server_properties(config))
-    _format_storage(config, properties)
-    proc = services.start(config, SERVICE, [*_jvm_args(config), "kafka.Kafka", str(properties)])
+    cluster_id = _cluster_id(nodes)
+    procs = {}
+    for node in nodes:
+        node.directory.mkdir(parents=True, exist_ok=True)
+        properties = node.directory / "server.properties"
+        properties.write_text(server_properties(config, node, nodes, replication))
+        _format_storage(config, node, properties, cluster_id)
+        if not services.state(config, node.service).running:
+            # Started together: a quorum of several controllers elects a leader only once a majority is up.
+            procs[node.service] = services.start(config, node.service,
+                                                 [*_jvm_args(config), "kafka.Kafka", str(properties)])
     deadline = time.monotonic() + config.kafka.start_timeout_s
+    problem = f"kafka did not have {len(nodes)} live broker(s) at {bootstrap} within {config.kafka.start_timeout_s}s"
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BrokerError(f"kafka exited with {proc.returncode}:\n"
-                              f"{services.tail(services.log_file(config, SERVICE))}")
-        if is_reachable(config, timeout_s=1.0):
+        exited = [name for name, proc in procs.items() if proc.poll() is not None]
+        if exited:
+            problem = f"{', '.join(exited)} exited while starting"
+            break
+        if live_brokers(config, timeout_s=1.0, bootstrap=bootstrap) == len(nodes):
             return
         time.sleep(0.5)
-    services.stop(config, SERVICE)
-    raise BrokerError(f"kafka did not accept clients on {config.kafka.bootstrap} within "
-                      f"{config.kafka.start_timeout_s}s:\n{services.tail(services.log_file(config, SERVICE))}")
+    logs = "\n".join(f"--- {n.service}\n{services.tail(services.log_file(config, n.service))}" for n in nodes)
+    for node in nodes:   # a quorum missing a member is of no use: stop the rest too
+        services.stop(config, node.service)
+    raise BrokerError(f"{problem}:\n{logs}")
 
 
 def stop(config: Config) -> bool:
@@ -151,6 +219,7 @@ def topic_specs(config: Config) -> list[NewTopic]:
                      "retention.ms": str(k.events_retention_ms),
                      "max.message.bytes": str(k.max_message_bytes),
                      "cleanup.policy": "delete",
+                     "min.insync.replicas": str(k.min_insync_replicas),
                  }),
         NewTopic(k.dead_letter_topic, num_partitions=1, replication_factor=k.replication_factor,
                  config={
@@ -158,10 +227,12 @@ def topic_specs(config: Config) -> list[NewTopic]:
                      "retention.ms": str(k.dead_letter_retention_ms),
                      "max.message.bytes": str(k.max_message_bytes * 2),
                      "cleanup.policy": "delete",
+                     "min.insync.replicas": str(k.min_insync_replicas),
                  }),
         # Alert transitions (firing, resolved) for other systems to consume; key = rule name.
         NewTopic(config.alerting.alerts_topic, num_partitions=1, replication_factor=k.replication_factor,
-                 config={"retention.ms": str(k.dead_letter_retention_ms), "cleanup.policy": "delete"}),
+                 config={"retention.ms": str(k.dead_letter_retention_ms), "cleanup.policy": "delete",
+                         "min.insync.replicas": str(k.min_insync_replicas)}),
     ]
 
 

@@ -6,11 +6,16 @@
     eventide demo            stack up + stream job + demo load + dashboard, in the background
     eventide migrate         apply sql/ migrations to the configured store
     eventide store serve     serve the embedded chDB store over ClickHouse's HTTP interface (foreground)
-    eventide job             run the stream job in the foreground (--until-idle: drain Kafka and exit)
+    eventide job             run the stream job in the foreground (--until-idle: drain Kafka and exit;
+                             --submit: spark-submit it to the cluster at stream.master instead)
     eventide load            run the demo load generator in the foreground
     eventide dashboard       run the Streamlit dashboard in the foreground
     eventide gateway         run the HTTP gateway (POST /v1/events) in the foreground
     eventide alerts          run the alert evaluator in the foreground (--once: one pass)
+    eventide cluster up      a Spark standalone master + workers and a 3-broker KRaft Kafka cluster on loopback
+    eventide cluster submit  spark-submit the stream job to that cluster (foreground; --until-idle: drain, exit)
+    eventide cluster env     the EVENTIDE_* settings that point other components at the cluster's brokers
+    eventide cluster status | down
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from eventide import broker, jars, services
+from eventide import broker, cluster, jars, services
 from eventide.config import Config, ConfigError, load_config
 
 JOB, LOAD, DASHBOARD, ALERTS, STORE = "stream-job", "demo-load", "dashboard", "alerting", "store"
@@ -137,7 +142,33 @@ def demo(config: Config) -> None:
     print(f"\ndashboard: {url}\n(first windows appear within a minute; stop everything with: ./run down)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def cluster_command(config: Config, action: str, until_idle: bool = False) -> int:
+    """``eventide cluster up|down|status|submit|env``."""
+    if action == "up":
+        print(f"starting {len(config.cluster.kafka_ports)} Kafka brokers and a Spark master with "
+              f"{len(config.cluster.spark_worker_webui_ports)} workers (logs: {config.data_dir / 'logs'})")
+        cluster.up(config)
+    elif action == "down":
+        for name in cluster.down(config):
+            print(f"stopped {name}")
+        return 0
+    elif action == "submit":
+        return cluster.submit(cluster.job_config(config), until_idle)
+    elif action == "env":
+        job = cluster.job_config(config)
+        for key, value in (("KAFKA__BOOTSTRAP_SERVERS", job.kafka.bootstrap_servers),
+                           ("KAFKA__REPLICATION_FACTOR", job.kafka.replication_factor),
+                           ("KAFKA__MIN_INSYNC_REPLICAS", job.kafka.min_insync_replicas),
+                           ("STREAM__MASTER", job.stream.master),
+                           ("STREAM__CHECKPOINT_DIR", job.checkpoint_dir)):
+            print(f"export EVENTIDE_{key}='{value}'")
+        return 0
+    print("\n".join(cluster.status(config)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``eventide`` (also how docker-compose.yml's commands are checked)."""
     parser = argparse.ArgumentParser(prog="eventide", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="config file (default: $EVENTIDE_CONFIG or ./eventide.toml)")
@@ -150,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     store.add_argument("action", choices=("serve",))
     job = sub.add_parser("job", help="run the stream job (foreground)")
     job.add_argument("--until-idle", action="store_true")
+    job.add_argument("--submit", action="store_true", help="spark-submit the job to stream.master (a cluster)")
     load = sub.add_parser("load", help="run the demo load (foreground)")
     load.add_argument("--rate", type=float)
     load.add_argument("--duration", type=float)
@@ -157,7 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("gateway", help="run the HTTP gateway (foreground)")
     alerts = sub.add_parser("alerts", help="run the alert evaluator (foreground)")
     alerts.add_argument("--once", action="store_true")
-    args = parser.parse_args(argv)
+    on_cluster = sub.add_parser("cluster", help="Spark standalone + Kafka cluster on this machine, and the job on it")
+    on_cluster.add_argument("action", choices=("up", "down", "status", "submit", "env"))
+    on_cluster.add_argument("--until-idle", action="store_true", help="submit: drain Kafka, then exit")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.config:  # background services and child processes load the same file
         os.environ["EVENTIDE_CONFIG"] = str(Path(args.config).resolve())
     try:
@@ -174,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 stack_down(config)
                 return 0
             return stack_status(config)
+        if args.command == "cluster":
+            return cluster_command(config, args.action, args.until_idle)
         if args.command == "demo":
             demo(config)
         elif args.command == "store":
@@ -184,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             from store.migrations import apply_migrations
 
             print("applied:", apply_migrations(config) or "nothing (up to date)")
+        elif args.command == "job" and args.submit:
+            return cluster.submit(config, args.until_idle)
         elif args.command == "job":
             from analytics import job as stream_job
 

@@ -61,6 +61,8 @@ class KafkaConfig(_Section):
     dead_letter_topic: str = "eventide.events.dead-letter"
     events_partitions: int = Field(4, ge=1)
     replication_factor: int = Field(1, ge=1)
+    min_insync_replicas: int = Field(1, ge=1)
+    """Topics' ``min.insync.replicas``: with ``acks=all`` a write succeeds once this many replicas have it."""
     events_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
     dead_letter_retention_ms: int = Field(14 * 24 * 3600 * 1000, ge=-1)
     max_message_bytes: int = Field(1024 * 1024, ge=1024)
@@ -74,6 +76,13 @@ class KafkaConfig(_Section):
     def managed(self) -> bool:
         """True when the project runs its own local broker."""
         return not self.bootstrap_servers
+
+    @model_validator(mode="after")
+    def _isr_within_replicas(self) -> KafkaConfig:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(f"min_insync_replicas ({self.min_insync_replicas}) must not exceed "
+                             f"replication_factor ({self.replication_factor})")
+        return self
 
 
 class StoreConfig(_Section):
@@ -135,6 +144,10 @@ class SeriesSelector(_Section):
 
 class StreamConfig(_Section):
     master: str = "local[*]"
+    """``local[*]`` (the job's own process), or a cluster's master, e.g. ``spark://host:7077``: then start the job
+    with ``eventide job --submit`` (spark-submit)."""
+    driver_host: str = ""
+    """On a cluster: the address executors reach the driver at (``spark.driver.host``). Empty: Spark's default."""
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(4, ge=1)
     allowed_lateness_s: float = Field(30.0, ge=0)
@@ -273,6 +286,64 @@ class DemoConfig(_Section):
     """Events sent twice (same id), as by a client retrying: the job counts them once."""
 
 
+class ClusterConfig(_Section):
+    """``eventide cluster up``: a Spark standalone cluster and a multi-broker KRaft Kafka cluster on this machine
+    (loopback), for running the job the way it runs in production (``eventide cluster submit``)."""
+
+    host: str = "127.0.0.1"
+    kafka_ports: list[int] = Field(default_factory=lambda: [19192, 19193, 19194])
+    """One client listener per broker; the number of brokers is the length of this list."""
+    kafka_controller_ports: list[int] = Field(default_factory=lambda: [19195, 19196, 19197])
+    """One KRaft controller listener per broker (every broker is also a controller voter)."""
+    replication_factor: int = Field(3, ge=1)
+    """Replicas of every topic (and of Kafka's own offsets and transaction topics) on the cluster."""
+    min_insync_replicas: int = Field(2, ge=1)
+    """With ``acks=all``, writes go on while this many replicas are in sync: one broker may be lost."""
+    spark_master_port: int = Field(17077, ge=1, le=65535)
+    spark_master_webui_port: int = Field(18080, ge=1, le=65535)
+    """The master's web UI; ``/json/`` there is how ``cluster status`` counts live workers."""
+    spark_worker_webui_ports: list[int] = Field(default_factory=lambda: [18081, 18082])
+    """One web UI port per worker; the number of workers is the length of this list."""
+    spark_worker_cores: int = Field(1, ge=1)
+    spark_worker_memory: str = "1g"
+    """Memory a worker offers to executors (at least ``executor_memory``)."""
+    spark_daemon_memory: str = "256m"
+    """Heap of the master and worker daemons themselves (Spark's default, 1g, is sized for big clusters)."""
+    executor_memory: str = "1g"
+    executor_cores: int = Field(1, ge=1)
+    executor_python: Path | None = None
+    """Interpreter of the executors' Python workers; it needs this project's dependencies (pandas, pyarrow,
+    datasketches). Default: the interpreter running ``eventide`` (the project's ``.venv/bin/python``)."""
+    start_timeout_s: float = Field(90.0, gt=0)
+    """How long ``cluster up`` waits for every broker and every worker to be up."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterConfig:
+        if len(self.kafka_ports) != len(self.kafka_controller_ports):
+            raise ValueError("kafka_ports and kafka_controller_ports need one entry per broker each")
+        if self.replication_factor > len(self.kafka_ports):
+            raise ValueError(f"replication_factor ({self.replication_factor}) exceeds the number of brokers "
+                             f"({len(self.kafka_ports)})")
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(f"min_insync_replicas ({self.min_insync_replicas}) must not exceed "
+                             f"replication_factor ({self.replication_factor})")
+        if not self.spark_worker_webui_ports:
+            raise ValueError("spark_worker_webui_ports: at least one worker")
+        ports = [*self.kafka_ports, *self.kafka_controller_ports, self.spark_master_port,
+                 self.spark_master_webui_port, *self.spark_worker_webui_ports]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"every cluster port must differ: {ports}")
+        return self
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return ",".join(f"{self.host}:{port}" for port in self.kafka_ports)
+
+    @property
+    def spark_master_url(self) -> str:
+        return f"spark://{self.host}:{self.spark_master_port}"
+
+
 class Config(_Section):
     """Everything every component needs to know. Build with :func:`load_config`."""
 
@@ -289,6 +360,7 @@ class Config(_Section):
     alerting: AlertingConfig = AlertingConfig()
     dashboard: DashboardConfig = DashboardConfig()
     demo: DemoConfig = DemoConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> Config:
@@ -297,6 +369,12 @@ class Config(_Section):
             ports |= {"kafka.port": self.kafka.port, "kafka.controller_port": self.kafka.controller_port}
         if self.store.embedded:
             ports["store.port"] = self.store.port
+        c = self.cluster   # `cluster up` may run beside the local stack
+        ports |= {f"cluster.kafka_ports.{i}": p for i, p in enumerate(c.kafka_ports)}
+        ports |= {f"cluster.kafka_controller_ports.{i}": p for i, p in enumerate(c.kafka_controller_ports)}
+        ports |= {"cluster.spark_master_port": c.spark_master_port,
+                  "cluster.spark_master_webui_port": c.spark_master_webui_port}
+        ports |= {f"cluster.spark_worker_webui_ports.{i}": p for i, p in enumerate(c.spark_worker_webui_ports)}
         seen: dict[int, str] = {}
         for field, port in ports.items():
             if port in seen:
@@ -325,6 +403,17 @@ class Config(_Section):
         """The ``accept`` query's output, read by the stateful queries: beside their checkpoints, on storage every
         executor reads."""
         return self.checkpoint_dir / "accepted-events"
+
+    @property
+    def cluster_dir(self) -> Path:
+        """``eventide cluster``: each broker's and worker's data, the shipped code, the cluster job's checkpoints."""
+        return self.data_dir / "cluster"
+
+    @property
+    def executor_python(self) -> Path:
+        """The Python of the cluster's executors (``cluster.executor_python``, default this interpreter)."""
+        python = self.cluster.executor_python
+        return self._abs(python) if python else Path(sys.executable)
 
     @property
     def spool_dir(self) -> Path:

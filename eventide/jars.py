@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -75,10 +76,21 @@ def spark_kafka_connector_artifacts(token_provider_version: str | None = None) -
             Artifact(group, name, token_provider_version)]
 
 
-def _ivy_jar() -> Path:
+def spark_home() -> Path:
+    """The installed pyspark's distribution directory (``bin/``, ``jars/``).
+
+    Under ``spark-submit`` the driver imports pyspark from ``$SPARK_HOME/python/lib/pyspark.zip``, so the package's
+    own location is not the distribution there: ``SPARK_HOME`` (which spark-submit sets) comes first."""
     import pyspark
 
-    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("ivy-*.jar"))
+    home = os.environ.get("SPARK_HOME")
+    if home and (Path(home) / "jars").is_dir():
+        return Path(home)
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _ivy_jar() -> Path:
+    jars = sorted((spark_home() / "jars").glob("ivy-*.jar"))
     if not jars:
         raise JarResolutionError("no ivy-*.jar inside the installed pyspark; reinstall pyspark")
     return jars[-1]
@@ -195,9 +207,7 @@ def spark_kafka_connector_jars(config: Config) -> list[Path]:
         resolved = resolve(config, name, fallback_arts)
     # Spark already ships scala-library, hadoop-client, slf4j, lz4, snappy ...: a second copy of a different
     # version on the classpath is a source of subtle conflicts, so only what Spark lacks is added.
-    import pyspark
-
-    bundled = {_artifact_name(j.name) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    bundled = {_artifact_name(j.name) for j in (spark_home() / "jars").glob("*.jar")}
     return [j for j in resolved if _artifact_name(j.name) not in bundled]
 
 

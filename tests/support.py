@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from eventide.config import Config
+from eventide.config import Config, to_environ
 from ingest.envelope import encode, log_event, metric_event, now_ms, offset_clock
 from ingest.sdk import Client
 from store.client import connect
@@ -120,3 +124,9 @@ def rows(config: Config, sql: str) -> list[dict[str, Any]]:
     with connect(config) as client:
         result = client.query(sql)
         return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+
+
+def eventide_cli(config: Config, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """``eventide <args>`` in a child process that loads ``config`` (through EVENTIDE_* variables)."""
+    return subprocess.run([sys.executable, "-m", "eventide.cli", *args], env={**os.environ, **to_environ(config)},
+                          capture_output=True, text=True, timeout=timeout_s, cwd=Path(__file__).resolve().parent.parent)

@@ -40,6 +40,10 @@ def test_file_then_environment_overrides(tmp_path):
     ({"EVENTIDE_STREAM__SLIDING_LOG_LEVELS": '["loud"]'}, "stream.sliding_log_levels.0"),
     ({"EVENTIDE_STREAM__SLIDING_SERIES": '[{"kind": "metric"}]'}, "stream.sliding_series.0.name"),
     ({"EVENTIDE_STREAM__SESSION_GAP_S": "0"}, "stream.session_gap_s"),
+    ({"EVENTIDE_KAFKA__MIN_INSYNC_REPLICAS": "2"}, "kafka"),                 # more than the 1 replica
+    ({"EVENTIDE_CLUSTER__KAFKA_PORTS": "[29192, 29193]"}, "cluster"),        # 2 brokers, 3 controller ports
+    ({"EVENTIDE_CLUSTER__REPLICATION_FACTOR": "4"}, "cluster"),             # more replicas than brokers
+    ({"EVENTIDE_CLUSTER__SPARK_MASTER_PORT": "19092"}, "cluster.spark_master_port"),   # the local broker's port
 ])
 def test_bad_config_names_the_field(tmp_path, env, field):
     with pytest.raises(ConfigError) as info:
@@ -63,3 +67,16 @@ def test_child_processes_rebuild_the_same_config(tmp_path):
         config.kafka, config.store, config.envelope, config.dashboard)
     assert (child.data_dir, child.cache_dir, child.checkpoint_dir, child.store_url) == (
         config.data_dir, config.cache_dir, config.checkpoint_dir, config.store_url)
+
+
+def test_the_cluster_defaults_are_three_replicated_brokers_and_two_workers(tmp_path):
+    from eventide import cluster
+
+    config = load_config(environ={}, root=str(tmp_path))
+    assert len(config.cluster.kafka_ports) == 3 and len(config.cluster.spark_worker_webui_ports) == 2
+    assert (config.cluster.replication_factor, config.cluster.min_insync_replicas) == (3, 2)
+    on_cluster = cluster.job_config(config)
+    assert on_cluster.kafka.bootstrap == "127.0.0.1:19192,127.0.0.1:19193,127.0.0.1:19194"
+    assert on_cluster.stream.master == "spark://127.0.0.1:17077"
+    assert on_cluster.checkpoint_dir == tmp_path / "var" / "cluster" / "checkpoints"
+    assert (on_cluster.kafka.replication_factor, on_cluster.kafka.min_insync_replicas) == (3, 2)

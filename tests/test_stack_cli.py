@@ -11,17 +11,12 @@ import pytest
 from confluent_kafka.admin import ConfigResource
 
 from eventide import broker, services
-from eventide.config import to_environ
 from eventide.services import free_port
 from store.client import connect
 from tests.conftest import REPO
+from tests.support import eventide_cli
 
 pytestmark = pytest.mark.integration
-
-
-def _cli(config, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eventide.cli", *args], env={**os.environ, **to_environ(config)},
-                          capture_output=True, text=True, timeout=180, cwd=REPO)
 
 
 def test_stack_up_status_down(base_config, tmp_path):
@@ -30,7 +25,7 @@ def test_stack_up_status_down(base_config, tmp_path):
         "kafka": base_config.kafka.model_copy(update={"port": free_port(), "controller_port": free_port()}),
         "store": base_config.store.model_copy(update={"url": "", "port": free_port()}),   # its own embedded store
     })
-    up = _cli(config, "stack", "up")
+    up = eventide_cli(config, "stack", "up")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         assert broker.is_reachable(config)
@@ -44,14 +39,14 @@ def test_stack_up_status_down(base_config, tmp_path):
             tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
         assert {"window_aggregates", "dead_letters"} <= tables
 
-        status = _cli(config, "stack", "status")
+        status = eventide_cli(config, "stack", "status")
         assert "reachable" in status.stdout and "kafka        running" in status.stdout
         assert "store        running" in status.stdout and config.store_url in status.stdout
 
-        again = _cli(config, "stack", "up")  # idempotent: nothing restarted, nothing re-created
+        again = eventide_cli(config, "stack", "up")  # idempotent: nothing restarted, nothing re-created
         assert again.returncode == 0 and "already present" in again.stdout
     finally:
-        down = _cli(config, "stack", "down")
+        down = eventide_cli(config, "stack", "down")
     assert down.returncode == 0 and "stopped kafka" in down.stdout and "stopped store" in down.stdout
     assert not services.state(config, broker.SERVICE).running
     assert not services.state(config, "store").running
