@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
@@ -88,3 +90,13 @@ def published_copies(batch: pa.Table, events_file: str) -> pa.BooleanArray:
     keep = np.zeros(batch.num_rows, dtype=bool)
     keep[marked["_row"].to_numpy()] = marked["_accepted"].fill_null(False).to_numpy(zero_copy_only=False)
     return pa.array(keep)
+
+
+def without_copies(valid: DataFrame, copies: pa.Table) -> DataFrame:
+    """``valid`` without the records at the positions (``POSITION``) of ``copies``: the batch's duplicates,
+    usually none or a few, broadcast. (A filter of per-partition ``isin`` sets measured 2-4x slower:
+    bench/dedup_cost.py.)"""
+    if not copies.num_rows:
+        return valid
+    positions = valid.sparkSession.createDataFrame(copies.select(list(POSITION)))
+    return valid.join(F.broadcast(positions), list(POSITION), "left_anti").select(*valid.columns)

@@ -230,7 +230,7 @@ def accept_writer(config: Config) -> BatchWriter:
                                                     accepted_ids.of(memory))
                                  if config.stream.deduplicate else pa.array([True] * candidates.num_rows))
                         info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
-                        accepted_log.publish(config, _first_copies(valid, candidates.filter(pc.invert(first))),
+                        accepted_log.publish(config, dedup.without_copies(valid, candidates.filter(pc.invert(first))),
                                              accepted_log.BatchMeta(
                                                  batch_id, info.start_offsets, info.end_offsets, earliest, latest))
                     accepted = candidates.filter(first)
@@ -269,14 +269,6 @@ def accept_writer(config: Config) -> BatchWriter:
 # Per record, what the accept query's driver needs: the copy's id and position, and its device's clock offset.
 _SUMMARY_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp", "id", "app", "device", "clock_offset_ms",
                     "received_time")
-
-
-def _first_copies(valid: DataFrame, copies: pa.Table) -> DataFrame:
-    """``valid`` without the records at the positions of ``copies`` (the batch's duplicates, usually none)."""
-    if not copies.num_rows:
-        return valid
-    positions = valid.sparkSession.createDataFrame(copies.select(list(dedup.POSITION)))
-    return valid.join(F.broadcast(positions), list(dedup.POSITION), "left_anti").select(*valid.columns)
 
 
 def _clock_offsets(accepted: pa.Table) -> pa.Table:
