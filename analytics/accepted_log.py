@@ -10,7 +10,9 @@ file before a crash reads the very same events again.
 
 Why files and not a Kafka topic: Spark's Kafka sink is at-least-once, so a replayed batch would hand its events
 over twice, and the windows would need a second deduplication (docs/architecture.md, "Accepted events").
-Renames are atomic on local disks and HDFS (not on object stores: there, point ``stream.checkpoint_dir`` at HDFS).
+The driver publishes and reads these files with local-filesystem calls (``pathlib``, ``pyarrow``), and renames are
+atomic on a POSIX filesystem: on a multi-host cluster ``stream.checkpoint_dir`` must be a shared POSIX mount (NFS),
+not HDFS or an object store (docs/operations.md).
 """
 
 from __future__ import annotations
