@@ -18,7 +18,6 @@ Prints one JSON summary (and writes it to ``--out``):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.pipeline import emit, report  # noqa: E402
 from eventide import broker  # noqa: E402
 from eventide.config import load_config  # noqa: E402
 from eventide.services import free_port  # noqa: E402
@@ -38,11 +38,6 @@ from tests import fault_injection as faults  # noqa: E402
 from tests.conftest import fresh_stack  # noqa: E402
 
 SCENARIOS = ("fuzz", "job_kills", "broker_kills", "store_outage")
-
-
-def report(name: str, result: dict[str, Any]) -> dict[str, Any]:
-    print(f"[{name}] {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
-    return result
 
 
 def comparison_figures(c: faults.Comparison, seconds: float) -> dict[str, Any]:
@@ -131,10 +126,7 @@ def main() -> None:
     parts = [summary[s] for s in SCENARIOS if s in summary]
     summary["total"] = {"faults": sum(p["faults"] for p in parts), "lost": sum(p["lost"] for p in parts),
                         "double_counted": sum(p["double_counted"] for p in parts)}
-    text = json.dumps(summary, indent=2, default=str)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    emit(summary, args.out)
 
 
 if __name__ == "__main__":

@@ -397,6 +397,14 @@ def report(phase: str, result: Any) -> Any:
     return result
 
 
+def emit(summary: dict[str, Any], out: Path | None) -> None:
+    """Print a benchmark's JSON summary (stdout) and also write it to ``out`` when given."""
+    text = json.dumps(summary, indent=1, default=str)
+    print(text)
+    if out:
+        out.write_text(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=500_000)
@@ -472,10 +480,7 @@ def main() -> None:
             spark.stop()
     finally:
         broker.stop(config)
-    text = json.dumps(summary, indent=1, default=str)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    emit(summary, args.out)
 
 
 if __name__ == "__main__":
