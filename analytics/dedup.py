@@ -83,8 +83,8 @@ def first_copies(batch: pa.Table, remembered: pa.ChunkedArray) -> pa.BooleanArra
 
 def published_copies(batch: pa.Table, events_file: str) -> pa.BooleanArray:
     """Which rows of ``batch`` a batch already published accepted (its file is the truth on a replay)."""
-    stored = pq.read_table(events_file, columns=list(POSITION)).append_column(
-        "_accepted", pa.array(np.ones(pq.read_metadata(events_file).num_rows, dtype=bool)))
+    stored = pq.read_table(events_file, columns=list(POSITION))
+    stored = stored.append_column("_accepted", pa.array(np.ones(stored.num_rows, dtype=bool)))
     marked = (batch.select(list(POSITION)).append_column("_row", pa.array(np.arange(batch.num_rows)))
               .join(stored, list(POSITION), join_type="left outer"))
     keep = np.zeros(batch.num_rows, dtype=bool)

@@ -222,21 +222,22 @@ def accept_writer(config: Config) -> BatchWriter:
                 earliest, latest = _epoch_ms(span["min"]), _epoch_ms(span["max"])
                 memory = dedup.horizon(config, batch_id, earliest) if config.stream.deduplicate else []
                 with _timed(ACCEPT_QUERY, "dedup_publish"):
-                    events_file = accepted_log.events_file(config, batch_id)
-                    if accepted_log.published(config, batch_id):   # a replay: its file says what was accepted
-                        first = dedup.published_copies(candidates, str(events_file))
+                    replay = accepted_log.published(config, batch_id)
+                    if replay:   # its file says what was accepted
+                        first = dedup.published_copies(candidates, str(accepted_log.events_file(config, batch_id)))
+                    elif config.stream.deduplicate:
+                        first = dedup.first_copies(candidates.select(list(dedup.COPY_COLUMNS)),
+                                                   accepted_ids.of(memory))
                     else:
-                        first = (dedup.first_copies(candidates.select(list(dedup.COPY_COLUMNS)),
-                                                    accepted_ids.of(memory))
-                                 if config.stream.deduplicate else pa.array([True] * candidates.num_rows))
+                        first = pa.array([True] * candidates.num_rows)
+                    copies = candidates.filter(pc.invert(first))
+                    if not replay:
                         info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
-                        accepted_log.publish(config, dedup.without_copies(valid, candidates.filter(pc.invert(first))),
-                                             accepted_log.BatchMeta(
-                                                 batch_id, info.start_offsets, info.end_offsets, earliest, latest))
+                        accepted_log.publish(config, dedup.without_copies(valid, copies), accepted_log.BatchMeta(
+                            batch_id, info.start_offsets, info.end_offsets, earliest, latest))
                     accepted = candidates.filter(first)
                     if config.stream.deduplicate:
                         accepted_ids.remember(batch_id, accepted["id"])
-                copies = candidates.filter(pc.invert(first))
                 if copies.num_rows:
                     rows.append(("duplicates", _with_constants(copies.select(
                         ["topic", "partition", "offset", "kafka_timestamp", "id", "app", "device"]).rename_columns(
