@@ -34,7 +34,9 @@ from tests.conftest import fresh_stack
 from tests.support import Event, rows, run_job, wait_until
 
 S = 1000
-T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000   # an hour boundary
+# An hour boundary a day ago: recent enough for every table's TTL (device clocks keep 30 days), so every table
+# the comparisons read holds rows.
+T0 = now_ms() - now_ms() % 3_600_000 - 24 * 3_600_000
 GATEWAY_TOKEN = "fault-suite"
 
 
@@ -135,6 +137,10 @@ def results(config: Config) -> Results:
     return {table: sorted(tuple(r.values()) for r in rows(config, sql)) for table, sql in RESULT_QUERIES.items()}
 
 
+def result_columns(config: Config, table: str) -> list[str]:
+    return [r["name"] for r in rows(config, f"DESCRIBE ({RESULT_QUERIES[table]})")]
+
+
 @dataclass
 class Comparison:
     """A faulted run's results against an uninterrupted run of the same input."""
@@ -145,10 +151,23 @@ class Comparison:
     differing: dict[str, int]                    # rows in one run and not in the other, per table
     window_events: tuple[int, int] = (0, 0)      # events counted by the finest tumbling windows: (expected, seen)
     extra: dict[str, Any] = field(default_factory=dict)
+    # A few differing rows per table, as (column names, rows only in the uninterrupted run, rows only in the
+    # faulted one): what a failure shows.
+    examples: dict[str, tuple[list[str], list[tuple[Any, ...]], list[tuple[Any, ...]]]] = field(
+        default_factory=dict)
 
     @property
     def identical(self) -> bool:
         return not any(self.differing.values())
+
+    def explain(self) -> str:
+        """The differing rows kept in ``examples``, table by table."""
+        lines = []
+        for table, (columns, only_expected, only_observed) in self.examples.items():
+            lines.append(f"{table} ({self.differing[table]} rows differ): {', '.join(columns)}")
+            lines += [f"  uninterrupted only: {row}" for row in only_expected]
+            lines += [f"  faulted only:       {row}" for row in only_observed]
+        return "\n".join(lines)
 
 
 def events_counted(config: Config) -> int:
@@ -159,13 +178,18 @@ def events_counted(config: Config) -> int:
     return int(row["n"])
 
 
-def compare(reference: Config, faulted: Config, faults: int, events_sent: int) -> Comparison:
+def compare(reference: Config, faulted: Config, faults: int, events_sent: int, examples: int = 8) -> Comparison:
     expected, observed = results(reference), results(faulted)
-    differing = {table: sum(((Counter(expected[table]) - Counter(observed[table]))
-                             + (Counter(observed[table]) - Counter(expected[table]))).values())
-                 for table in RESULT_QUERIES}
+    differing, shown = {}, {}
+    for table in RESULT_QUERIES:
+        only_expected = Counter(expected[table]) - Counter(observed[table])
+        only_observed = Counter(observed[table]) - Counter(expected[table])
+        differing[table] = sum(only_expected.values()) + sum(only_observed.values())
+        if differing[table]:
+            shown[table] = (result_columns(reference, table), sorted(only_expected)[:examples],
+                            sorted(only_observed)[:examples])
     return Comparison(faults, events_sent, {t: len(expected[t]) for t in RESULT_QUERIES}, differing,
-                      (events_counted(reference), events_counted(faulted)))
+                      (events_counted(reference), events_counted(faulted)), examples=shown)
 
 
 def workload(rng: random.Random, events: int = 600) -> list[tuple[str, bytes]]:

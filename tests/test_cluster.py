@@ -105,7 +105,7 @@ def test_cluster_results_equal_local_results_even_with_a_broker_and_a_worker_kil
     finish(submit(plain), plain)
     same = faults.compare(local, plain, faults=0, events_sent=len(records))
     assert same.rows["window_aggregates"] > 50 and same.rows["duplicates"] and same.rows["stragglers"]
-    assert same.differing == IDENTICAL, "the cluster's results differ from local[*]"
+    assert same.differing == IDENTICAL, f"the cluster's results differ from local[*]:\n{same.explain()}"
 
     job = submit(faulted)
     try:
@@ -131,7 +131,7 @@ def test_cluster_results_equal_local_results_even_with_a_broker_and_a_worker_kil
     assert windows_at_worker_kill < commits(faulted, "windows"), "windows had finished before the worker kill"
     assert len(broker.read_committed(faulted)) == len(records)          # every record on the surviving replicas
     killed = faults.compare(local, faulted, faults=2, events_sent=len(records))
-    assert killed.differing == IDENTICAL, "results differ after the broker and worker kills"
+    assert killed.differing == IDENTICAL, f"results differ after the broker and worker kills:\n{killed.explain()}"
     assert killed.window_events[0] == killed.window_events[1]                  # every event counted once
     print(f"\n{len(records)} records; rows per table, identical local / cluster / cluster with kills: "
           f"{same.rows}; events in the finest windows {killed.window_events}; broker kill after accept batch "

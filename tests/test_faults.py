@@ -35,7 +35,7 @@ def test_job_killed_three_times_at_random_moments_ends_identical_to_an_uninterru
 
     assert outcome.extra["unfinished_before_the_last_restart"], "the job finished before the last kill"
     assert outcome.faults == 3
-    assert outcome.differing == dict.fromkeys(faults.RESULT_QUERIES, 0)
+    assert outcome.differing == dict.fromkeys(faults.RESULT_QUERIES, 0), outcome.explain()
     assert outcome.rows["window_aggregates"] > 50 and outcome.rows["duplicates"] and outcome.rows["stragglers"]
 
 
@@ -75,5 +75,5 @@ def test_store_away_for_a_minute_the_job_waits_retries_and_loses_nothing(kafka, 
 
     assert outcome.extra["waits"], "the job never met the store away: nothing was tested"
     assert "the micro-batch waits and retries" in outcome.extra["waits"][0]
-    assert outcome.differing == dict.fromkeys(faults.RESULT_QUERIES, 0)
+    assert outcome.differing == dict.fromkeys(faults.RESULT_QUERIES, 0), outcome.explain()
     assert outcome.window_events[0] == outcome.window_events[1] > 0
