@@ -8,6 +8,11 @@ place; names starting with ``_`` are invisible to the file source. A replayed ac
 writes nothing: the hand-over is exactly-once without Kafka transactions, and a downstream query that read the
 file before a crash reads the very same events again.
 
+A reader killed between choosing its next file (Spark's file source writes ``sources/0/<n>`` first) and planning
+the batch that reads it (``offsets/<N>``) would, once restarted, plan a batch over that orphaned entry *and* the
+next new file: two accept batches under one watermark, so late events judged otherwise than in a run never killed.
+``forget_unplanned_files`` removes such an entry before a reader starts; Spark then chooses that file again, alone.
+
 Why files and not a Kafka topic: Spark's Kafka sink is at-least-once, so a replayed batch would hand its events
 over twice, and the windows would need a second deduplication (docs/architecture.md, "Accepted events").
 The driver publishes and reads these files with local-filesystem calls (``pathlib``, ``pyarrow``), and renames are
@@ -112,6 +117,39 @@ def read_stream(spark: SparkSession, config: Config, schema: StructType) -> Data
 
 def read_batches(spark: SparkSession, schema: StructType, files: list[str]) -> DataFrame:
     return spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
+
+
+def forget_unplanned_files(checkpoint: Path) -> list[int]:
+    """Drop the file-source log batches of a reader's checkpoint that no planned micro-batch covers (written just
+    before a crash, see the module docstring); returns the log batches dropped. Run before the reader starts.
+
+    Only entries past the newest planned batch's end offset are touched: nothing any batch read, or will replay,
+    changes. A compacted log file (``N.compact``, which also holds every earlier entry) keeps those and loses only
+    its own batch's entries."""
+    log_dir, offsets_dir = checkpoint / "sources" / "0", checkpoint / "offsets"
+    planned = [int(p.name) for p in offsets_dir.glob("[0-9]*")] if offsets_dir.exists() else []
+    if not log_dir.exists():
+        return []
+    planned_end = (int(json.loads((offsets_dir / str(max(planned))).read_text().splitlines()[2])
+                       .get("logOffset", -1)) if planned else -1)
+    dropped = []
+    for path in log_dir.iterdir():
+        name = path.name.removesuffix(".compact")
+        if not name.isdigit() or int(name) <= planned_end:
+            continue
+        log_batch = int(name)
+        if path.name.endswith(".compact"):
+            header, *entries = path.read_text().splitlines()
+            kept = [e for e in entries if e.strip() and int(json.loads(e)["batchId"]) != log_batch]
+            staged = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+            staged.write_text("\n".join([header, *kept]))
+            staged.replace(path)
+        else:
+            path.unlink()
+        # Hadoop's local filesystem keeps a checksum beside each file: a stale one would fail the next read.
+        path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
+        dropped.append(log_batch)
+    return sorted(dropped)
 
 
 def _source_log_entries(checkpoint: Path, log_batch: int) -> list[dict[str, object]]:

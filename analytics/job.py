@@ -122,6 +122,12 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         if name not in only:
             continue
         checkpoint = config.checkpoint_dir / name
+        reads_log = name != sinks.ACCEPT_QUERY
+        if reads_log:
+            forgotten = accepted_log.forget_unplanned_files(checkpoint)
+            if forgotten:
+                log.info("%s: file-source log batches %s were chosen but never planned (a crash in between); "
+                         "forgotten, so each micro-batch reads one accept batch", name, forgotten)
         query = (
             frame().writeStream
             .queryName(name)
@@ -131,7 +137,6 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
             .trigger(**trigger)
             .start()
         )
-        reads_log = name != sinks.ACCEPT_QUERY
         recorder.track(query, config, _kafka_offsets(config, checkpoint) if reads_log else None)
         queries.append(query)
     return queries

@@ -86,3 +86,43 @@ def test_files_of_a_batch_and_the_kafka_offsets_a_reader_reached_survive_log_com
     assert accepted_log.kafka_offsets_reached(config, windows, 1) == {"t": {"0": 200}}
     assert accepted_log.kafka_offsets_reached(config, windows, 4) == {"t": {"0": 500}}
     assert accepted_log.kafka_offsets_reached(config, windows, -1) == {}
+
+
+def test_a_file_chosen_but_never_planned_is_forgotten_before_the_reader_starts_again(tmp_path):
+    """A reader killed after its file source logged its next file (log batch 4) but before it planned the batch
+    reading it (offsets end at log batch 3): the entry goes, so the restarted reader chooses that file alone."""
+    config = config_in(tmp_path)
+    checkpoint = tmp_path / "windows"
+    reader_read(config, checkpoint, batches=[0, 1, 2, 3, 4], committed=3)
+    (checkpoint / "sources" / "0" / ".4.crc").write_bytes(b"crc")
+
+    assert accepted_log.forget_unplanned_files(checkpoint) == [4]
+
+    assert sorted(p.name for p in (checkpoint / "sources" / "0").iterdir()) == ["0", "1", "2", "3"]
+    assert accepted_log.files_read(checkpoint, BatchInfo(3, 0, {"logOffset": 2}, {"logOffset": 3})) == [
+        f"file://{accepted_log.events_file(config, 3)}"]
+
+
+def test_a_compacted_log_batch_never_planned_keeps_every_earlier_entry(tmp_path):
+    config = config_in(tmp_path)
+    checkpoint = tmp_path / "windows"
+    reader_read(config, checkpoint, batches=[0, 1, 2, 3, 4], committed=3, compact_at=4)
+    (checkpoint / "sources" / "0" / ".4.compact.crc").write_bytes(b"crc")
+
+    assert accepted_log.forget_unplanned_files(checkpoint) == [4]
+
+    compact = (checkpoint / "sources" / "0" / "4.compact").read_text().splitlines()
+    assert compact[0] == "v1" and [json.loads(e)["batchId"] for e in compact[1:]] == [0, 1, 2, 3]
+    assert not (checkpoint / "sources" / "0" / ".4.compact.crc").exists()
+    assert accepted_log.files_read(checkpoint, BatchInfo(3, 0, {"logOffset": 2}, {"logOffset": 3})) == [
+        f"file://{accepted_log.events_file(config, 3)}"]
+
+
+def test_a_planned_batch_keeps_its_files_even_before_it_is_committed(tmp_path):
+    config = config_in(tmp_path)
+    checkpoint = tmp_path / "windows"
+    reader_read(config, checkpoint, batches=[0, 1, 2, 3, 4], committed=3)
+    (checkpoint / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"logOffset":4}')
+
+    assert accepted_log.forget_unplanned_files(checkpoint) == []
+    assert accepted_log.forget_unplanned_files(tmp_path / "never_started") == []

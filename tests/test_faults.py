@@ -4,6 +4,8 @@
   reason, the good events count exactly;
 - the stream job SIGKILLed (whole process group) at random moments, three times, during one run: every table the
   dashboard reads ends identical to an uninterrupted run of the same input;
+- one of those moments made exact: a reader of the accepted-events log stopped after its file source chose the
+  next file and before the batch reading it was planned (the rare kill that once made the results differ);
 - the broker SIGKILLed and restarted while the SDK and the gateway produce: every acknowledged event is stored
   exactly once (counted by id), however many copies the clients' retries and replays wrote;
 - the store stopped while the job writes and started again 60 s later: the job waits, retries, loses nothing.
@@ -13,9 +15,15 @@ The scenarios live in tests/fault_injection.py; ``bench/faults.py`` runs them lo
 
 from __future__ import annotations
 
+import itertools
+import json
+import random
+
 import pytest
 
+from analytics.job import run_until_idle
 from tests import fault_injection as faults
+from tests.support import run_job
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +45,43 @@ def test_job_killed_three_times_at_random_moments_ends_identical_to_an_uninterru
     assert outcome.faults == 3
     assert outcome.differing == dict.fromkeys(faults.RESULT_QUERIES, 0), outcome.explain()
     assert outcome.rows["window_aggregates"] > 50 and outcome.rows["duplicates"] and outcome.rows["stragglers"]
+
+
+@pytest.mark.timeout(900)
+def test_a_reader_stopped_between_choosing_its_next_file_and_planning_it_still_reads_one_accept_batch_per_batch(
+        kafka, spark, tmp_path):
+    """Spark's file source logs the file it chose for the next micro-batch (``sources/0/<n>``) before the batch
+    is planned (``offsets/<N>``). A kill in between once left an entry no batch covered, and the restarted reader
+    planned one batch over it and the next file: two accept batches under one watermark, so some late events
+    were judged against another watermark than in a run never killed. Here the windows query stops exactly there."""
+    records = faults.workload(random.Random(11))
+    reference, faulted = faults.two_runs(kafka, "unplanned", records)
+    run_job(spark, reference)
+
+    run_until_idle(spark, faulted, only=("accept",))
+    published = sorted(faulted.accepted_events_dir.glob("*.parquet"))
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for file in published[3:]:
+        file.rename(aside / file.name)
+    run_until_idle(spark, faulted, only=("windows",))                 # the first three accept batches
+    for file in published[3:]:
+        (aside / file.name).rename(file)                               # rename keeps the files' order in time
+    log = faulted.checkpoint_dir / "windows" / "sources" / "0"
+    chosen = max(int(p.name) for p in log.iterdir() if p.name.isdigit()) + 1
+    entry = {"path": published[3].as_uri(), "timestamp": int(published[3].stat().st_mtime * 1000), "batchId": chosen}
+    (log / str(chosen)).write_text("v1\n" + json.dumps(entry))         # as Spark writes it, just before planning
+
+    run_job(spark, faulted)                                            # restart: every query to the end
+
+    outcome = faults.compare(reference, faulted, faults=1, events_sent=len(records))
+    offsets = faulted.checkpoint_dir / "windows" / "offsets"
+    ends = [json.loads((offsets / n).read_text().splitlines()[2])["logOffset"]
+            for n in sorted((p.name for p in offsets.glob("[0-9]*")), key=int)]
+    assert outcome.differing == dict.fromkeys(faults.RESULT_QUERIES, 0), (
+        f"log batches read: {ends}\n{outcome.explain()}")
+    assert all(b - a <= 1 for a, b in itertools.pairwise(ends)), f"a batch read two accept batches: {ends}"
+    assert outcome.rows["stragglers"] and outcome.rows["corrections"]
 
 
 @pytest.mark.timeout(900)
