@@ -97,13 +97,23 @@ def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: 
                    until: datetime) -> pd.DataFrame:
     """One row per bucket of ``resolution_s``: start, count, rate, p50/p90/p99, distinct users, final.
 
-    Buckets come from ``store.range_query``: sums add up and percentiles / distinct counts are read from the merged
-    sketches of the bucket's windows, never averaged. Each window's newest version is used (corrections).
+    When the series has tumbling windows of exactly ``resolution_s``, each bucket *is* one stored window and its
+    row is that window's own answer (newest version), read without any sketch: the same values a merge of one
+    sketch gives, for a fraction of the cost (a day of 60 s buckets: 1,440 sketches). Otherwise buckets come from
+    ``store.range_query``: sums add up and percentiles / distinct counts are read from the merged sketches of the
+    bucket's windows, never averaged. Bucket starts are naive UTC on both paths.
     """
+    own = _frame(client,
+        "SELECT window_start, event_count, rate, p50, p90, p99, distinct_users, is_final = 1 AS final "
+        "FROM window_results WHERE window_kind = 'tumbling' AND window_length_ms = {l:UInt64} "
+        f"AND {_series_filter()} AND window_start >= {{lo:DateTime64(3)}} AND window_end <= {{hi:DateTime64(3)}} "
+        "ORDER BY window_start", since, until, l=round(resolution_s * 1000), **_series_params(series))
+    if not own.empty:
+        return own
     buckets = range_query.range_buckets(client, series, since, until, resolution_s, quantiles=CHARTED_QUANTILES,
                                         devices=False)
     return pd.DataFrame([{
-        "window_start": b.start, "event_count": b.count, "rate": b.rate,
+        "window_start": b.start.replace(tzinfo=None), "event_count": b.count, "rate": b.rate,
         "p50": b.quantiles.get(0.5), "p90": b.quantiles.get(0.9), "p99": b.quantiles.get(0.99),
         "distinct_users": b.distinct_users, "final": b.final,
     } for b in buckets if b.windows])

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pandas as pd
 import pytest
-from datasketches import kll_doubles_sketch
+from datasketches import hll_sketch, kll_doubles_sketch
 from streamlit.testing.v1 import AppTest
 
 from analytics.sinks import WINDOW_COLUMNS
@@ -408,3 +408,46 @@ def test_the_series_catalog_lists_series_by_events_with_their_tumbling_lengths_a
         assert catalog.lengths_ms == queries.window_lengths_ms(client) == [10_000, 60_000]
     assert [s.app for s in catalog.series] == ["search", "shop"]
     assert {s.app: specs for s, specs in catalog.hopping.items()} == {"search": [(300_000, 60_000)]}
+
+
+def _consistent_window(start: datetime, values: list[float], users: list[str]) -> list:
+    """A 10 s window as the job writes it: its stored percentiles and distinct users read from its own sketches."""
+    values_sketch, users_sketch = kll_doubles_sketch(200), hll_sketch(12)
+    for v in values:
+        values_sketch.update(v)
+    for u in users:
+        users_sketch.update(u)
+    row = dict(zip(WINDOW_COLUMNS, _window(start, len(values), max(values)), strict=True))
+    row.update(value_sketch=values_sketch.serialize(), users_sketch=users_sketch.serialize_compact(),
+               sum=float(sum(values)), min=min(values), mean=sum(values) / len(values),
+               distinct_users=round(users_sketch.get_estimate()),
+               **{col: values_sketch.get_quantile(q, inclusive=True)
+                  for col, q in (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999))})
+    return [row[c] for c in WINDOW_COLUMNS]
+
+
+def test_explorer_buckets_of_the_stored_length_are_the_windows_and_coarser_ones_merge_their_sketches(store):
+    now = datetime.now(UTC).replace(microsecond=0, second=0, tzinfo=None) - timedelta(minutes=2)
+    # Two 10 s windows of one 20 s bucket: the first with small values and users a, b; the second large, b, c.
+    first = _consistent_window(now, [1.0, 2.0, 3.0], ["a", "b"])
+    second = _consistent_window(now + timedelta(seconds=10), [100.0, 200.0], ["b", "c"])
+    with connect(store) as client:
+        client.insert("window_aggregates", [[*r, 1, now] for r in (first, second)],
+                      column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+        series = queries.series_catalog(client).series[0]
+        since, until = now - timedelta(minutes=1), now + timedelta(minutes=1)
+        windows = queries.series_buckets(client, series, 10, since, until)
+        merged = queries.series_buckets(client, series, 20, since, until)
+    assert windows["event_count"].tolist() == [3, 2]
+    assert windows["p99"].tolist() == [3.0, 200.0]
+    assert windows["p50"].tolist() == [2.0, 100.0]
+    assert windows["distinct_users"].tolist() == [2, 2]
+    assert windows["rate"].tolist() == [0.3, 0.2]
+    # One 20 s bucket: counts add, percentiles come from the merged sketch (not an average), users from the union.
+    assert merged["event_count"].tolist() == [5]
+    assert merged["p50"].tolist() == [3.0]
+    assert merged["p99"].tolist() == [200.0]
+    assert merged["distinct_users"].tolist() == [3]
+    assert merged["rate"].tolist() == [0.25]
+    assert not windows["final"].any() and not merged["final"].any()     # no watermark recorded yet
+    assert [*windows["window_start"], *merged["window_start"]] == [now, now + timedelta(seconds=10), now]

@@ -1,6 +1,7 @@
 """Metric explorer: rate, percentiles and distinct users over time for any series, at any resolution.
 
-Every bucket is merged from the stored windows' sketches (``store.range_query``): percentiles are never averaged.
+A bucket as long as a stored tumbling window is that window; a longer one is merged from its windows' sketches
+(``store.range_query``): percentiles are never averaged.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def page() -> None:
         st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {chosen.label}", "users", span),
                         width="stretch")
         if kind == "tumbling":
-            st.caption(f"{len(df)} buckets of {resolution_s} s (merged sketches) · "
+            source = "stored windows" if resolution_s * 1000 in lengths else "merged sketches"
+            st.caption(f"{len(df)} buckets of {resolution_s} s ({source}) · "
                        f"refreshes every {config.dashboard.refresh_s:g} s")
         else:
             st.caption(f"{len(df)} hopping windows of {spec[0] // 1000} s every {spec[1] // 1000} s "
