@@ -26,7 +26,6 @@ from analytics import accepted_log, dedup, envelope
 from analytics.keyed_windows import KEYED_WINDOWS_QUERY, SESSION, SLIDING
 from analytics.progress import batch_info
 from analytics.stragglers import (
-    CORRECTION_COLUMNS,
     STRAGGLER_COLUMNS,
     corrections,
     late_contributions,
@@ -128,16 +127,12 @@ def window_writer(config: Config) -> BatchWriter:
             spark = batch.sparkSession
             events = accepted_log.read_batches(spark, envelope.accepted_schema(spark, config),
                                                accepted_log.files_read(checkpoint, info))
-            late = late_contributions(events, config, info).persist()
-            try:
-                with _timed(WINDOWS_QUERY, "late_events"):
-                    rows.append(("stragglers", arrow_rows(stragglers(late), STRAGGLER_COLUMNS,
-                                                          query_name=WINDOWS_QUERY, batch_id=batch_id,
-                                                          detected_at=now)))
-                    rows.append(("corrections", arrow_rows(corrections(late), CORRECTION_COLUMNS,
+            with _timed(WINDOWS_QUERY, "late_events"):
+                late = late_contributions(events, config, info).toArrow()
+                rows.append(("stragglers", _with_constants(stragglers(late), query_name=WINDOWS_QUERY,
                                                            batch_id=batch_id, detected_at=now)))
-            finally:
-                late.unpersist()
+                rows.append(("corrections", _with_constants(corrections(late), batch_id=batch_id,
+                                                            detected_at=now)))
         insert_tables(config, rows, WINDOWS_QUERY)
 
     return write
