@@ -176,10 +176,12 @@ def stage_breakdown(queries: list[Any]) -> dict[str, Any]:
     for query in queries:
         batches = [p for p in query.recentProgress if p["numInputRows"]]
         durations: dict[str, int] = defaultdict(int)
+        per_batch: dict[str, list[float]] = defaultdict(list)
         state: dict[str, float] = defaultdict(float)
         for p in batches:
             for k, v in p["durationMs"].items():
                 durations[k] += v
+                per_batch[k].append(v / 1000)
             for op in p.get("stateOperators", []):
                 for k in ("numRowsTotal", "numRowsUpdated", "allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs",
                           "memoryUsedBytes", "numRowsDroppedByWatermark"):
@@ -189,6 +191,8 @@ def stage_breakdown(queries: list[Any]) -> dict[str, Any]:
         stages = {stage: v for (q, stage), v in sinks.sink_seconds.items() if q == query.name}
         out[query.name] = {"batches": len(batches), "input_rows": sum(p["numInputRows"] for p in batches),
                            "duration_ms": dict(durations), "state": dict(state),
+                           # per micro-batch: its fixed costs show here when batches are small (freshness)
+                           "duration_batch_ms": {k: _percentiles_ms(v) for k, v in per_batch.items()},
                            "sink_s": {stage: round(sum(v), 3) for stage, v in stages.items()},
                            # per micro-batch: what one batch waits for each sink stage (e.g. the store write)
                            "sink_batch_ms": {stage: _percentiles_ms(v) for stage, v in stages.items()}}
@@ -291,12 +295,20 @@ def live_load(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
     out = producer(cfg)
     load = Load(events=int(rate * seconds), event_rate=rate, late_fraction=0, malformed_fraction=0,
                 duplicate_fraction=0, seed=7)
-    start = time.monotonic()
-    for i, (key, value, _) in enumerate(records(load, now_ms())):
-        if i % 1000 == 0:
-            ahead = start + i / rate - time.monotonic()
-            if ahead > 0:
-                time.sleep(ahead)
+    start, sent = time.monotonic(), 0
+
+    def paced_clock() -> int:
+        # The n-th event is sent when it is due, not before: sent ahead of its event time, the job would
+        # dead-letter it (event_time after sent_time).
+        nonlocal sent
+        ahead = start + sent / rate - time.monotonic()
+        if ahead > 0.005:
+            time.sleep(ahead)
+        sent += 1
+        return now_ms()
+
+    # Event times start 10 ms back: the clock may read up to 5 ms before an event is due, never after its time.
+    for key, value, _ in records(load, now_ms() - 10, clock=paced_clock):
         while True:
             try:
                 out.produce(topic, value, key)
@@ -347,9 +359,11 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     batch that stored it minus its receive time; also how that moves from the first to the last minute."""
     import numpy as np
 
+    from analytics import sinks
     from analytics.job import start_queries
     from analytics.windows import WINDOWS_QUERY
 
+    sinks.sink_seconds.clear()
     queries = start_queries(spark, config)
     loader = subprocess.Popen([sys.executable, __file__, "--live-load", config.kafka.bootstrap,
                                config.kafka.events_topic, str(rate), str(seconds)])
@@ -363,6 +377,7 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             # end of batch = trigger start + its duration: the window rows were written by then
             batches = [(p["batchId"], p["timestamp"], p["durationMs"]["triggerExecution"],
                         json.loads(p.json)["sources"][0]) for p in q.recentProgress]
+    stages = stage_breakdown(queries)
     for q in queries:
         q.stop()
     stamps = receive_times(config)
@@ -387,7 +402,7 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             "trigger_interval_s": config.stream.trigger_interval_s,
             "p50_s": round(float(np.percentile(lat, 50)), 2), "p95_s": round(float(np.percentile(lat, 95)), 2),
             "max_s": round(float(lat.max()), 2), "p95_by_minute_s": per_minute,
-            "cpu_share_of_2_cores": round(cpu / seconds / 2, 2)}
+            "cpu_share_of_2_cores": round(cpu / seconds / 2, 2), "stages": stages}
 
 
 # Main ----------------------------------------------------------------------------------------------------------
