@@ -7,8 +7,9 @@ the batch's earlier copies or among the events accepted within the horizon befor
 
 The choice is made in the driver, where the accept query brings each batch as Arrow, on three columns (id, broker
 time, position), vectorised: a micro-batch is at most ``stream.max_offsets_per_trigger`` records and the horizon's
-ids (rate x horizon, ~40 bytes each) fit in the driver's memory, which keeps them between batches (``AcceptedIds``). Doing it in Spark cost a
-shuffle of whole events and a re-read of the horizon's files in every batch: a quarter of the job's throughput.
+ids (rate x horizon, ~40 bytes each) fit in the driver's memory, which keeps them between batches
+(``AcceptedIds``). Doing it in Spark cost a shuffle of whole events and a re-read of the horizon's files in every
+batch: a quarter of the job's throughput.
 """
 
 from __future__ import annotations
