@@ -23,11 +23,11 @@ not HDFS or an object store (docs/operations.md).
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
@@ -68,23 +68,23 @@ def published(config: Config, batch_id: int) -> bool:
     return events_file(config, batch_id).exists()
 
 
-def publish(config: Config, rows: DataFrame, meta: BatchMeta) -> None:
-    """Write ``rows`` as the batch's one file, atomically; a no-op when it is already published. The stored
-    metadata is ``meta`` with the file's event count and size."""
+def publish(config: Config, rows: pa.Table, meta: BatchMeta) -> None:
+    """Write ``rows`` (``envelope.accepted_schema``'s columns) as the batch's one file, atomically; a no-op when it
+    is already published. The stored metadata is ``meta`` with the file's event count and size."""
     if published(config, meta.batch_id):
         return
-    staging = config.accepted_events_dir / _TMP / f"{meta.batch_id}-{uuid.uuid4().hex}"
+    staging = config.accepted_events_dir / _TMP / f"{meta.batch_id}-{uuid.uuid4().hex}.parquet"
+    staging.parent.mkdir(parents=True, exist_ok=True)
     try:
         # One file per batch, so a reader taking one file per trigger takes exactly one accept batch.
-        rows.coalesce(1).write.parquet(str(staging))
-        [part] = staging.glob("part-*.parquet")
+        pq.write_table(rows, staging)
         meta_path = _meta_file(config, meta.batch_id)
         meta_path.parent.mkdir(parents=True, exist_ok=True)
-        events = pq.ParquetFile(part).metadata.num_rows
-        meta_path.write_text(json.dumps(asdict(meta) | {"events": events, "size_bytes": part.stat().st_size}))
-        part.rename(events_file(config, meta.batch_id))
+        meta_path.write_text(json.dumps(asdict(meta) | {"events": rows.num_rows,
+                                                        "size_bytes": staging.stat().st_size}))
+        staging.rename(events_file(config, meta.batch_id))
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        staging.unlink(missing_ok=True)
 
 
 def meta(config: Config, batch_id: int) -> BatchMeta:

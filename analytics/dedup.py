@@ -5,10 +5,11 @@ position, so every replay of a micro-batch picks the same copy. A later copy is 
 the batch's earlier copies or among the events accepted within the horizon before it; the accepted-events log
 (``analytics.accepted_log``) is that memory, so it survives restarts with nothing else to checkpoint.
 
-The choice is made in the driver on a few Arrow columns per record (id, broker time, position), vectorised: a
-micro-batch is at most ``stream.max_offsets_per_trigger`` records and the horizon's ids (rate x horizon, ~40 bytes
-each) fit in the driver's memory, which keeps them between batches (``AcceptedIds``). Doing it in Spark cost a
-shuffle of whole events and a re-read of the horizon's files in every batch: a quarter of the job's throughput.
+The choice is made in the driver, where the accept query brings each batch as Arrow, on three columns (id, broker
+time, position), vectorised: a micro-batch is at most ``stream.max_offsets_per_trigger`` records and the horizon's
+ids (rate x horizon, ~40 bytes each) fit in the driver's memory, which keeps them between batches
+(``AcceptedIds``). Doing it in Spark cost a shuffle of whole events and a re-read of the horizon's files in every
+batch: a quarter of the job's throughput.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
@@ -90,13 +89,3 @@ def published_copies(batch: pa.Table, events_file: str) -> pa.BooleanArray:
     keep = np.zeros(batch.num_rows, dtype=bool)
     keep[marked["_row"].to_numpy()] = marked["_accepted"].fill_null(False).to_numpy(zero_copy_only=False)
     return pa.array(keep)
-
-
-def without_copies(valid: DataFrame, copies: pa.Table) -> DataFrame:
-    """``valid`` without the records at the positions (``POSITION``) of ``copies``: the batch's duplicates,
-    usually none or a few, broadcast. (A filter of per-partition ``isin`` sets measured 2-4x slower:
-    bench/dedup_cost.py.)"""
-    if not copies.num_rows:
-        return valid
-    positions = valid.sparkSession.createDataFrame(copies.select(list(POSITION)))
-    return valid.join(F.broadcast(positions), list(POSITION), "left_anti").select(*valid.columns)

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from clickhouse_connect.driver.exceptions import OperationalError
+from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -26,7 +27,6 @@ from analytics import accepted_log, dedup, envelope
 from analytics.keyed_windows import KEYED_WINDOWS_QUERY, SESSION, SLIDING
 from analytics.progress import batch_info
 from analytics.stragglers import (
-    CORRECTION_COLUMNS,
     STRAGGLER_COLUMNS,
     corrections,
     late_contributions,
@@ -128,63 +128,65 @@ def window_writer(config: Config) -> BatchWriter:
             spark = batch.sparkSession
             events = accepted_log.read_batches(spark, envelope.accepted_schema(spark, config),
                                                accepted_log.files_read(checkpoint, info))
-            late = late_contributions(events, config, info).persist()
-            try:
-                with _timed(WINDOWS_QUERY, "late_events"):
-                    rows.append(("stragglers", arrow_rows(stragglers(late), STRAGGLER_COLUMNS,
-                                                          query_name=WINDOWS_QUERY, batch_id=batch_id,
-                                                          detected_at=now)))
-                    rows.append(("corrections", arrow_rows(corrections(late), CORRECTION_COLUMNS,
+            with _timed(WINDOWS_QUERY, "late_events"):
+                late = late_contributions(events, config, info).toArrow()
+                rows.append(("stragglers", _with_constants(stragglers(late), query_name=WINDOWS_QUERY,
                                                            batch_id=batch_id, detected_at=now)))
-            finally:
-                late.unpersist()
+                rows.append(("corrections", _with_constants(corrections(late), batch_id=batch_id,
+                                                            detected_at=now)))
         insert_tables(config, rows, WINDOWS_QUERY)
 
     return write
 
 
 def keyed_windows_writer(config: Config) -> BatchWriter:
-    """Write sliding windows, sessions and their stragglers, each keyed so a replayed batch changes nothing."""
+    """Write sliding windows, sessions and their stragglers, each keyed so a replayed batch changes nothing.
+
+    One Spark job per batch: every output row comes to the driver once, with each table's derived columns
+    computed in Spark, and the three tables are split from it with Arrow."""
     sliding_ms = config.stream.sliding_window_s * 1000
     gap_ms = config.stream.session_gap_s * 1000
     ts = F.timestamp_millis
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        batch = batch.persist()
-        try:
-            now = datetime.now(UTC)
-            windows = batch.where(F.col("row_type") == "window")
-            has_values = F.col("value_count") > 0
-            sliding = windows.where(F.col("window_kind") == SLIDING).select(
-                F.lit(sliding_ms).alias("window_length_ms"), *SERIES,
+        now = datetime.now(UTC)
+        has_values = F.col("value_count") > 0
+        with _timed(KEYED_WINDOWS_QUERY, "collect"):
+            out = batch.select(
+                "row_type", "window_kind", *SERIES,
+                # a sliding window's length, or a session's gap (also the length of each one's stragglers)
+                F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
                 ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
-                "source_partition", "source_offset", "event_id", "event_count", "value_count", "sum",
+                ts("event_time_ms").alias("event_time"),
+                (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
+                "source_partition", "source_offset", "event_id", "device", "event_count", "value_count", "sum",
                 F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
                 F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
-                (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), *LEVEL_FIELDS)
-            rows = [("sliding_windows", arrow_rows(sliding, SLIDING_COLUMNS, version=batch_id, written_at=now))]
-            sessions = windows.where(F.col("window_kind") == SESSION).select(
-                F.lit(gap_ms).alias("gap_ms"), "app", F.col("kind").alias("key_kind"),
-                F.col("name").alias("session_key"), ts("window_start_ms").alias("session_start"),
-                ts("window_end_ms").alias("session_end"), ts("event_time_ms").alias("last_event_time"),
-                (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
-                "event_count", "metric_count", "log_count", *LEVEL_FIELDS)
-            rows.append(("sessions", arrow_rows(sessions, SESSION_COLUMNS, version=batch_id, written_at=now)))
-            dropped = batch.where(F.col("row_type") == "straggler").select(
-                "window_kind",
-                F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
-                F.lit(0).alias("window_hop_ms"), *SERIES,
-                ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
-                "source_partition", "source_offset", "event_id", "device",
-                ts("event_time_ms").alias("corrected_event_time"), ts("watermark_ms").alias("watermark"),
-                "lateness_ms")
-            rows.append(("stragglers", arrow_rows(dropped, STRAGGLER_COLUMNS, query_name=KEYED_WINDOWS_QUERY,
-                                                  batch_id=batch_id, detected_at=now)))
-            insert_tables(config, rows, KEYED_WINDOWS_QUERY)
-        finally:
-            batch.unpersist()
+                (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), "metric_count", "log_count",
+                *LEVEL_FIELDS, ts("watermark_ms").alias("watermark"), "lateness_ms",
+            ).toArrow()
+        is_window = pc.equal(out["row_type"], "window")
+        sliding = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SLIDING)))
+        sessions = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SESSION)))
+        dropped = out.filter(pc.equal(out["row_type"], "straggler"))
+        rows = [
+            ("sliding_windows", _with_constants(sliding.select(list(SLIDING_COLUMNS)),
+                                                version=batch_id, written_at=now)),
+            ("sessions", _with_constants(_renamed(sessions, {
+                "window_length_ms": "gap_ms", "kind": "key_kind", "name": "session_key",
+                "window_start": "session_start", "window_end": "session_end", "event_time": "last_event_time",
+            }).select(list(SESSION_COLUMNS)), version=batch_id, written_at=now)),
+            ("stragglers", _with_constants(_renamed(dropped, {"event_time": "corrected_event_time"}).append_column(
+                "window_hop_ms", pa.array([0] * dropped.num_rows, pa.int64())).select(list(STRAGGLER_COLUMNS)),
+                query_name=KEYED_WINDOWS_QUERY, batch_id=batch_id, detected_at=now)),
+        ]
+        insert_tables(config, rows, KEYED_WINDOWS_QUERY)
 
     return write
+
+
+def _renamed(table: pa.Table, names: dict[str, str]) -> pa.Table:
+    return table.rename_columns([names.get(c, c) for c in table.column_names])
 
 
 def accept_writer(config: Config) -> BatchWriter:
@@ -192,84 +194,113 @@ def accept_writer(config: Config) -> BatchWriter:
     queries), store its duplicates, its rejected records (also forwarded to the dead-letter topic), each
     device's clock offsets and the dedup state.
 
-    Every Spark job costs a fixed overhead per micro-batch, so the common case runs two: one pass over the batch
-    that brings a few narrow columns per record to the driver (from which the first copies, clock offsets and
-    broker-time span are computed with Arrow), and the publication. Dead letters cost a job only in a batch that
-    has some."""
+    Every Spark job costs a fixed overhead per micro-batch (at a few thousand events per batch, most of the
+    batch), so the batch runs one: it brings every record to the driver as Arrow, the accepted columns of a valid
+    record and the dead-letter columns of a rejected one. Everything else (first copies, the accepted-events file,
+    clock offsets, dead letters and their topic copies) is computed and written from that table."""
     limit = config.envelope.max_record_bytes
     readers = [config.checkpoint_dir / q for q in (WINDOWS_QUERY, KEYED_WINDOWS_QUERY)]
     accepted_ids = dedup.AcceptedIds(config)
+    dead_letter_topic = _DeadLetterTopic(config)
 
     def write(records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
-        schema = envelope.accepted_schema(spark, config)
-        # Read twice (summary, publication), so cached; only rejected records keep their raw bytes.
-        records = records.withColumn(
-            "value", F.when(F.col("dead_letter_reason").isNotNull(), F.col("value"))).persist()
-        try:
-            now = datetime.now(UTC)
-            valid = records.where(F.col("dead_letter_reason").isNull()).select(*schema.fieldNames())
-            with _timed(ACCEPT_QUERY, "validate"):
-                summary = records.select(
-                    F.col("dead_letter_reason").isNull().alias("ok"), *_SUMMARY_COLUMNS).toArrow()
-            candidates = summary.filter(summary["ok"])
-            rejected_count = summary.num_rows - candidates.num_rows
-            memory: list[accepted_log.BatchMeta] = []
-            accepted = candidates
-            rows: list[tuple[str, pa.Table]] = []
-            if candidates.num_rows:
-                span = pc.min_max(candidates["kafka_timestamp"]).as_py()
-                earliest, latest = _epoch_ms(span["min"]), _epoch_ms(span["max"])
-                memory = dedup.horizon(config, batch_id, earliest) if config.stream.deduplicate else []
-                with _timed(ACCEPT_QUERY, "dedup_publish"):
-                    replay = accepted_log.published(config, batch_id)
-                    if replay:   # its file says what was accepted
-                        first = dedup.published_copies(candidates, str(accepted_log.events_file(config, batch_id)))
-                    elif config.stream.deduplicate:
-                        first = dedup.first_copies(candidates.select(list(dedup.COPY_COLUMNS)),
-                                                   accepted_ids.of(memory))
-                    else:
-                        first = pa.array([True] * candidates.num_rows)
-                    copies = candidates.filter(pc.invert(first))
-                    if not replay:
-                        info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
-                        accepted_log.publish(config, dedup.without_copies(valid, copies), accepted_log.BatchMeta(
-                            batch_id, info.start_offsets, info.end_offsets, earliest, latest))
-                    accepted = candidates.filter(first)
-                    if config.stream.deduplicate:
-                        accepted_ids.remember(batch_id, accepted["id"])
-                if copies.num_rows:
-                    rows.append(("duplicates", _with_constants(copies.select(
-                        ["topic", "partition", "offset", "kafka_timestamp", "id", "app", "device"]).rename_columns(
-                        list(DUPLICATE_COLUMNS)), batch_id=batch_id, detected_at=now)))
-            rows.append(("device_clocks", _with_constants(_clock_offsets(accepted),
-                                                          batch_id=batch_id, recorded_at=now)))
-            rejected = records.where(F.col("dead_letter_reason").isNotNull()).withColumnRenamed(
-                "dead_letter_reason", "reason")
-            if rejected_count:
-                rows.append(("dead_letters", arrow_rows(_dead_letter_rows(rejected, limit), DEAD_LETTER_COLUMNS,
-                                                        detected_at=now)))
-            rows.append(("dedup_state", pa.table({
-                "batch_id": [batch_id], "horizon_ms": [config.stream.dedup_horizon_ms],
-                "horizon_ids": [sum(m.events for m in memory)],
-                "horizon_bytes": [sum(m.size_bytes for m in memory)],
-                "horizon_memory_bytes": [accepted_ids.nbytes(memory)],
-                "accepted": [accepted.num_rows], "duplicates": [candidates.num_rows - accepted.num_rows],
-                "dead_letters": [rejected_count], "recorded_at": [now]})))
-            insert_tables(config, rows, ACCEPT_QUERY)
-            if rejected_count:
-                # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
-                _forward_dead_letters(config, rejected)
-            accepted_log.expire(config, readers, int(now.timestamp() * 1000))
-        finally:
-            records.unpersist()
+        accepted_columns = envelope.accepted_schema(spark, config).fieldNames()
+        rejected_only = F.col("dead_letter_reason").isNotNull()
+        now = datetime.now(UTC)
+        with _timed(ACCEPT_QUERY, "validate"):
+            batch = records.select(
+                # A rejected record's envelope fields are never computed, only its Kafka coordinates.
+                *[F.col(c) if c in _KAFKA_COORDINATES else F.when(~rejected_only, F.col(c)).alias(c)
+                  for c in accepted_columns],
+                F.col("dead_letter_reason").alias("reason"),
+                # Raw bytes travel for rejected records only.
+                F.when(rejected_only, F.col("value")).alias("value"),
+                F.when(rejected_only, F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit))
+                .alias("raw"),
+                F.when(rejected_only, F.coalesce(F.octet_length("value"), F.lit(0))).alias("raw_bytes"),
+            ).toArrow()
+        ok = pc.is_null(batch["reason"])
+        candidates = batch.filter(ok).select(accepted_columns)
+        rejected = batch.filter(pc.invert(ok))
+        memory: list[accepted_log.BatchMeta] = []
+        accepted = candidates
+        rows: list[tuple[str, pa.Table]] = []
+        if candidates.num_rows:
+            span = pc.min_max(candidates["kafka_timestamp"]).as_py()
+            earliest, latest = _epoch_ms(span["min"]), _epoch_ms(span["max"])
+            memory = dedup.horizon(config, batch_id, earliest) if config.stream.deduplicate else []
+            with _timed(ACCEPT_QUERY, "dedup_publish"):
+                replay = accepted_log.published(config, batch_id)
+                if replay:   # its file says what was accepted
+                    first = dedup.published_copies(candidates, str(accepted_log.events_file(config, batch_id)))
+                elif config.stream.deduplicate:
+                    first = dedup.first_copies(candidates.select(list(dedup.COPY_COLUMNS)), accepted_ids.of(memory))
+                else:
+                    first = pa.array([True] * candidates.num_rows)
+                accepted = candidates.filter(first)
+                copies = candidates.filter(pc.invert(first))
+                if not replay:
+                    info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
+                    accepted_log.publish(config, accepted, accepted_log.BatchMeta(
+                        batch_id, info.start_offsets, info.end_offsets, earliest, latest))
+                if config.stream.deduplicate:
+                    accepted_ids.remember(batch_id, accepted["id"])
+            if copies.num_rows:
+                rows.append(("duplicates", _with_constants(copies.select(
+                    ["topic", "partition", "offset", "kafka_timestamp", "id", "app", "device"]).rename_columns(
+                    list(DUPLICATE_COLUMNS)), batch_id=batch_id, detected_at=now)))
+        rows.append(("device_clocks", _with_constants(_clock_offsets(accepted),
+                                                      batch_id=batch_id, recorded_at=now)))
+        if rejected.num_rows:
+            rows.append(("dead_letters", _with_constants(rejected.select(
+                [*_KAFKA_COORDINATES, "reason", "raw", "raw_bytes"]).rename_columns(
+                list(DEAD_LETTER_COLUMNS)), detected_at=now)))
+        rows.append(("dedup_state", pa.table({
+            "batch_id": [batch_id], "horizon_ms": [config.stream.dedup_horizon_ms],
+            "horizon_ids": [sum(m.events for m in memory)],
+            "horizon_bytes": [sum(m.size_bytes for m in memory)],
+            "horizon_memory_bytes": [accepted_ids.nbytes(memory)],
+            "accepted": [accepted.num_rows], "duplicates": [candidates.num_rows - accepted.num_rows],
+            "dead_letters": [rejected.num_rows], "recorded_at": [now]})))
+        insert_tables(config, rows, ACCEPT_QUERY)
+        if rejected.num_rows:
+            # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
+            dead_letter_topic.forward(rejected)
+        accepted_log.expire(config, readers, int(now.timestamp() * 1000))
 
     return write
 
 
-# Per record, what the accept query's driver needs: the copy's id and position, and its device's clock offset.
-_SUMMARY_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp", "id", "app", "device", "clock_offset_ms",
-                    "received_time")
+_KAFKA_COORDINATES = ("topic", "partition", "offset", "kafka_timestamp")
+
+
+class _DeadLetterTopic:
+    """A copy of each rejected record on the dead-letter topic, its reason and source in headers; one producer
+    for the life of the job, created at the first rejected record."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._producer: Producer | None = None
+
+    def forward(self, rejected: pa.Table) -> None:
+        """Send ``rejected`` (columns topic, partition, offset, reason, value) and wait until the broker has every
+        copy; raise if it refused one (Spark then retries the batch)."""
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self._config.kafka.bootstrap, "acks": "all",
+                                       "enable.idempotence": True})
+        topic, failures = self._config.kafka.dead_letter_topic, []
+        for source_topic, partition, offset, reason, value in zip(
+                *(rejected[c].to_pylist() for c in ("topic", "partition", "offset", "reason", "value")),
+                strict=True):
+            self._producer.produce(
+                topic, value, headers=[("reason", reason.encode()),
+                                       ("source", f"{source_topic}/{partition}/{offset}".encode())],
+                on_delivery=lambda err, _msg: failures.append(str(err)) if err else None)
+            self._producer.poll(0)
+        self._producer.flush()   # returns once each copy is delivered or failed (the producer's delivery timeout)
+        if failures:
+            raise RuntimeError(f"the dead-letter topic {topic} did not take {len(failures)} records: {failures[:3]}")
 
 
 def _clock_offsets(accepted: pa.Table) -> pa.Table:
@@ -293,30 +324,3 @@ def _with_constants(table: pa.Table, **extra: Any) -> pa.Table:
     for name, value in extra.items():
         table = table.append_column(name, pa.array([value] * table.num_rows))
     return table
-
-
-def _dead_letter_rows(batch: DataFrame, limit: int) -> DataFrame:
-    """Rejected records as ``dead_letters`` rows: the raw record (truncated to ``limit``) with its reason."""
-    return batch.select(
-        F.col("topic").alias("source_topic"), F.col("partition").alias("source_partition"),
-        F.col("offset").alias("source_offset"), "kafka_timestamp", "reason",
-        F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit).alias("raw"),
-        F.coalesce(F.octet_length("value"), F.lit(0)).alias("raw_bytes"),
-    )
-
-
-def _forward_dead_letters(config: Config, batch: DataFrame) -> None:
-    """A copy of each rejected record on the dead-letter topic, its reason and source in headers."""
-    (batch.select(
-        F.col("value"),
-        F.array(
-            F.struct(F.lit("reason").alias("key"), F.encode("reason", "UTF-8").alias("value")),
-            F.struct(F.lit("source").alias("key"),
-                     F.encode(F.format_string("%s/%d/%d", "topic", "partition", "offset"), "UTF-8")
-                     .alias("value")),
-        ).alias("headers"))
-     .write.format("kafka")
-     .option("kafka.bootstrap.servers", config.kafka.bootstrap)
-     .option("topic", config.kafka.dead_letter_topic)
-     .option("includeHeaders", "true")
-     .save())

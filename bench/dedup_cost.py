@@ -2,11 +2,9 @@
 
 On a local Spark session, a cached batch of ``--batch`` events shaped like accepted ones (1 % of them copies):
 
-- ``summary``: the narrow per-record columns brought to the driver (the accept query needs them with or without
-  dedup: clock offsets, broker-time span, counts);
+- ``collect``: the batch brought to the driver as Arrow (the accept query does this with or without dedup);
 - ``first_copies``: the driver's choice of first copies against a horizon of ``--horizon-ids`` remembered ids;
-- ``publish``: writing the batch's Parquet file as is (dedup off) and without the copies (a
-  filter on Kafka positions, ``dedup.without_copies``).
+- ``publish``: writing the batch's Parquet file as is (dedup off) and without the copies (an Arrow filter).
 
 Dedup's own cost per event = (first_copies + publish without copies - publish as is) / batch. Prints JSON:
 
@@ -25,13 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analytics import dedup
-
-SUMMARY = ("topic", "partition", "offset", "kafka_timestamp", "id", "app", "device", "clock_offset_ms",
-           "received_time")
 
 
 def batch_of(spark: SparkSession, events: int) -> DataFrame:
@@ -57,17 +53,15 @@ def seconds(action: Callable[[], Any]) -> tuple[float, Any]:
 def one_round(spark: SparkSession, batch: DataFrame, remembered: pa.ChunkedArray) -> dict[str, float]:
     out = tempfile.mkdtemp(prefix="eventide-dedup-cost-")
     try:
-        t_summary, summary = seconds(lambda: batch.select(*SUMMARY).toArrow())
-        t_first, first = seconds(lambda: dedup.first_copies(summary.select(list(dedup.COPY_COLUMNS)), remembered))
-        copies = summary.filter(pa.compute.invert(first)).select(list(dedup.POSITION))
-        t_plain, _ = seconds(lambda: batch.coalesce(1).write.parquet(f"{out}/plain"))
-
-        t_dedup, _ = seconds(
-            lambda: dedup.without_copies(batch, copies).coalesce(1).write.parquet(f"{out}/deduplicated"))
-        written = spark.read.parquet(f"{out}/deduplicated").count()
-        assert written == batch.count() - copies.num_rows, (written, copies.num_rows)
-        return {"summary_s": t_summary, "first_copies_s": t_first, "publish_s": t_plain,
-                "publish_without_copies_s": t_dedup, "copies": copies.num_rows}
+        t_collect, rows = seconds(lambda: batch.toArrow())
+        t_first, first = seconds(lambda: dedup.first_copies(rows.select(list(dedup.COPY_COLUMNS)), remembered))
+        copies = rows.num_rows - pa.compute.sum(first).as_py()
+        t_plain, _ = seconds(lambda: pq.write_table(rows, f"{out}/plain.parquet"))
+        t_dedup, _ = seconds(lambda: pq.write_table(rows.filter(first), f"{out}/deduplicated.parquet"))
+        written = pq.ParquetFile(f"{out}/deduplicated.parquet").metadata.num_rows
+        assert written == rows.num_rows - copies, (written, copies)
+        return {"collect_s": t_collect, "first_copies_s": t_first, "publish_s": t_plain,
+                "publish_without_copies_s": t_dedup, "copies": copies}
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
