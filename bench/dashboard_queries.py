@@ -427,7 +427,8 @@ def explorer(kind: str, resolution_s: int | None = None) -> Callable[[Config, Re
         hopping = catalog.hopping.get(chosen, [])
         with connect(config) as client:
             if kind == "tumbling":
-                r("series_buckets", queries.series_buckets, client, chosen, resolution_s, since, until)
+                r("series_buckets", queries.series_buckets, client, chosen, resolution_s, since, until,
+                  catalog.lengths_ms)
             elif kind == "hopping":
                 r("hopping_windows", queries.hopping_windows, client, chosen, *hopping[0], since, until)
             else:

@@ -3,7 +3,7 @@ independent queries side by side (:func:`concurrently`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -93,23 +93,23 @@ CHARTED_QUANTILES = (0.5, 0.9, 0.99)
 """The percentiles the explorer charts: only these are read from each bucket's merged sketch."""
 
 
-def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: datetime,
-                   until: datetime) -> pd.DataFrame:
+def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: datetime, until: datetime,
+                   stored_lengths_ms: Sequence[int]) -> pd.DataFrame:
     """One row per bucket of ``resolution_s``: start, count, rate, p50/p90/p99, distinct users, final.
 
-    When the series has tumbling windows of exactly ``resolution_s``, each bucket *is* one stored window and its
+    When ``resolution_s`` is one of the stored tumbling lengths (``stored_lengths_ms``, e.g.
+    :attr:`SeriesCatalog.lengths_ms`), each bucket *is* one stored window and its
     row is that window's own answer (newest version), read without any sketch: the same values a merge of one
     sketch gives, for a fraction of the cost (a day of 60 s buckets: 1,440 sketches). Otherwise buckets come from
     ``store.range_query``: sums add up and percentiles / distinct counts are read from the merged sketches of the
     bucket's windows, never averaged. Bucket starts are naive UTC on both paths.
     """
-    own = _frame(client,
-        "SELECT window_start, event_count, rate, p50, p90, p99, distinct_users, is_final = 1 AS final "
-        "FROM window_results WHERE window_kind = 'tumbling' AND window_length_ms = {l:UInt64} "
-        f"AND {_series_filter()} AND window_start >= {{lo:DateTime64(3)}} AND window_end <= {{hi:DateTime64(3)}} "
-        "ORDER BY window_start", since, until, l=round(resolution_s * 1000), **_series_params(series))
-    if not own.empty:
-        return own
+    if round(resolution_s * 1000) in stored_lengths_ms:
+        return _frame(client,
+            "SELECT window_start, event_count, rate, p50, p90, p99, distinct_users, is_final = 1 AS final "
+            "FROM window_results WHERE window_kind = 'tumbling' AND window_length_ms = {l:UInt64} "
+            f"AND {_series_filter()} AND window_start >= {{lo:DateTime64(3)}} AND window_end <= {{hi:DateTime64(3)}} "
+            "ORDER BY window_start", since, until, l=round(resolution_s * 1000), **_series_params(series))
     buckets = range_query.range_buckets(client, series, since, until, resolution_s, quantiles=CHARTED_QUANTILES,
                                         devices=False)
     return pd.DataFrame([{

@@ -436,8 +436,9 @@ def test_explorer_buckets_of_the_stored_length_are_the_windows_and_coarser_ones_
                       column_names=[*WINDOW_COLUMNS, "version", "written_at"])
         series = queries.series_catalog(client).series[0]
         since, until = now - timedelta(minutes=1), now + timedelta(minutes=1)
-        windows = queries.series_buckets(client, series, 10, since, until)
-        merged = queries.series_buckets(client, series, 20, since, until)
+        catalog = queries.series_catalog(client)
+        windows = queries.series_buckets(client, series, 10, since, until, catalog.lengths_ms)
+        merged = queries.series_buckets(client, series, 20, since, until, catalog.lengths_ms)
     assert windows["event_count"].tolist() == [3, 2]
     assert windows["p99"].tolist() == [3.0, 200.0]
     assert windows["p50"].tolist() == [2.0, 100.0]

@@ -59,7 +59,7 @@ def page() -> None:
         since, until = span = common.last(minutes)
         with common.store(config) as client:
             if kind == "tumbling":
-                df = queries.series_buckets(client, chosen, resolution_s, since, until)
+                df = queries.series_buckets(client, chosen, resolution_s, since, until, lengths)
             elif kind == "hopping":
                 df = queries.hopping_windows(client, chosen, *spec, since, until)
             else:
