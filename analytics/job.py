@@ -22,7 +22,7 @@ from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from analytics import accepted_log, envelope, keyed_windows, progress, sinks, windows
+from analytics import accepted_log, envelope, keyed_windows, progress, sinks, spark_settings, windows
 from eventide import jars
 from eventide.config import Config, load_config
 
@@ -41,8 +41,11 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
     log4j = Path(__file__).resolve().parent / "spark-log4j2.properties"
     local_dir = config.data_dir / "spark-tmp"
     local_dir.mkdir(parents=True, exist_ok=True)
+    builder = SparkSession.builder
+    for key, value in spark_settings.LOCAL_CHECKPOINT_FILES.items():
+        builder = builder.config(key, value)
     spark = (
-        SparkSession.builder.appName(app_name)
+        builder.appName(app_name)
         .master(config.stream.master)
         .config("spark.jars", connector)
         .config("spark.driver.memory", config.stream.driver_memory)
