@@ -60,15 +60,17 @@ def kafka_broker_artifacts(config: Config) -> list[Artifact]:
 TOKEN_PROVIDER = "org.apache.spark:spark-token-provider-kafka-0-10_2.13"
 
 
-def spark_kafka_connector_artifacts(token_provider_version: str | None = None) -> list[Artifact]:
-    """The official connector matching the installed pyspark (Spark 4 is built for Scala 2.13).
+def spark_kafka_connector_artifacts(token_provider_version: str | None = None,
+                                    connector_version: str | None = None) -> list[Artifact]:
+    """The official connector matching the installed pyspark (Spark 4 is built for Scala 2.13), or at
+    ``connector_version``.
 
     ``token_provider_version`` pins the connector's helper module (Kafka delegation tokens) to another version;
     used only when the matching one is missing from the repository (see :func:`spark_kafka_connector_jars`).
     """
     import pyspark
 
-    connector = Artifact("org.apache.spark", "spark-sql-kafka-0-10_2.13", pyspark.__version__)
+    connector = Artifact("org.apache.spark", "spark-sql-kafka-0-10_2.13", connector_version or pyspark.__version__)
     if token_provider_version is None:
         return [connector]
     group, name = TOKEN_PROVIDER.split(":")
@@ -189,22 +191,39 @@ def kafka_broker_jars(config: Config) -> list[Path]:
 def spark_kafka_connector_jars(config: Config) -> list[Path]:
     """The connector jars for the installed pyspark.
 
-    Some Maven Central mirrors carry ``spark-sql-kafka-0-10`` 4.1.x but not its helper module
-    ``spark-token-provider-kafka-0-10`` 4.1.x; then the helper is taken at ``maven.token_provider_fallback``
-    (only used for Kafka delegation tokens, which this project does not configure) and a warning is logged.
+    Some Maven Central mirrors lack a release's connector (``spark-sql-kafka-0-10`` 4.1.4 while pyspark 4.1.4 is
+    on PyPI) or its helper module ``spark-token-provider-kafka-0-10`` 4.1.x. Then the connector is taken at
+    ``maven.connector_fallback`` (an earlier patch release of the same Spark line) and/or the helper at
+    ``maven.token_provider_fallback`` (only used for Kafka delegation tokens, which this project does not
+    configure), each with a warning. With a complete Maven Central the matching versions are used.
     """
-    arts = spark_kafka_connector_artifacts()
-    fallback_arts = spark_kafka_connector_artifacts(config.maven.token_provider_fallback)
-    name = f"spark-sql-kafka-{arts[0].version}"
-    try:
-        resolved = cached(config, name, arts) or cached(config, name, fallback_arts) or resolve(config, name, arts)
-    except JarResolutionError as exc:
-        if "spark-token-provider-kafka" not in str(exc):
-            raise
-        fallback = config.maven.token_provider_fallback
-        log.warning("%s %s is not in %s; using %s for that helper module",
-                    TOKEN_PROVIDER, arts[0].version, config.maven.repository, fallback)
-        resolved = resolve(config, name, fallback_arts)
+    import pyspark
+
+    connectors = [pyspark.__version__]
+    if config.maven.connector_fallback not in (None, pyspark.__version__):
+        connectors.append(config.maven.connector_fallback)
+    candidates = [(connector, token_provider) for connector in connectors
+                  for token_provider in (None, config.maven.token_provider_fallback)]
+    name = f"spark-sql-kafka-{pyspark.__version__}"
+    arts = [spark_kafka_connector_artifacts(tp, c) for c, tp in candidates]
+    resolved = next((found for found in (cached(config, name, a) for a in arts) if found), None)
+    failures = []
+    for (connector, token_provider), artifacts in zip(candidates, arts, strict=True):
+        if resolved:
+            break
+        try:
+            resolved = resolve(config, name, artifacts)
+        except JarResolutionError as exc:
+            if "spark-sql-kafka" not in str(exc) and "spark-token-provider-kafka" not in str(exc):
+                raise
+            failures.append(f"{connector} (helper {token_provider or connector})")
+            continue
+        if connector != pyspark.__version__ or token_provider:
+            log.warning("spark-sql-kafka-0-10 %s or its helper is not in %s; using the connector %s with helper "
+                        "%s (pyspark is %s)", pyspark.__version__, config.maven.repository, connector,
+                        token_provider or connector, pyspark.__version__)
+    if not resolved:
+        raise JarResolutionError(f"no Spark-Kafka connector in {config.maven.repository}: tried {failures}")
     # Spark already ships scala-library, hadoop-client, slf4j, lz4, snappy ...: a second copy of a different
     # version on the classpath is a source of subtle conflicts, so only what Spark lacks is added.
     bundled = {_artifact_name(j.name) for j in (spark_home() / "jars").glob("*.jar")}
