@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -115,8 +117,10 @@ def read_stream(spark: SparkSession, config: Config, schema: StructType) -> Data
             .parquet(str(config.accepted_events_dir)))
 
 
-def read_batches(spark: SparkSession, schema: StructType, files: list[str]) -> DataFrame:
-    return spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
+def read_files(files: list[str], columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the accepted events in ``files`` (one or more, as a reader's file-source log names them:
+    ``file:`` URIs), read in the driver."""
+    return pa.concat_tables([pq.read_table(unquote(urlparse(f).path), columns=list(columns)) for f in files])
 
 
 def forget_unplanned_files(checkpoint: Path) -> list[int]:

@@ -27,6 +27,7 @@ from analytics import accepted_log, dedup, envelope
 from analytics.keyed_windows import KEYED_WINDOWS_QUERY, SESSION, SLIDING
 from analytics.progress import batch_info
 from analytics.stragglers import (
+    EVENT_COLUMNS,
     STRAGGLER_COLUMNS,
     corrections,
     late_contributions,
@@ -124,12 +125,10 @@ def window_writer(config: Config) -> BatchWriter:
         with _timed(WINDOWS_QUERY, "aggregate"):   # the stateful aggregation runs when its rows are collected
             rows = [("window_aggregates", arrow_rows(batch, WINDOW_COLUMNS, version=batch_id, written_at=now))]
         info = batch_info(checkpoint, batch_id)
-        if info.has_records:
-            spark = batch.sparkSession
-            events = accepted_log.read_batches(spark, envelope.accepted_schema(spark, config),
-                                               accepted_log.files_read(checkpoint, info))
+        files = accepted_log.files_read(checkpoint, info) if info.has_records else []
+        if files:
             with _timed(WINDOWS_QUERY, "late_events"):
-                late = late_contributions(events, config, info).toArrow()
+                late = late_contributions(accepted_log.read_files(files, EVENT_COLUMNS), config, info)
                 rows.append(("stragglers", _with_constants(stragglers(late), query_name=WINDOWS_QUERY,
                                                            batch_id=batch_id, detected_at=now)))
                 rows.append(("corrections", _with_constants(corrections(late), batch_id=batch_id,

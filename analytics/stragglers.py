@@ -2,28 +2,27 @@
 
 Spark drops a contribution whose window the watermark already closed without saying which events it dropped
 (``numRowsDroppedByWatermark`` counts partially aggregated rows). So for every micro-batch of the ``windows``
-query, its ``foreachBatch`` reads the batch's own accepted events again (the accepted-events file the batch read)
+query, its ``foreachBatch`` reads the batch's own accepted events again (the accepted-events files the batch read)
 and applies the same rule Spark applied, with the same watermark: an accepted event's contribution to a window
-is dropped iff ``window_end <= watermark``. The window assignment is the aggregation's own
-(``windows.window_assignments``), so both agree by construction. Duplicates never reach that file, so they are
-never stragglers.
+is dropped iff ``window_end <= watermark``. The windows are the aggregation's own (``windows.assign_windows`` is
+``windows.window_assignments`` computed in the driver, checked to agree). Duplicates never reach those files, so
+they are never stragglers.
 
 The late events whose window was still open are the **corrections**: the same pass counts them per window.
 
-Late events are a few percent of a batch, so the pass is one Spark job that brings the late contributions to the
-driver; stragglers and corrections are split from them there with Arrow (a Spark job per table, the second with
-a shuffle, cost ~1 s per micro-batch whatever its size).
+Late events are a few percent of a batch, so the pass runs in the driver on Arrow: the batch's files are read
+with pyarrow (the columns it needs), late events filtered and assigned their windows with numpy. A Spark job for
+the same work cost ~1 s per micro-batch whatever its size (planning, scheduling, reading the files again).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from analytics.progress import BatchInfo
-from analytics.windows import SERIES, event_time_ms, window_assignments, window_specs
+from analytics.windows import SERIES, assign_windows, window_specs
 from eventide.config import Config
 
 STRAGGLER_COLUMNS = (
@@ -37,21 +36,46 @@ CORRECTION_KEY = ("window_kind", "window_length_ms", "window_hop_ms", *SERIES, "
 CORRECTION_COLUMNS = (*CORRECTION_KEY, "late_events", "max_lateness_ms")
 
 
-def late_contributions(events: DataFrame, config: Config, info: BatchInfo) -> DataFrame:
+EVENT_COLUMNS = (*SERIES, "partition", "offset", "id", "device", "corrected_event_time")
+"""The accepted-event columns the late pass reads."""
+
+_TIME = pa.timestamp("us", tz="UTC")
+
+
+def late_contributions(events: pa.Table, config: Config, info: BatchInfo) -> pa.Table:
     """Every contribution (event, window) of the batch's late ``events`` (corrected time behind the watermark),
-    with ``dropped``: True when Spark dropped it (window already closed), False when it corrected an open window."""
+    with ``dropped``: True when Spark dropped it (window already closed), False when it corrected an open window.
+
+    ``events`` holds at least :data:`EVENT_COLUMNS` of the batch's accepted events."""
     wm = info.watermark_ms
-    contributions = events.where(event_time_ms() < wm).select("*", F.inline(window_assignments(window_specs(config))))
-    return contributions.select(
-        "window_kind", "window_length_ms", "window_hop_ms", *SERIES,
-        F.timestamp_millis("window_start_ms").alias("window_start"),
-        F.timestamp_millis("window_end_ms").alias("window_end"),
-        F.col("partition").alias("source_partition"), F.col("offset").alias("source_offset"),
-        F.col("id").alias("event_id"), "device", "corrected_event_time",
-        F.timestamp_millis(F.lit(wm)).alias("watermark"),
-        (F.lit(wm) - event_time_ms()).alias("lateness_ms"),
-        (F.col("window_end_ms") <= wm).alias("dropped"),
-    )
+    event_us = events["corrected_event_time"].cast(_TIME).cast(pa.int64())
+    event_ms = np.floor_divide(event_us.fill_null(wm * 1000).to_numpy(), 1000)   # Spark's unix_millis
+    late_rows = np.flatnonzero(event_ms < wm)
+    late, late_ms = events.take(late_rows), event_ms[late_rows]
+    windows = assign_windows(window_specs(config), late_ms)
+    of = windows["event"]
+    contributor, contributor_ms = late.take(of), late_ms[of.to_numpy()]
+    start_ms, end_ms = windows["window_start_ms"].to_numpy(), windows["window_end_ms"].to_numpy()
+    return pa.table({
+        "window_kind": windows["window_kind"],
+        "window_length_ms": windows["window_length_ms"],
+        "window_hop_ms": windows["window_hop_ms"],
+        **{c: contributor[c] for c in SERIES},
+        "window_start": _timestamps(start_ms),
+        "window_end": _timestamps(end_ms),
+        "source_partition": contributor["partition"],
+        "source_offset": contributor["offset"],
+        "event_id": contributor["id"],
+        "device": contributor["device"],
+        "corrected_event_time": contributor["corrected_event_time"].cast(_TIME),
+        "watermark": _timestamps(np.full(len(start_ms), wm, dtype=np.int64)),
+        "lateness_ms": pa.array(wm - contributor_ms, pa.int64()),
+        "dropped": pa.array(end_ms <= wm, pa.bool_()),
+    })
+
+
+def _timestamps(epoch_ms: np.ndarray) -> pa.Array:
+    return pa.array(epoch_ms * 1000, pa.int64()).cast(_TIME)
 
 
 def stragglers(late: pa.Table) -> pa.Table:

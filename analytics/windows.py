@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -82,6 +84,31 @@ def window_assignments(specs: list[WindowSpec]) -> Column:
     """
     parts = [_windows_of(spec, event_time_ms()) for spec in specs]
     return F.concat(*parts) if len(parts) > 1 else parts[0]
+
+
+def assign_windows(specs: list[WindowSpec], event_ms: np.ndarray) -> pa.Table:
+    """:func:`window_assignments` for events already in the driver (epoch ms): one row per (event, window), in
+    the same order, with ``event`` the index of the event in ``event_ms``.
+
+    The late pass of the ``windows`` query needs the windows of a few late events per micro-batch; a Spark job for
+    them costs more than the whole computation here. Spark floors ``t / H`` in double precision, numpy floors in
+    integers: the same window for any epoch-ms time (tests/test_window_assignment.py checks both agree).
+    """
+    t = np.asarray(event_ms, dtype=np.int64)
+    windows = [(spec, k) for spec in specs for k in range(spec.length_s // spec.hop_s)]
+    newest = {spec: np.floor_divide(t, spec.hop_ms) * spec.hop_ms for spec in specs}
+    starts = (np.column_stack([newest[spec] - k * spec.hop_ms for spec, k in windows]).ravel()
+              if len(t) and windows else np.empty(0, dtype=np.int64))
+    lengths = np.tile(np.array([spec.length_ms for spec, _ in windows], dtype=np.int64), len(t))
+    return pa.table({
+        "event": np.repeat(np.arange(len(t), dtype=np.int64), len(windows)),
+        "window_kind": pa.array(np.tile(np.array([spec.kind for spec, _ in windows], dtype=object), len(t)),
+                                pa.string()),
+        "window_length_ms": lengths,
+        "window_hop_ms": np.tile(np.array([spec.hop_ms for spec, _ in windows], dtype=np.int64), len(t)),
+        "window_start_ms": starts,
+        "window_end_ms": starts + lengths,
+    })
 
 
 def aggregate(events: DataFrame, config: Config) -> DataFrame:
