@@ -181,6 +181,12 @@ class StreamConfig(_Section):
     """Accepted-events files (the ``accept`` query's output) are deleted this long after they were written, once
     every stateful query has read them."""
     trigger_interval_s: float = Field(5.0, gt=0)
+    """How often the ``accept`` query starts a micro-batch reading Kafka."""
+    accepted_poll_interval_s: float = Field(0.5, gt=0)
+    """How often the windows and sessions queries look for a newly accepted batch. Kept well under
+    ``trigger_interval_s`` so they start within this time of ``accept`` publishing a batch instead of at their next
+    common trigger (a whole interval later); an idle poll lists the accepted-events directory (~20 ms).
+    Never longer than ``trigger_interval_s``."""
     max_offsets_per_trigger: int = Field(200_000, ge=1)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     kll_k: int = Field(200, ge=8, le=65535)
