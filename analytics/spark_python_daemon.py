@@ -4,7 +4,7 @@ Spark puts its ``pyspark.zip`` and py4j's zip first on its Python workers' ``PYT
 pyspark is installed in the workers' interpreter (as it is here: the job's venv). Imported from a zip, pyspark's
 modules are compiled from source in every new worker (zipimport writes no bytecode cache), and before every task a
 worker invalidates the import caches, which makes each zip importer re-read the zip's directory (1,328 entries):
-together ~35–45 % of the Python workers' CPU in ``bench/pipeline.py`` (docs/benchmarks.md). So when this
+together ~37 % of the Python workers' CPU in ``bench/pipeline.py`` (docs/benchmarks.md). So when this
 interpreter has the very same pyspark version installed, and py4j, the zips are dropped from ``sys.path`` before
 anything of pyspark is imported, and the daemon and its forked workers import the installed copy. Otherwise (e.g. a
 Spark distribution's Python without pyspark) the path is left as Spark set it.
@@ -61,6 +61,10 @@ def main() -> None:
     zips = spark_zips(sys.path)
     if zips and installed_copy_matches(zips, sys.path):
         sys.path[:] = [p for p in sys.path if p not in zips]
+        # Finding this module already cached a zip importer per zip: invalidating the import caches (before every
+        # task) walks that cache, not sys.path, so they must go too.
+        for cached in [k for k in sys.path_importer_cache if k.startswith(tuple(zips))]:
+            del sys.path_importer_cache[cached]
     from pyspark import daemon  # after the path is settled: the daemon forks every worker from this process
 
     daemon.manager()

@@ -17,9 +17,13 @@ def test_workers_import_the_installed_pyspark_not_the_zip(spark):
         import sys
 
         import pyspark as worker_pyspark
+
+        def spark_zip(entry: str) -> bool:   # Spark's lib/pyspark.zip, lib/py4j-*-src.zip, or a path inside them
+            return any(part.endswith(".zip") and part.startswith(("pyspark", "py4j")) for part in entry.split("/"))
         for _ in frames:
             yield pd.DataFrame({"pyspark": [worker_pyspark.__file__],
-                                "zips": [",".join(p for p in sys.path if "pyspark.zip" in p or "py4j" in p)]})
+                                # the import caches too: every task invalidates each cached importer
+                                "zips": [",".join(p for p in [*sys.path, *sys.path_importer_cache] if spark_zip(p))]})
 
     found = spark.range(4).repartition(2).mapInPandas(where, "pyspark string, zips string").toPandas()
     assert set(found["pyspark"]) == {pyspark.__file__}          # the venv's copy, compiled once, in every worker
