@@ -1,13 +1,14 @@
 """Spark's Python worker daemon (``spark.python.daemon.module``), run without Spark's zipped copy of pyspark.
 
-Spark puts its ``pyspark.zip`` and py4j's zip first on its Python workers' ``PYTHONPATH``, even when the same
-pyspark is installed in the workers' interpreter (as it is here: the job's venv). Imported from a zip, pyspark's
-modules are compiled from source in every new worker (zipimport writes no bytecode cache), and before every task a
-worker invalidates the import caches, which makes each zip importer re-read the zip's directory (1,328 entries):
-together ~37 % of the Python workers' CPU in ``bench/pipeline.py`` (docs/benchmarks.md). So when this
-interpreter has the very same pyspark version installed, and py4j, the zips are dropped from ``sys.path`` before
-anything of pyspark is imported, and the daemon and its forked workers import the installed copy. Otherwise (e.g. a
-Spark distribution's Python without pyspark) the path is left as Spark set it.
+Spark puts its ``pyspark.zip``, py4j's zip and its own ``spark-core`` jar (a zip of 5,362 entries, for builds that
+ship pyspark inside it) first on its Python workers' ``PYTHONPATH``, even when the same pyspark is installed in the
+workers' interpreter (as it is here: the job's venv). Imported from a zip, pyspark's modules are compiled from
+source in every new worker (zipimport writes no bytecode cache), and before every task a worker invalidates the
+import caches, which makes each zip importer re-read its archive's directory: together ~37 % of the Python
+workers' CPU in ``bench/pipeline.py`` (docs/benchmarks.md). So when this interpreter has the very same pyspark
+version installed, and py4j, those archives are dropped from ``sys.path`` before anything of pyspark is imported,
+and the daemon and its forked workers import the installed copy. Otherwise (e.g. a Spark distribution's Python
+without pyspark) the path is left as Spark set it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ _SPARK_ZIPS = ("pyspark", "py4j")
 
 
 def spark_zips(path: list[str]) -> list[str]:
-    """The entries of ``path`` that are Spark's zipped pyspark and py4j."""
-    return [p for p in path if p.endswith(".zip") and os.path.basename(p).startswith(_SPARK_ZIPS)]
+    """The entries of ``path`` that are Spark's archives: zipped pyspark and py4j, and jars."""
+    return [p for p in path
+            if p.endswith(".jar") or (p.endswith(".zip") and os.path.basename(p).startswith(_SPARK_ZIPS))]
 
 
 def zipped_pyspark_version(zip_path: str) -> str | None:

@@ -18,8 +18,9 @@ def test_workers_import_the_installed_pyspark_not_the_zip(spark):
 
         import pyspark as worker_pyspark
 
-        def spark_zip(entry: str) -> bool:   # Spark's lib/pyspark.zip, lib/py4j-*-src.zip, or a path inside them
-            return any(part.endswith(".zip") and part.startswith(("pyspark", "py4j")) for part in entry.split("/"))
+        def spark_zip(entry: str) -> bool:   # Spark's pyspark.zip, py4j-*-src.zip, spark-core jar, or inside them
+            return any(part.endswith(".jar") or (part.endswith(".zip") and part.startswith(("pyspark", "py4j")))
+                       for part in entry.split("/"))
         for _ in frames:
             yield pd.DataFrame({"pyspark": [worker_pyspark.__file__],
                                 # the import caches too: every task invalidates each cached importer
@@ -35,7 +36,8 @@ def test_the_zips_stay_when_the_installed_copy_is_another_version(tmp_path: Path
     with zipfile.ZipFile(zipped, "w") as archive:
         archive.writestr("pyspark/version.py", '__version__: str = "0.0.1"\n')
     path = [str(zipped), *__import__("sys").path]
-    assert spark_python_daemon.spark_zips(path) == [str(zipped)]
+    assert spark_python_daemon.spark_zips([*path, "/spark/jars/spark-core_2.13-4.1.4.jar"]) == [
+        str(zipped), "/spark/jars/spark-core_2.13-4.1.4.jar"]
     assert spark_python_daemon.zipped_pyspark_version(str(zipped)) == "0.0.1"
     assert not spark_python_daemon.installed_copy_matches([str(zipped)], path)
 
