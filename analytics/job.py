@@ -42,7 +42,7 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
     local_dir = config.data_dir / "spark-tmp"
     local_dir.mkdir(parents=True, exist_ok=True)
     builder = SparkSession.builder
-    for key, value in spark_settings.LOCAL_CHECKPOINT_FILES.items():
+    for key, value in spark_settings.JOB_SETTINGS.items():
         builder = builder.config(key, value)
     spark = (
         builder.appName(app_name)

@@ -1,4 +1,5 @@
-"""Spark settings the job needs whichever way it starts (``analytics.job``'s session builder, ``spark-submit``).
+"""Spark settings the job needs whichever way it starts (``analytics.job``'s session builder, ``spark-submit``):
+``JOB_SETTINGS``.
 
 Checkpoint files (offsets and commit logs, the file-source log, RocksDB changelogs and snapshots) are small files
 written atomically, several per query per micro-batch. On a local or NFS path, Hadoop's local filesystem without
@@ -17,3 +18,11 @@ LOCAL_CHECKPOINT_FILES: dict[str, str] = {
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
 }
 """How checkpoint files are written (the job's checkpoints are on a local disk or a shared POSIX mount)."""
+
+PYTHON_WORKERS: dict[str, str] = {
+    # Workers import the installed pyspark, not Spark's zip (analytics/spark_python_daemon.py says why).
+    "spark.python.daemon.module": "analytics.spark_python_daemon",
+}
+
+JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS}
+"""Every setting above, for the session builder and ``spark-submit`` alike."""

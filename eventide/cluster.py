@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from analytics.spark_settings import LOCAL_CHECKPOINT_FILES
+from analytics.spark_settings import JOB_SETTINGS
 from eventide import broker, jars, services
 from eventide.config import Config, to_environ
 
@@ -206,7 +206,7 @@ def submit_argv(config: Config, until_idle: bool = False) -> list[str]:
         "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J}",
         "--conf", f"spark.executor.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J}",
     ]
-    for key, value in LOCAL_CHECKPOINT_FILES.items():
+    for key, value in JOB_SETTINGS.items():
         argv += ["--conf", f"{key}={value}"]
     if config.stream.driver_host:
         argv += ["--conf", f"spark.driver.host={config.stream.driver_host}",
