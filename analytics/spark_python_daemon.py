@@ -4,7 +4,7 @@ Spark puts its ``pyspark.zip``, py4j's zip and its own ``spark-core`` jar (a zip
 ship pyspark inside it) first on its Python workers' ``PYTHONPATH``, even when the same pyspark is installed in the
 workers' interpreter (as it is here: the job's venv). Imported from a zip, pyspark's modules are compiled from
 source in every new worker (zipimport writes no bytecode cache), and before every task a worker invalidates the
-import caches, which makes each zip importer re-read its archive's directory: together ~37 % of the Python
+import caches, which makes each zip importer re-read its archive's directory: together ~24 % of the Python
 workers' CPU in ``bench/pipeline.py`` (docs/benchmarks.md). So when this interpreter has the very same pyspark
 version installed, and py4j, those archives are dropped from ``sys.path`` before anything of pyspark is imported,
 and the daemon and its forked workers import the installed copy. Otherwise (e.g. a Spark distribution's Python
