@@ -91,12 +91,10 @@ class KeyedWindowsProcessor(StatefulProcessor):
         self.timer = handle.getValueState("timer", "expiry_ms long")
 
     # State (de)serialization: numpy arrays as raw bytes, one state row per key ---------------------------------
-    # Each state call is a round trip to the JVM; ``get`` alone tells an absent value (None) from a present one.
     def _load_sliding(self) -> sliding.SlidingState:
-        packed = self.sliding_state.get()
-        if packed is None:
+        if not self.sliding_state.exists():
             return sliding.SlidingState()
-        t, value, level, arrived, p_t, p_part, p_off, ids = packed
+        t, value, level, arrived, p_t, p_part, p_off, ids = self.sliding_state.get()
         return sliding.SlidingState(
             t=np.frombuffer(t, np.int64).copy(), value=np.frombuffer(value, np.float64).copy(),
             level=np.frombuffer(level, np.int8).copy(), arrived_wm=np.frombuffer(arrived, np.int64).copy(),
@@ -114,7 +112,7 @@ class KeyedWindowsProcessor(StatefulProcessor):
             _ID_SEPARATOR.join(state.pending_ids)))
 
     def _load_sessions(self) -> sessions.SessionBucket:
-        return sessions.unpack(self.session_state.get())
+        return sessions.unpack(self.session_state.get() if self.session_state.exists() else None)
 
     def _save_sessions(self, bucket: sessions.SessionBucket) -> None:
         if all(state.empty for state in bucket.values()):
@@ -124,8 +122,7 @@ class KeyedWindowsProcessor(StatefulProcessor):
         self._set_timer(sessions.bucket_next_due(bucket, self.session_gap_ms, self.session_memory_ms))
 
     def _set_timer(self, due: int | None) -> None:
-        stored = self.timer.get()
-        current = stored[0] if stored is not None else None
+        current = self.timer.get()[0] if self.timer.exists() else None
         if due == current:
             return
         if current is not None:
