@@ -49,7 +49,8 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         .master(config.stream.master)
         .config("spark.jars", connector)
         .config("spark.driver.memory", config.stream.driver_memory)
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        .config("spark.driver.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{log4j} {spark_settings.JVM_OPTIONS}")
         .config("spark.local.dir", str(local_dir))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from analytics.spark_settings import JOB_SETTINGS
+from analytics.spark_settings import JOB_SETTINGS, JVM_OPTIONS
 from eventide import broker, jars, services
 from eventide.config import Config, to_environ
 
@@ -203,8 +203,8 @@ def submit_argv(config: Config, until_idle: bool = False) -> list[str]:
         "--conf", f"spark.pyspark.driver.python={python}",
         # The job's own log settings (warnings and errors) for the driver and the executors; spark-submit starts
         # the driver's JVM before the job's session builder could set them.
-        "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J}",
-        "--conf", f"spark.executor.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J}",
+        "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J} {JVM_OPTIONS}",
+        "--conf", f"spark.executor.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J} {JVM_OPTIONS}",
     ]
     for key, value in JOB_SETTINGS.items():
         argv += ["--conf", f"{key}={value}"]
