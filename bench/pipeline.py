@@ -53,6 +53,7 @@ from store.server import child as served_store
 REPO = Path(__file__).resolve().parent.parent
 
 PHASES = ("limit", "full", "nodedup", "queries", "peer")
+PROGRESS_KEPT = 100_000   # progress reports kept per query during the freshness phase (Spark's default: 100)
 APPS = [f"app-{a}" for a in range(5)]
 METRICS = [f"metric_{m}" for m in range(10)]              # 5 apps x 10 names: 50 metric series
 LOGGERS = ["app.http", "app.db"]
@@ -364,6 +365,9 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     from analytics.windows import WINDOWS_QUERY
 
     sinks.sink_seconds.clear()
+    # Every progress report of the run is read back from the queries: Spark keeps the last 100 by default, fewer
+    # than the readers' batches in a few minutes (they poll every stream.accepted_poll_interval_s).
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(PROGRESS_KEPT))
     queries = start_queries(spark, config)
     loader = subprocess.Popen([sys.executable, __file__, "--live-load", config.kafka.bootstrap,
                                config.kafka.events_topic, str(rate), str(seconds)])
