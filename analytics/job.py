@@ -38,7 +38,6 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     connector = ",".join(str(j) for j in jars.spark_kafka_connector_jars(config))
-    log4j = Path(__file__).resolve().parent / "spark-log4j2.properties"
     local_dir = config.data_dir / "spark-tmp"
     local_dir.mkdir(parents=True, exist_ok=True)
     builder = SparkSession.builder
@@ -49,8 +48,7 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         .master(config.stream.master)
         .config("spark.jars", connector)
         .config("spark.driver.memory", config.stream.driver_memory)
-        .config("spark.driver.extraJavaOptions",
-                f"-Dlog4j2.configurationFile=file:{log4j} {spark_settings.JVM_OPTIONS}")
+        .config("spark.driver.extraJavaOptions", spark_settings.JVM_OPTIONS)
         .config("spark.local.dir", str(local_dir))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -13,6 +13,8 @@ spawn costs more the more descriptors the JVM holds. Renaming through the FileSy
 
 from __future__ import annotations
 
+from pathlib import Path
+
 LOCAL_CHECKPOINT_FILES: dict[str, str] = {
     "spark.sql.streaming.checkpointFileManagerClass":
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
@@ -27,9 +29,14 @@ PYTHON_WORKERS: dict[str, str] = {
 JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS}
 """Every setting above, for the session builder and ``spark-submit`` alike."""
 
-JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
-"""Options for the driver's and the executors' JVMs (with the log settings, which differ by launcher).
+LOG4J_PROPERTIES = Path(__file__).resolve().parent / "spark-log4j2.properties"
+"""The job's log settings for Spark's JVMs (warnings and errors)."""
+
+JVM_OPTIONS = f"-Dlog4j2.configurationFile=file:{LOG4J_PROPERTIES} -XX:-DontCompileHugeMethods"
+"""Options for the driver's and the executors' JVMs (``spark.driver.extraJavaOptions`` and
+``spark.executor.extraJavaOptions``): the job's log settings, and HotSpot compiling Spark's huge generated methods.
 
 HotSpot leaves any method over 8,000 bytes of bytecode to its interpreter. The code Spark generates for the
-validation (dozens of rules in one projection) is such a method, so every record ran through it interpreted: the
-parse and validation measured 12.4-13.9 -> 9.6-10.5 us per record with this option (docs/benchmarks.md)."""
+validation (dozens of rules in one projection) and for the window aggregation's input has such methods, so every
+record ran through them interpreted: the parse and validation measured 12.4-13.9 -> 9.6-10.5 us per record with
+the option, the windows query 59-62k -> 82-87k events/s (docs/benchmarks.md)."""

@@ -59,11 +59,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    from pyspark.sql import SparkSession
     from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 
-    from analytics.spark_settings import JOB_SETTINGS, JVM_OPTIONS
+    from analytics.job import spark_session
+    from eventide.config import load_config
 
     class CountRows(StatefulProcessor):
         def init(self, handle: StatefulProcessorHandle) -> None:
@@ -87,16 +87,9 @@ def main() -> None:
         source = Path(tmp) / "in"
         source.mkdir()
         write_input(source, args.events)
-        builder = SparkSession.builder
-        for name, value in JOB_SETTINGS.items():
-            builder = builder.config(name, value)
-        spark = (builder.master("local[*]").config("spark.ui.enabled", "false")
-                 .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
-                 .config("spark.sql.shuffle.partitions", "4")
-                 .config("spark.sql.streaming.stateStore.providerClass",
-                         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-                 .getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        # The job's own session (settings, state store, JVM options), with its scratch files in the temporary dir.
+        spark = spark_session(load_config(environ={}, root=str(REPO), paths={"data_dir": tmp}),
+                              app_name="eventide-stateful-overhead")
         events = (spark.readStream.schema(spark.read.parquet(str(source)).schema)
                   .option("maxFilesPerTrigger", 1).parquet(str(source)).withWatermark("ts", "30 seconds"))
         grouped = events.groupBy("key")

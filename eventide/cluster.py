@@ -34,7 +34,6 @@ from eventide.config import Config, to_environ
 
 REPO = Path(__file__).resolve().parent.parent
 SPARK_MASTER = "spark-master"
-LOG4J = REPO / "analytics" / "spark-log4j2.properties"
 
 
 def kafka_service(index: int) -> str:
@@ -201,10 +200,10 @@ def submit_argv(config: Config, until_idle: bool = False) -> list[str]:
         "--executor-cores", str(c.executor_cores),
         "--conf", f"spark.pyspark.python={python}",
         "--conf", f"spark.pyspark.driver.python={python}",
-        # The job's own log settings (warnings and errors) for the driver and the executors; spark-submit starts
-        # the driver's JVM before the job's session builder could set them.
-        "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J} {JVM_OPTIONS}",
-        "--conf", f"spark.executor.extraJavaOptions=-Dlog4j2.configurationFile=file:{LOG4J} {JVM_OPTIONS}",
+        # The job's JVM options (its log settings, and HotSpot compiling Spark's generated code) for the driver and
+        # the executors; spark-submit starts the driver's JVM before the job's session builder could set them.
+        "--conf", f"spark.driver.extraJavaOptions={JVM_OPTIONS}",
+        "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
     ]
     for key, value in JOB_SETTINGS.items():
         argv += ["--conf", f"{key}={value}"]

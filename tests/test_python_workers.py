@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 import zipfile
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def test_the_zips_stay_when_the_installed_copy_is_another_version(tmp_path: Path
     zipped = tmp_path / "pyspark.zip"
     with zipfile.ZipFile(zipped, "w") as archive:
         archive.writestr("pyspark/version.py", '__version__: str = "0.0.1"\n')
-    path = [str(zipped), *__import__("sys").path]
+    path = [str(zipped), *sys.path]
     assert spark_python_daemon.spark_zips([*path, "/spark/jars/spark-core_2.13-4.1.4.jar"]) == [
         str(zipped), "/spark/jars/spark-core_2.13-4.1.4.jar"]
     assert spark_python_daemon.zipped_pyspark_version(str(zipped)) == "0.0.1"
