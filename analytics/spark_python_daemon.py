@@ -9,6 +9,9 @@ workers' CPU in ``bench/pipeline.py`` (docs/benchmarks.md). So when this interpr
 version installed, and py4j, those archives are dropped from ``sys.path`` before anything of pyspark is imported,
 and the daemon and its forked workers import the installed copy. Otherwise (e.g. a Spark distribution's Python
 without pyspark) the path is left as Spark set it.
+
+It also puts ``analytics.tws_input``'s vectorised loader in place of PySpark's row-by-row one for
+``transformWithStateInPandas`` (the query ``keyed_windows``), before any worker is forked.
 """
 
 from __future__ import annotations
@@ -67,7 +70,13 @@ def main() -> None:
         # task) walks that cache, not sys.path, so they must go too.
         for cached in [k for k in sys.path_importer_cache if k.startswith(tuple(zips))]:
             del sys.path_importer_cache[cached]
-    from pyspark import daemon  # after the path is settled: the daemon forks every worker from this process
+    # After the path is settled: the daemon forks every worker from this process, so they inherit the installed
+    # loader, and pandas, pyarrow and pyspark's serializers already imported (once, not in each new worker).
+    from pyspark import daemon
+
+    from analytics import tws_input
+
+    tws_input.install()
 
     daemon.manager()
 

@@ -45,3 +45,14 @@ def test_the_zips_stay_when_the_installed_copy_is_another_version(tmp_path: Path
     with zipfile.ZipFile(zipped, "w") as archive:
         archive.writestr("pyspark/version.py", f'__version__: str = "{importlib.metadata.version("pyspark")}"\n')
     assert spark_python_daemon.installed_copy_matches([str(zipped)], path)
+
+
+def test_workers_load_transform_with_state_input_with_the_vectorised_loader(spark):
+    def loader(frames):
+        from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
+
+        for _ in frames:
+            yield pd.DataFrame({"module": [TransformWithStateInPandasSerializer.load_stream.__module__]})
+
+    found = spark.range(4).repartition(2).mapInPandas(loader, "module string").toPandas()
+    assert set(found["module"]) == {"analytics.tws_input"}
