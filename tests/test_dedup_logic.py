@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from analytics.dedup import first_copies, published_copies
 
@@ -51,3 +53,19 @@ def test_a_replayed_batch_takes_what_its_published_file_accepted(tmp_path):
     file = tmp_path / "000000000007.parquet"
     pq.write_table(batch.filter(pa.array([True, False, True])), file)
     assert published_copies(batch, str(file)).to_pylist() == [True, False, True]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_first_copies_match_a_plain_reference_on_random_batches_and_horizons(seed: int):
+    rng = random.Random(seed)
+    records = [(f"id-{rng.randrange(300)}", float(rng.randrange(50)), rng.randrange(4), offset)
+               for offset in range(rng.randrange(1, 400))]
+    remembered = pa.chunked_array([pa.array([f"id-{rng.randrange(600)}" for _ in range(rng.randrange(0, 200))],
+                                            pa.string()) for _ in range(rng.randrange(0, 4))], pa.string())
+    before = set(remembered.to_pylist())
+    earliest = {}
+    for row, (id_, time, partition, offset) in enumerate(records):
+        if id_ not in earliest or (time, partition, offset) < earliest[id_][0]:
+            earliest[id_] = ((time, partition, offset), row)
+    expected = [earliest[id_][1] == row and id_ not in before for row, (id_, *_) in enumerate(records)]
+    assert first_copies(copies(*records), remembered).to_pylist() == expected
