@@ -56,10 +56,6 @@ class Events:
             device=frame["device"].to_numpy(object),
         )
 
-    @classmethod
-    def concat(cls, parts: list[Events]) -> Events:
-        return cls(*[np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__])
-
     def __len__(self) -> int:
         return len(self.t)
 

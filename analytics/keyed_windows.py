@@ -150,19 +150,13 @@ class KeyedWindowsProcessor(StatefulProcessor):
                 yield self._stragglers(key, late, late.t - self.sliding_length_ms, late.t, watermark)
         else:
             bucket = self._load_sessions()
-            session_keys = frame["session"]
-            parts = []
-            for session_key, index in session_keys.groupby(session_keys).indices.items():
-                state = bucket.setdefault(session_key, sessions.SessionState())
-                dropped = sessions.add_events(state, events.take(index), watermark, self.session_gap_ms)
-                if len(dropped.events):
-                    parts.append((session_key, dropped))
+            dropped_keys, dropped = sessions.add_bucket_events(
+                bucket, frame["session"].to_numpy(object), events, watermark, self.session_gap_ms)
             self._save_sessions(bucket)
-            if parts:
-                late = Events.concat([d.events for _, d in parts])
-                dropped_rows = self._stragglers(key, late, np.concatenate([d.window_start for _, d in parts]),
-                                                np.concatenate([d.window_end for _, d in parts]), watermark)
-                kinds, names = self._session_keys([k for k, d in parts for _ in range(len(d.events))])
+            if len(dropped.events):
+                dropped_rows = self._stragglers(key, dropped.events, dropped.window_start, dropped.window_end,
+                                                watermark)
+                kinds, names = self._session_keys(dropped_keys.tolist())
                 yield dropped_rows.assign(kind=kinds, name=names)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,

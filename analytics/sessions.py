@@ -21,9 +21,11 @@ late events form by themselves.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from analytics.keyed_events import Events
 from analytics.windows import LEVEL_COLUMNS, LEVEL_FIELDS
@@ -78,52 +80,114 @@ def _event_counts(events: Events) -> np.ndarray:
 
 def add_events(state: SessionState, events: Events, watermark: int, gap_ms: int) -> Dropped:
     """Take a batch's events of one key; returns the dropped stragglers."""
-    new_counts = _event_counts(events)
-    # Intervals: (first, last, source, index); source 0 = closed session, 1 = open session, 2 = new event.
-    # An open session the watermark has reached is closed already, even if its timer fires only after this input.
-    due = state.open_last + gap_ms <= watermark
-    intervals = ([(f, la, 0, -1) for f, la in zip(state.closed_first.tolist(), state.closed_last.tolist(),
-                                                   strict=True)]
-                 + [(f, la, 0 if d else 1, i) for i, (f, la, d) in enumerate(zip(
-                     state.open_first.tolist(), state.open_last.tolist(), due.tolist(), strict=True))]
-                 + [(t, t, 2, i) for i, t in enumerate(events.t.tolist())])
-    intervals.sort()
-    runs: list[list[tuple[int, int, int, int]]] = []
-    run_last = 0
-    for interval in intervals:
-        if runs and interval[0] - run_last < gap_ms:
-            runs[-1].append(interval)
-            run_last = max(run_last, interval[1])
-        else:
-            runs.append([interval])
-            run_last = interval[1]
-    keep_open = np.ones(len(state.open_first), dtype=bool)
-    new_first, new_last, new_counts_rows = [], [], []
-    dropped_index, dropped_start, dropped_end = [], [], []
-    for run in runs:
-        fresh = [i for _, _, source, i in run if source == 2]
-        if not fresh:
-            continue
-        closed = [(f, last) for f, last, source, _ in run if source == 0]
-        first = min(f for f, _, _, _ in run)
-        last = max(la for _, la, _, _ in run)
-        if closed or last + gap_ms <= watermark:
-            start, end = (closed[0][0], closed[0][1] + gap_ms) if closed else (first, last + gap_ms)
-            dropped_index += fresh
-            dropped_start += [start] * len(fresh)
-            dropped_end += [end] * len(fresh)
-        else:
-            merged = [i for _, _, source, i in run if source == 1]
-            keep_open[merged] = False
-            new_first.append(first)
-            new_last.append(last)
-            new_counts_rows.append(new_counts[fresh].sum(axis=0) + state.open_counts[merged].sum(axis=0))
-    if new_first:
-        state.open_first = np.concatenate([state.open_first[keep_open], np.array(new_first, np.int64)])
-        state.open_last = np.concatenate([state.open_last[keep_open], np.array(new_last, np.int64)])
-        state.open_counts = np.concatenate([state.open_counts[keep_open], np.array(new_counts_rows, np.int64)])
-    return Dropped(events.take(np.array(dropped_index, dtype=np.int64)), np.array(dropped_start, np.int64),
-                   np.array(dropped_end, np.int64))
+    return add_bucket_events({"": state}, np.full(len(events), "", dtype=object), events, watermark, gap_ms)[1]
+
+
+def add_bucket_events(bucket: SessionBucket, session_keys: np.ndarray, events: Events, watermark: int,
+                      gap_ms: int) -> tuple[np.ndarray, Dropped]:
+    """Take a batch's events of many session keys (event i belongs to ``session_keys[i]``) into ``bucket``, whose
+    states are updated in place (a key seen first gets one); returns each dropped straggler's session key and the
+    stragglers.
+
+    All keys in one pass of array operations: a bucket sees tens of keys per batch, and a pass per key cost more
+    than the rest of the stateful query (docs/benchmarks.md). Per key the rule is the module's: the key's closed
+    sessions, open sessions and new events, sorted as (first, last, source, index) intervals, merge into runs
+    wherever an interval starts less than G after the run's latest end."""
+    if not len(events):
+        return np.empty(0, dtype=object), Dropped(events, np.empty(0, np.int64), np.empty(0, np.int64))
+    codes, names = pd.factorize(pd.Series(session_keys, dtype=object), sort=False)
+    states = [bucket[name] if name in bucket else bucket.setdefault(name, SessionState()) for name in names]
+    n_keys = len(states)
+
+    def stacked(arrays: list[np.ndarray], dtype: type, width: int = 0) -> np.ndarray:
+        if not arrays:
+            return np.empty((0, width) if width else 0, dtype=dtype)
+        return np.concatenate(arrays).astype(dtype, copy=False)
+
+    width = len(COUNT_COLUMNS)
+    open_sizes = np.array([len(s.open_first) for s in states], dtype=np.int64)
+    closed_sizes = np.array([len(s.closed_first) for s in states], dtype=np.int64)
+    o_key = np.repeat(np.arange(n_keys), open_sizes)
+    o_first = stacked([s.open_first for s in states], np.int64)
+    o_last = stacked([s.open_last for s in states], np.int64)
+    o_counts = stacked([s.open_counts for s in states], np.int64, width).reshape(-1, width)
+    c_key = np.repeat(np.arange(n_keys), closed_sizes)
+    n_c, n_o, n_e = len(c_key), len(o_key), len(events)
+
+    # Intervals; source 0 = closed session, 1 = open session, 2 = new event. An open session the watermark has
+    # reached is closed already, even if its timer fires only after this input.
+    due = o_last + gap_ms <= watermark
+    key = np.concatenate([c_key, o_key, codes]).astype(np.int64)
+    first = np.concatenate([stacked([s.closed_first for s in states], np.int64), o_first, events.t])
+    last = np.concatenate([stacked([s.closed_last for s in states], np.int64), o_last, events.t])
+    source = np.concatenate([np.zeros(n_c, np.int8), np.where(due, 0, 1).astype(np.int8), np.full(n_e, 2, np.int8)])
+    # Within a key, global positions order opens and events as their per-key positions would.
+    index = np.concatenate([np.full(n_c, -1, np.int64), np.arange(n_o), np.arange(n_e)])
+    order = np.lexsort((index, source, last, first, key))
+    key, first, last, source, index = key[order], first[order], last[order], source[order], index[order]
+
+    # A run starts at a new key or where an interval starts G or more after every earlier end of its key (sorted
+    # by start, the latest end so far of the key is the latest end of the current run).
+    starts = np.ones(len(key), dtype=bool)
+    starts[1:] = (key[1:] != key[:-1]) | (first[1:] - _latest_end_per_key(key, last)[:-1] >= gap_ms)
+    run_start = np.flatnonzero(starts)
+    run = np.cumsum(starts) - 1
+    is_closed, is_open, is_fresh = source == 0, source == 1, source == 2
+    has_fresh = np.add.reduceat(is_fresh.astype(np.int64), run_start) > 0
+    has_closed = np.add.reduceat(is_closed.astype(np.int64), run_start) > 0
+    run_first = first[run_start]
+    run_last = np.maximum.reduceat(last, run_start)
+    dropped_run = has_fresh & (has_closed | (run_last + gap_ms <= watermark))
+    merged_run = has_fresh & ~dropped_run
+
+    # Dropped stragglers, each attributed to the first closed session of its run, else to the run itself.
+    closed_at = np.flatnonzero(is_closed)
+    attributed_runs, first_of_run = np.unique(run[closed_at], return_index=True)
+    attributed_start, attributed_end = run_first.copy(), run_last + gap_ms
+    attributed_start[attributed_runs] = first[closed_at[first_of_run]]
+    attributed_end[attributed_runs] = last[closed_at[first_of_run]] + gap_ms
+    fresh_at = np.flatnonzero(is_fresh)
+    dropped_at = fresh_at[dropped_run[run[fresh_at]]]
+    dropped_events = index[dropped_at]
+
+    # Merged runs become open sessions (replacing the open sessions they absorbed), counting both.
+    contribution = np.zeros((len(key), width), dtype=np.int64)
+    contribution[fresh_at] = _event_counts(events)[index[fresh_at]]
+    absorbed_at = np.flatnonzero(is_open & merged_run[run])
+    contribution[absorbed_at] = o_counts[index[absorbed_at]]
+    run_counts = np.add.reduceat(contribution, run_start, axis=0) if len(key) else contribution
+    keep_open = np.ones(n_o, dtype=bool)
+    keep_open[index[absorbed_at]] = False
+    new_runs = np.flatnonzero(merged_run)
+    if len(new_runs):
+        # Per key: its kept open sessions in their order, then its new ones in run order (a stable sort by key).
+        all_key = np.concatenate([o_key[keep_open], key[run_start[new_runs]]])
+        regrouped = np.argsort(all_key, kind="stable")
+        all_first = np.concatenate([o_first[keep_open], run_first[new_runs]])[regrouped]
+        all_last = np.concatenate([o_last[keep_open], run_last[new_runs]])[regrouped]
+        all_counts = np.concatenate([o_counts[keep_open], run_counts[new_runs]])[regrouped]
+        edges = np.searchsorted(all_key[regrouped], np.arange(n_keys + 1))
+        for code in np.unique(key[run_start[new_runs]]).tolist():   # only keys whose open sessions changed
+            state, part = states[code], slice(edges[code], edges[code + 1])
+            state.open_first, state.open_last = all_first[part], all_last[part]
+            state.open_counts = all_counts[part]
+    dropped = Dropped(events.take(dropped_events), attributed_start[run[dropped_at]],
+                      attributed_end[run[dropped_at]])
+    return np.asarray(names, dtype=object)[codes[dropped_events]], dropped
+
+
+def _latest_end_per_key(key: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The running maximum of ``last`` within each run of equal ``key`` (``key`` sorted)."""
+    low, span = int(last.min()), int(last.max()) - int(last.min()) + 1
+    if int(key[-1]) * span < 2**62:
+        # one cumulative max over (key, end) folded into one int64: a later key always ranks above
+        folded = key * span + (last - low)
+        return np.maximum.accumulate(folded) - key * span + low
+    latest = last.copy()   # times too far apart to fold: one pass per key
+    bounds = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), len(key)]
+    for a, b in itertools.pairwise(bounds):
+        latest[a:b] = np.maximum.accumulate(last[a:b])
+    return latest
 
 
 def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -> dict[str, np.ndarray]:

@@ -105,3 +105,93 @@ def test_a_window_closing_in_a_batch_leaves_out_late_events_of_that_same_batch()
     # It still counts in the window of 130 s, which was open when it arrived.
     out = pd.DataFrame(sliding.emit_due(state, watermark=130_000, length_ms=L))
     assert out[["t", "event_count"]].values.tolist() == [[130_000, 3]]
+
+
+def reference_add_events(state: sessions.SessionState, events: Events, watermark: int,
+                         gap_ms: int) -> sessions.Dropped:
+    """The rule as a plain loop over one key's intervals (the per-key code the job ran until 2026-11-25)."""
+    new_counts = sessions._event_counts(events)
+    # Intervals: (first, last, source, index); source 0 = closed session, 1 = open session, 2 = new event.
+    # An open session the watermark has reached is closed already, even if its timer fires only after this input.
+    due = state.open_last + gap_ms <= watermark
+    intervals = ([(f, la, 0, -1) for f, la in zip(state.closed_first.tolist(), state.closed_last.tolist(),
+                                                   strict=True)]
+                 + [(f, la, 0 if d else 1, i) for i, (f, la, d) in enumerate(zip(
+                     state.open_first.tolist(), state.open_last.tolist(), due.tolist(), strict=True))]
+                 + [(t, t, 2, i) for i, t in enumerate(events.t.tolist())])
+    intervals.sort()
+    runs: list[list[tuple[int, int, int, int]]] = []
+    run_last = 0
+    for interval in intervals:
+        if runs and interval[0] - run_last < gap_ms:
+            runs[-1].append(interval)
+            run_last = max(run_last, interval[1])
+        else:
+            runs.append([interval])
+            run_last = interval[1]
+    keep_open = np.ones(len(state.open_first), dtype=bool)
+    new_first, new_last, new_counts_rows = [], [], []
+    dropped_index, dropped_start, dropped_end = [], [], []
+    for run in runs:
+        fresh = [i for _, _, source, i in run if source == 2]
+        if not fresh:
+            continue
+        closed = [(f, last) for f, last, source, _ in run if source == 0]
+        first = min(f for f, _, _, _ in run)
+        last = max(la for _, la, _, _ in run)
+        if closed or last + gap_ms <= watermark:
+            start, end = (closed[0][0], closed[0][1] + gap_ms) if closed else (first, last + gap_ms)
+            dropped_index += fresh
+            dropped_start += [start] * len(fresh)
+            dropped_end += [end] * len(fresh)
+        else:
+            merged = [i for _, _, source, i in run if source == 1]
+            keep_open[merged] = False
+            new_first.append(first)
+            new_last.append(last)
+            new_counts_rows.append(new_counts[fresh].sum(axis=0) + state.open_counts[merged].sum(axis=0))
+    if new_first:
+        state.open_first = np.concatenate([state.open_first[keep_open], np.array(new_first, np.int64)])
+        state.open_last = np.concatenate([state.open_last[keep_open], np.array(new_last, np.int64)])
+        state.open_counts = np.concatenate([state.open_counts[keep_open], np.array(new_counts_rows, np.int64)])
+    return sessions.Dropped(events.take(np.array(dropped_index, dtype=np.int64)), np.array(dropped_start, np.int64),
+                   np.array(dropped_end, np.int64))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 400_000)), max_size=25),
+                          st.integers(0, 120_000)), min_size=1, max_size=6))
+def test_a_bucket_takes_its_keys_events_in_one_pass_as_a_pass_per_key_would(batches):
+    ours: sessions.SessionBucket = {}
+    theirs: sessions.SessionBucket = {}
+    watermark = 0
+    for batch, advance in batches:
+        watermark += advance
+        keys = np.array([k for k, _ in batch], dtype=object)
+        events = _events([t for _, t in batch])
+        dropped_keys, dropped = sessions.add_bucket_events(ours, keys, events, watermark, G)
+        got = sorted(zip(dropped_keys.tolist(), dropped.events.offset.tolist(), dropped.window_start.tolist(),
+                         dropped.window_end.tolist(), strict=True))
+        expected = []
+        for key in dict.fromkeys(keys.tolist()):
+            index = np.flatnonzero(keys == key)
+            late = reference_add_events(theirs.setdefault(key, sessions.SessionState()), events.take(index),
+                                        watermark, G)
+            expected += zip([key] * len(late.events), late.events.offset.tolist(), late.window_start.tolist(),
+                            late.window_end.tolist(), strict=True)
+        assert got == sorted(expected)
+        for bucket in (ours, theirs):
+            for state in bucket.values():
+                sessions.emit_due(state, watermark, G, memory_ms=150_000)
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            for field in ("open_first", "open_last", "open_counts", "closed_first", "closed_last"):
+                assert getattr(ours[key], field).tolist() == getattr(theirs[key], field).tolist(), (key, field)
+
+
+def test_the_latest_session_end_so_far_restarts_at_each_key_even_for_times_too_far_apart_to_fold():
+    key = np.array([0, 0, 0, 2, 2, 5], dtype=np.int64)
+    near = np.array([10, 5, 30, 7, 3, 1], dtype=np.int64)
+    assert sessions._latest_end_per_key(key, near).tolist() == [10, 10, 30, 7, 7, 1]
+    far = np.array([0, 2**61, 5, -(2**61), -5, 9], dtype=np.int64)
+    assert sessions._latest_end_per_key(key, far).tolist() == [0, 2**61, 2**61, -(2**61), -5, 9]
