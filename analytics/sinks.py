@@ -205,20 +205,9 @@ def accept_writer(config: Config) -> BatchWriter:
     def write(records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
         accepted_columns = envelope.accepted_schema(spark, config).fieldNames()
-        rejected_only = F.col("dead_letter_reason").isNotNull()
         now = datetime.now(UTC)
         with _timed(ACCEPT_QUERY, "validate"):
-            batch = records.select(
-                # A rejected record's envelope fields are never computed, only its Kafka coordinates.
-                *[F.col(c) if c in _KAFKA_COORDINATES else F.when(~rejected_only, F.col(c)).alias(c)
-                  for c in accepted_columns],
-                F.col("dead_letter_reason").alias("reason"),
-                # Raw bytes travel for rejected records only.
-                F.when(rejected_only, F.col("value")).alias("value"),
-                F.when(rejected_only, F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit))
-                .alias("raw"),
-                F.when(rejected_only, F.coalesce(F.octet_length("value"), F.lit(0))).alias("raw_bytes"),
-            ).toArrow()
+            batch = accept_projection(records, accepted_columns, limit).toArrow()
         ok = pc.is_null(batch["reason"])
         candidates = batch.filter(ok).select(accepted_columns)
         rejected = batch.filter(pc.invert(ok))
@@ -272,6 +261,23 @@ def accept_writer(config: Config) -> BatchWriter:
 
 
 _KAFKA_COORDINATES = ("topic", "partition", "offset", "kafka_timestamp")
+
+
+def accept_projection(records: DataFrame, accepted_columns: list[str], limit: int) -> DataFrame:
+    """What ``accept`` brings to the driver per record (``envelope.parse``'s rows): the accepted columns of a valid
+    record; the Kafka coordinates, reason and raw bytes of a rejected one."""
+    rejected_only = F.col("dead_letter_reason").isNotNull()
+    return records.select(
+        # A rejected record's envelope fields are never computed, only its Kafka coordinates.
+        *[F.col(c) if c in _KAFKA_COORDINATES else F.when(~rejected_only, F.col(c)).alias(c)
+          for c in accepted_columns],
+        F.col("dead_letter_reason").alias("reason"),
+        # Raw bytes travel for rejected records only.
+        F.when(rejected_only, F.col("value")).alias("value"),
+        F.when(rejected_only, F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit))
+        .alias("raw"),
+        F.when(rejected_only, F.coalesce(F.octet_length("value"), F.lit(0))).alias("raw_bytes"),
+    )
 
 
 class _DeadLetterTopic:

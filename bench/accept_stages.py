@@ -1,0 +1,95 @@
+"""Where ``accept``'s Spark time goes, stage by stage, on records held in memory (no broker, no store).
+
+The bench's record mix (bench/pipeline.py ``records``) is put in a DataFrame of the Kafka source's schema, cached,
+and each stage below runs over it as a batch job writing to Spark's ``noop`` sink, adding one step at a time:
+
+- ``scan``: the cached records, nothing computed
+- ``string``: the value cast to a string, and its size and UTF-8 check
+- ``parse``: + ``try_parse_json``
+- ``shape``: + ``schema_of_variant`` of the record (the fast path's shape string)
+- ``fields``: + the typed fields cast from the variant
+- ``validate``: ``envelope.parse`` as the job runs it (fast path, rules for the rest, clock correction)
+- ``collect``: ``accept``'s projection of that brought to the driver as Arrow (what its batch does)
+
+Prints JSON: per stage the minimum over ``--repeat`` runs, in seconds and µs per record.
+
+    .venv/bin/python bench/accept_stages.py --events 300000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+from pipeline import Load, emit, records  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--stages", default="scan,string,parse,shape,fields,validate,collect")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    import tempfile
+
+    from pyspark.sql import functions as F
+
+    from analytics import envelope
+    from analytics.job import spark_session
+    from eventide.config import load_config
+    from ingest.envelope import now_ms
+
+    data = Path(tempfile.mkdtemp(prefix="eventide-accept-stages-"))
+    config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")})
+    spark = spark_session(config, app_name="eventide-accept-stages")
+    start = now_ms() - 3_600_000
+    rows = [(key, value, "eventide.events", i % 4, i // 4, start + i // 100, 1)
+            for i, (key, value, _) in enumerate(records(Load(events=args.events), start))]
+    records_df = (spark.createDataFrame(rows, envelope.KAFKA_SOURCE_SCHEMA.replace("timestamp timestamp",
+                                                                                  "ts long"))
+                  .withColumn("timestamp", F.timestamp_millis("ts")).drop("ts")
+                  .repartition(4).cache())
+    n = records_df.count()
+    limit = config.envelope.max_record_bytes
+    text = F.col("value").cast("string")
+    string = records_df.select("*", F.octet_length("value").alias("_size"), F.is_valid_utf8(text).alias("_utf8"))
+    parsed = string.select("*", F.expr("try_parse_json(CAST(value AS STRING))").alias("_json"))
+    shape = parsed.select("*", F.expr("schema_of_variant(_json)").alias("_root"))
+    fields = shape.select("*", F.expr(f"try_variant_get(_json, '$', 'struct<{envelope._FAST_SCHEMA}>')").alias("_fj"))
+    validated = envelope.parse(records_df, config)
+    frames: dict[str, Any] = {"scan": records_df, "string": string, "parse": parsed, "shape": shape,
+                              "fields": fields, "validate": validated}
+
+    def collect() -> None:
+        from analytics.sinks import accept_projection
+        accept_projection(validated, envelope.accepted_schema(spark, config).fieldNames(), limit).toArrow()
+
+    out: dict[str, Any] = {"events": n, "repeat": args.repeat}
+    for stage in args.stages.split(","):
+        times = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            if stage == "collect":
+                collect()
+            else:
+                frames[stage].write.format("noop").mode("overwrite").save()
+            times.append(time.perf_counter() - t)
+        best = min(times)
+        out[stage] = {"s": round(best, 3), "us_per_record": round(best * 1e6 / n, 2),
+                      "all_s": [round(x, 3) for x in times]}
+        print(f"[{stage}] {json.dumps(out[stage])}", file=sys.stderr, flush=True)
+    spark.stop()
+    emit(out, args.out)
+
+
+if __name__ == "__main__":
+    main()
