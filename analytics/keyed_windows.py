@@ -88,13 +88,18 @@ class KeyedWindowsProcessor(StatefulProcessor):
         self.handle = handle
         self.sliding_state = handle.getValueState("sliding", _SLIDING_STATE)
         self.session_state = handle.getValueState("session", _SESSION_STATE)
-        self.timer = handle.getValueState("timer", "expiry_ms long")
+        # No longer read or written: a key's registered timer is its stored state's next due time (``_move_timer``).
+        # Still declared, so that checkpoints written while it was in use load unchanged.
+        handle.getValueState("timer", "expiry_ms long")
 
     # State (de)serialization: numpy arrays as raw bytes, one state row per key ---------------------------------
+    # Each state call is a round trip to Spark's JVM, the largest cost of the query after the input itself
+    # (docs/benchmarks.md): a state is read with ``get`` alone (None when absent), and timers are not kept in state.
     def _load_sliding(self) -> sliding.SlidingState:
-        if not self.sliding_state.exists():
+        stored = self.sliding_state.get()
+        if stored is None:
             return sliding.SlidingState()
-        t, value, level, arrived, p_t, p_part, p_off, ids = self.sliding_state.get()
+        t, value, level, arrived, p_t, p_part, p_off, ids = stored
         return sliding.SlidingState(
             t=np.frombuffer(t, np.int64).copy(), value=np.frombuffer(value, np.float64).copy(),
             level=np.frombuffer(level, np.int8).copy(), arrived_wm=np.frombuffer(arrived, np.int64).copy(),
@@ -112,26 +117,29 @@ class KeyedWindowsProcessor(StatefulProcessor):
             _ID_SEPARATOR.join(state.pending_ids)))
 
     def _load_sessions(self) -> sessions.SessionBucket:
-        return sessions.unpack(self.session_state.get() if self.session_state.exists() else None)
+        return sessions.unpack(self.session_state.get())
+
+    def _sessions_due(self, bucket: sessions.SessionBucket) -> int | None:
+        return sessions.bucket_next_due(bucket, self.session_gap_ms, self.session_memory_ms)
 
     def _save_sessions(self, bucket: sessions.SessionBucket) -> None:
         if all(state.empty for state in bucket.values()):
             self.session_state.clear()
         else:
             self.session_state.update(sessions.pack(bucket))
-        self._set_timer(sessions.bucket_next_due(bucket, self.session_gap_ms, self.session_memory_ms))
 
-    def _set_timer(self, due: int | None) -> None:
-        current = self.timer.get()[0] if self.timer.exists() else None
-        if due == current:
+    def _move_timer(self, registered: int | None, due: int | None) -> None:
+        """Move the key's one timer from ``registered`` to ``due``.
+
+        The registered timer is always the stored state's next due time (every state write is followed by this
+        call, and a timer that fired is gone), so it is computed from the state as loaded instead of being kept
+        in a state of its own: three round trips fewer per key and batch."""
+        if due == registered:
             return
-        if current is not None:
-            self.handle.deleteTimer(current)
-        if due is None:
-            self.timer.clear()
-        else:
+        if registered is not None:
+            self.handle.deleteTimer(registered)
+        if due is not None:
             self.handle.registerTimer(due)
-            self.timer.update((due,))
 
     # Spark callbacks -----------------------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
@@ -143,16 +151,19 @@ class KeyedWindowsProcessor(StatefulProcessor):
         watermark = timerValues.getCurrentWatermarkInMs()
         if key[0] == SLIDING:
             state = self._load_sliding()
+            registered = state.next_due
             late = sliding.add_events(state, events, watermark, self.sliding_length_ms)
             self._save_sliding(state)
-            self._set_timer(state.next_due)
+            self._move_timer(registered, state.next_due)
             if len(late):
                 yield self._stragglers(key, late, late.t - self.sliding_length_ms, late.t, watermark)
         else:
             bucket = self._load_sessions()
+            registered = self._sessions_due(bucket)
             dropped_keys, dropped = sessions.add_bucket_events(
                 bucket, frame["session"].to_numpy(object), events, watermark, self.session_gap_ms)
             self._save_sessions(bucket)
+            self._move_timer(registered, self._sessions_due(bucket))
             if len(dropped.events):
                 dropped_rows = self._stragglers(key, dropped.events, dropped.window_start, dropped.window_end,
                                                 watermark)
@@ -163,12 +174,12 @@ class KeyedWindowsProcessor(StatefulProcessor):
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         key = _unpack_key(key)
         watermark = timerValues.getCurrentWatermarkInMs()
-        self.timer.clear()
+        # The timer that fired is gone: none is registered until ``_move_timer`` registers the next.
         if key[0] == SLIDING:
             state = self._load_sliding()
             windows = sliding.emit_due(state, watermark, self.sliding_length_ms)
             self._save_sliding(state)
-            self._set_timer(state.next_due)
+            self._move_timer(None, state.next_due)
             n = len(windows["t"])
             if n:
                 yield _output(n, {
@@ -185,7 +196,9 @@ class KeyedWindowsProcessor(StatefulProcessor):
                     emitted = sessions.emit_due(state, watermark, self.session_gap_ms, self.session_memory_ms)
                     if len(emitted["session_start"]):
                         parts.append((session_key, emitted))
-            self._save_sessions({k: v for k, v in bucket.items() if not v.empty})
+            bucket = {k: v for k, v in bucket.items() if not v.empty}
+            self._save_sessions(bucket)
+            self._move_timer(None, self._sessions_due(bucket))
             if parts:
                 emitted = {c: np.concatenate([e[c] for _, e in parts]) for c in parts[0][1]}
                 kinds, names = self._session_keys([k for k, e in parts for _ in range(len(e["session_start"]))])

@@ -7,7 +7,8 @@ and each stage below runs over it as a batch job writing to Spark's ``noop`` sin
 - ``string``: the value cast to a string, and its size and UTF-8 check
 - ``parse``: + ``try_parse_json``
 - ``shape``: + ``schema_of_variant`` of the record (the fast path's shape string)
-- ``fields``: + the typed fields cast from the variant
+- ``fields``: + the typed fields cast from the variant (``fields_from_json``: read by a second parse instead;
+  ``fields_per_field``: one ``try_variant_get`` per field)
 - ``validate``: ``envelope.parse`` as the job runs it (fast path, rules for the rest, clock correction)
 - ``collect``: ``accept``'s projection of that brought to the driver as Arrow (what its batch does)
 
@@ -65,9 +66,16 @@ def main() -> None:
     parsed = string.select("*", F.expr("try_parse_json(CAST(value AS STRING))").alias("_json"))
     shape = parsed.select("*", F.expr("schema_of_variant(_json)").alias("_root"))
     fields = shape.select("*", F.expr(f"try_variant_get(_json, '$', 'struct<{envelope._FAST_SCHEMA}>')").alias("_fj"))
+    # Alternatives to the fields' variant cast, over the same shape stage: a second parse with from_json, and one
+    # variant_get per field.
+    fields_from_json = shape.select("*", F.from_json(text, envelope._FAST_SCHEMA).alias("_fj"))
+    fields_per_field = shape.select("*", F.struct(*[
+        F.expr(f"try_variant_get(_json, '$.{field}', '{spark_type}')").alias(field)
+        for field, spark_type in envelope._FIELDS.items()]).alias("_fj"))
     validated = envelope.parse(records_df, config)
     frames: dict[str, Any] = {"scan": records_df, "string": string, "parse": parsed, "shape": shape,
-                              "fields": fields, "validate": validated}
+                              "fields": fields, "fields_from_json": fields_from_json,
+                              "fields_per_field": fields_per_field, "validate": validated}
 
     def collect() -> None:
         from analytics.sinks import accept_projection
