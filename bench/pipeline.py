@@ -7,6 +7,9 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 - ``full``: the whole job (every query: validation, dedup, dead letters + clock offsets, windows + stragglers,
   sliding + sessions)
   with the default window config, drained from the first offset with a fresh checkpoint and store;
+- ``live``: the same job as it runs live: every query at once with its processing-time trigger (the readers take
+  each accept batch while ``accept`` reads the next), until both readers have committed the last batch; a drain
+  with ``availableNow`` (``full``) runs ``accept`` to the end first and leaves cores idle meanwhile;
 - ``nodedup``: the whole job with deduplication turned off (``stream.deduplicate = false``): its cost;
 - ``queries``: each query of the job alone, same way (the stateful ones after ``accept`` filled their input);
 - ``peer``: Quix Streams computing 1-s tumbling count + mean per series (bench/quix_peer.py, own process), and
@@ -52,7 +55,7 @@ from store.server import child as served_store
 
 REPO = Path(__file__).resolve().parent.parent
 
-PHASES = ("limit", "full", "nodedup", "queries", "peer")
+PHASES = ("limit", "full", "live", "nodedup", "queries", "peer")
 PROGRESS_KEPT = 100_000   # progress reports kept per query during the freshness phase (Spark's default: 100)
 APPS = [f"app-{a}" for a in range(5)]
 METRICS = [f"metric_{m}" for m in range(10)]              # 5 apps x 10 names: 50 metric series
@@ -233,6 +236,61 @@ def drain(spark: Any, config: Config, only: tuple[str, ...], events: int) -> dic
     return {"queries": list(only), "seconds": round(seconds, 2), "events_per_s": round(events / seconds),
             "cpu_s": round(cpu, 1), "cpu_us_per_event": round(cpu * 1e6 / events, 1),
             "stages": stage_breakdown(queries)}
+
+
+def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
+    """The whole job as it runs live (every query at once, processing-time triggers: the readers take each accept
+    batch while ``accept`` reads the next) over the backlog; timed until both readers have committed the batch
+    holding the topic's last offsets, and the batch without data that may follow it."""
+    from analytics import accepted_log, sinks
+    from analytics.job import start_queries
+    from analytics.windows import WINDOWS_QUERY
+
+    sinks.sink_seconds.clear()
+    end = topic_end_offsets(config)
+    readers = [config.checkpoint_dir / q for q in QUERIES if q != ACCEPT_QUERY]
+    cpu, t = cpu_seconds(), time.perf_counter()
+    queries = start_queries(spark, config)
+    try:
+        while True:
+            time.sleep(0.05)
+            failed = [q for q in queries if q.exception() is not None]
+            if failed:
+                raise RuntimeError(f"query {failed[0].name} failed: {failed[0].exception()}")
+            published = accepted_log.metas(config)
+            last = published[-1] if published else None
+            reached = last is not None and {int(p): o for p, o in last.end_offsets.get(
+                config.kafka.events_topic, {}).items()} == end
+            if reached and all(accepted_log.last_read(r) == last.batch_id for r in readers):
+                break
+        # As a drain's last trigger does, the readers' next trigger may run a batch without data that only moves the
+        # watermark (closing windows and sessions); it is part of the work.
+        read_last = {q.name: q.lastProgress["batchId"] for q in queries if q.name != ACCEPT_QUERY}
+        while not all(q.lastProgress["batchId"] > read_last[q.name]
+                      or q.status["message"] == "Waiting for data to arrive"
+                      for q in queries if q.name in read_last):
+            time.sleep(0.05)
+        seconds, cpu = time.perf_counter() - t, cpu_seconds() - cpu
+    finally:
+        for query in queries:
+            query.stop()
+    windows_query = next(q for q in queries if q.name == WINDOWS_QUERY)
+    return {"queries": list(QUERIES), "mode": "live", "seconds": round(seconds, 2),
+            "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
+            "cpu_us_per_event": round(cpu * 1e6 / events, 1), "accept_batches": len(published),
+            "windows_batches": len([p for p in windows_query.recentProgress if p["numInputRows"]]),
+            "stages": stage_breakdown(queries)}
+
+
+def topic_end_offsets(config: Config) -> dict[int, int]:
+    """The events topic's end offset per partition (every record of the backlog is below it)."""
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": f"ends-{time.time()}"})
+    try:
+        topic = config.kafka.events_topic
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    finally:
+        consumer.close()
 
 
 def drain_alone(spark: Any, config: Config, query: str, events: int) -> dict[str, Any]:
@@ -473,6 +531,11 @@ def main() -> None:
                 summary["full"] = drain(spark, cfg, QUERIES, args.events)
                 summary["full"]["stored"] = stored_summary(cfg)
                 report("full", summary["full"])
+            if "live" in phases:    # the same, as the live job runs: all three queries at once
+                cfg = fresh(config, "live_drain")
+                summary["full_live"] = drain_live(spark, cfg, args.events)
+                summary["full_live"]["stored"] = stored_summary(cfg)
+                report("full_live", summary["full_live"])
             if "nodedup" in phases:   # the cost of deduplication: the full job with it turned off
                 cfg = fresh(config, "nodedup", deduplicate=False)
                 summary["full_without_dedup"] = report("full_without_dedup",
@@ -489,6 +552,9 @@ def main() -> None:
             if "limit" in summary and "full" in summary:
                 summary["full_share_of_limit"] = round(
                     summary["full"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
+            if "limit" in summary and "full_live" in summary:
+                summary["full_live_share_of_limit"] = round(
+                    summary["full_live"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
             if "peer_quix" in summary and "ours_peer" in summary:
                 summary["ours_over_quix"] = round(summary["ours_peer"]["events_per_s"]
                                                   / summary["peer_quix"]["events_per_s"], 2)
