@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any, Final
@@ -145,11 +146,19 @@ def _merge(a: _Type, b: _Type) -> _Type:
     return _VARIANT
 
 
+_PLAIN_KEY = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def _quoted(key: str) -> str:
+    """A key as Spark prints it in a type: plain identifiers as they are, others in backquotes (doubled inside)."""
+    return key if _PLAIN_KEY.fullmatch(key) else "`" + key.replace("`", "``") + "`"
+
+
 def _render(t: _Type) -> str:
     if t[0] == "DECIMAL":
         return f"DECIMAL({t[1]},{t[2]})"
     if t[0] == "OBJECT":
-        return "OBJECT<" + ", ".join(f"{name}: {_render(ft)}" for name, ft in t[1]) + ">"
+        return "OBJECT<" + ", ".join(f"{_quoted(name)}: {_render(ft)}" for name, ft in t[1]) + ">"
     if t[0] == "ARRAY":
         return f"ARRAY<{_render(t[1])}>"
     return str(t[0])

@@ -68,6 +68,11 @@ BAD: list[tuple[object, str]] = [
     (_metric(user=5), "mistyped field: user (expected string, got BIGINT)"),
     (_metric(tags={"region": 1}), "mistyped field: tags (expected object of strings, got OBJECT<region: BIGINT>)"),
     (_metric(tags=["eu"]), "mistyped field: tags (expected object of strings, got ARRAY<STRING>)"),
+    # Keys that are not plain identifiers are quoted in the type; a ': ' inside a key is not a separator.
+    (_metric(tags={"zone: STRING, b": 1}),
+     "mistyped field: tags (expected object of strings, got OBJECT<`zone: STRING, b`: BIGINT>)"),
+    (_metric(tags={"x`y": "z", "9": "a", "_ok9": 1}),
+     "mistyped field: tags (expected object of strings, got OBJECT<`9`: STRING, _ok9: BIGINT, `x``y`: STRING>)"),
     (_without(_metric(), "value"), "missing field: value"),
     (_metric(value="12"), "mistyped field: value (expected number, got STRING)"),
     (_metric(value=True), "mistyped field: value (expected number, got BOOLEAN)"),
@@ -106,6 +111,7 @@ VALID: list[dict[str, Any]] = [
     _metric(value=-(10**300)),
     _metric(extra={"anything": [1, "x"]}),                # unknown fields are ignored, as in the stream job
     _metric(app="é" * 128),
+    _metric(tags={"a b": "x", "zone: BIGINT": "eu", "back`quote": "y"}),   # keys Spark prints quoted
 ]
 
 
@@ -122,6 +128,7 @@ def test_json_types_are_named_as_spark_names_them() -> None:
         "123456789012345678901234567890123456789012": "DOUBLE", "null": "VOID", "true": "BOOLEAN",
         '{"b":1,"a":"x"}': "OBJECT<a: STRING, b: BIGINT>", "[]": "ARRAY<VOID>", "[1,2.5]": "ARRAY<DECIMAL(21,1)>",
         '[1,"a",null]': "ARRAY<VARIANT>", '[{"a":1},{"b":2}]': "ARRAY<OBJECT<a: BIGINT, b: BIGINT>>",
+        '{"a b":1,"9":1,"x`y":"z","_ok9":1}': "OBJECT<`9`: BIGINT, _ok9: BIGINT, `a b`: BIGINT, `x``y`: STRING>",
     }
     assert {text: json_type(loads(text)) for text in spark_says} == spark_says
 
