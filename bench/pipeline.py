@@ -326,7 +326,8 @@ def quix_peer(config: Config, events: int) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "quix_peer.py"), "--bootstrap", config.kafka.bootstrap,
          "--topic", config.kafka.events_topic, "--events", str(events),
-         "--state-dir", str(config.data_dir / "quix-state")],
+         "--state-dir", str(config.data_dir / "quix-state"),
+         "--grace-ms", str(round(config.stream.allowed_lateness_s * 1000))],
         capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode:
         raise RuntimeError(f"quix peer failed: {done.stderr[-2000:]}")
