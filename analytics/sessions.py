@@ -155,7 +155,7 @@ def add_bucket_events(bucket: SessionBucket, session_keys: np.ndarray, events: E
     contribution[fresh_at] = _event_counts(events)[index[fresh_at]]
     absorbed_at = np.flatnonzero(is_open & merged_run[run])
     contribution[absorbed_at] = o_counts[index[absorbed_at]]
-    run_counts = np.add.reduceat(contribution, run_start, axis=0) if len(key) else contribution
+    run_counts = np.add.reduceat(contribution, run_start, axis=0)
     keep_open = np.ones(n_o, dtype=bool)
     keep_open[index[absorbed_at]] = False
     new_runs = np.flatnonzero(merged_run)

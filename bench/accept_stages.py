@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,6 @@ def main() -> None:
     parser.add_argument("--stages", default="scan,string,parse,shape,fields,validate,collect")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-
-    import tempfile
 
     from pyspark.sql import functions as F
 
