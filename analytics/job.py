@@ -53,7 +53,7 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", str(config.stream.shuffle_partitions))
+        .config("spark.sql.shuffle.partitions", str(config.stream.partitions))
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")

@@ -16,6 +16,24 @@ def test_defaults_put_everything_under_the_checkout(tmp_path):
     assert config.kafka.bootstrap == "127.0.0.1:19092" and config.kafka.managed
 
 
+@pytest.mark.parametrize(("master", "shuffle_partitions", "partitions"), [
+    ("local[2]", None, 2),                   # one state store per core of a local master
+    ("local[3,2]", None, 3),
+    ("local", None, 1),
+    ("spark://host:7077", None, 4),          # a cluster: 4 unless set
+    ("local[2]", 8, 8),                      # set: as set
+])
+def test_state_partitions_follow_the_local_cores_unless_set(tmp_path, master, shuffle_partitions, partitions):
+    stream = {"master": master} if shuffle_partitions is None else {"master": master,
+                                                                    "shuffle_partitions": shuffle_partitions}
+    assert load_config(environ={}, root=str(tmp_path), stream=stream).stream.partitions == partitions
+
+
+def test_local_star_takes_every_core_of_the_machine(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert load_config(environ={}, root=str(tmp_path), stream={"master": "local[*]"}).stream.partitions == 6
+
+
 def test_file_then_environment_overrides(tmp_path):
     file = tmp_path / "eventide.toml"
     file.write_text('[kafka]\nport = 29092\n[stream]\ntumbling_windows_s = [5, 30]\n')
