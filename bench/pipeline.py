@@ -7,6 +7,9 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 - ``full``: the whole job (every query: validation, dedup, dead letters + clock offsets, windows + stragglers,
   sliding + sessions)
   with the default window config, drained from the first offset with a fresh checkpoint and store;
+- ``warm``: the full job drained once more in the same JVM, after a drain of the same size (``full``'s, or one of
+  its own): HotSpot has compiled the job's code by then, as in a job that has run a while. A first drain pays part
+  of that warm-up: every drain reports ``jit_cpu_s``, the CPU of the JVM's JIT compiler threads while it ran;
 - ``live``: the same job as it runs live: every query at once with its processing-time trigger (the readers take
   each accept batch while ``accept`` reads the next), until both readers have committed the last batch; a drain
   with ``availableNow`` (``full``) runs ``accept`` to the end first and leaves cores idle meanwhile;
@@ -55,7 +58,7 @@ from store.server import child as served_store
 
 REPO = Path(__file__).resolve().parent.parent
 
-PHASES = ("limit", "full", "live", "nodedup", "queries", "peer")
+PHASES = ("limit", "full", "warm", "live", "nodedup", "queries", "peer")
 PROGRESS_KEPT = 100_000   # progress reports kept per query during the freshness phase (Spark's default: 100)
 APPS = [f"app-{a}" for a in range(5)]
 METRICS = [f"metric_{m}" for m in range(10)]              # 5 apps x 10 names: 50 metric series
@@ -172,6 +175,26 @@ def cpu_seconds() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def jit_cpu_seconds(spark: Any) -> float:
+    """CPU time of the Spark JVM's JIT compiler threads so far (HotSpot names them ``C1/C2 CompilerThreadN``).
+
+    Spark generates and loads new classes for every query it plans, and HotSpot compiles their hot methods (and
+    Spark's own) while the job runs: in a drain of a few hundred thousand events that is a visible share of the
+    machine's CPU, which a job that has run a while no longer pays (phase ``warm``)."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:   # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        if name.startswith(("C1 CompilerThre", "C2 CompilerThre")):
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])   # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def stage_breakdown(queries: list[Any]) -> dict[str, Any]:
     """Per query: Spark's durationMs summed over data batches, state operator metrics, and sink stages."""
     from analytics import sinks
@@ -230,11 +253,11 @@ def drain(spark: Any, config: Config, only: tuple[str, ...], events: int) -> dic
     from analytics.job import run_until_idle
 
     sinks.sink_seconds.clear()
-    cpu, t = cpu_seconds(), time.perf_counter()
+    jit, cpu, t = jit_cpu_seconds(spark), cpu_seconds(), time.perf_counter()
     queries = run_until_idle(spark, config, only)
-    seconds, cpu = time.perf_counter() - t, cpu_seconds() - cpu
+    seconds, cpu, jit = time.perf_counter() - t, cpu_seconds() - cpu, jit_cpu_seconds(spark) - jit
     return {"queries": list(only), "seconds": round(seconds, 2), "events_per_s": round(events / seconds),
-            "cpu_s": round(cpu, 1), "cpu_us_per_event": round(cpu * 1e6 / events, 1),
+            "cpu_s": round(cpu, 1), "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jit, 1),
             "stages": stage_breakdown(queries)}
 
 
@@ -249,7 +272,7 @@ def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
     sinks.sink_seconds.clear()
     end = topic_end_offsets(config)
     readers = [config.checkpoint_dir / q for q in QUERIES if q != ACCEPT_QUERY]
-    cpu, t = cpu_seconds(), time.perf_counter()
+    jit, cpu, t = jit_cpu_seconds(spark), cpu_seconds(), time.perf_counter()
     queries = start_queries(spark, config)
     try:
         while True:
@@ -270,14 +293,15 @@ def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
                       or q.status["message"] == "Waiting for data to arrive"
                       for q in queries if q.name in read_last):
             time.sleep(0.05)
-        seconds, cpu = time.perf_counter() - t, cpu_seconds() - cpu
+        seconds, cpu, jit = time.perf_counter() - t, cpu_seconds() - cpu, jit_cpu_seconds(spark) - jit
     finally:
         for query in queries:
             query.stop()
     windows_query = next(q for q in queries if q.name == WINDOWS_QUERY)
     return {"queries": list(QUERIES), "mode": "live", "seconds": round(seconds, 2),
             "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
-            "cpu_us_per_event": round(cpu * 1e6 / events, 1), "accept_batches": len(published),
+            "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jit, 1),
+            "accept_batches": len(published),
             "windows_batches": len([p for p in windows_query.recentProgress if p["numInputRows"]]),
             "stages": stage_breakdown(queries)}
 
@@ -532,6 +556,13 @@ def main() -> None:
                 summary["full"] = drain(spark, cfg, QUERIES, args.events)
                 summary["full"]["stored"] = stored_summary(cfg)
                 report("full", summary["full"])
+            if "warm" in phases:    # the same again, once HotSpot has compiled the job's code
+                if "full" not in summary:
+                    drain(spark, fresh(config, "warming"), QUERIES, args.events)
+                cfg = fresh(config, "warm")
+                summary["full_warm"] = drain(spark, cfg, QUERIES, args.events)
+                summary["full_warm"]["stored"] = stored_summary(cfg)
+                report("full_warm", summary["full_warm"])
             if "live" in phases:    # the same, as the live job runs: all three queries at once
                 cfg = fresh(config, "live_drain")
                 summary["full_live"] = drain_live(spark, cfg, args.events)
@@ -553,6 +584,9 @@ def main() -> None:
             if "limit" in summary and "full" in summary:
                 summary["full_share_of_limit"] = round(
                     summary["full"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
+            if "limit" in summary and "full_warm" in summary:
+                summary["full_warm_share_of_limit"] = round(
+                    summary["full_warm"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
             if "limit" in summary and "full_live" in summary:
                 summary["full_live_share_of_limit"] = round(
                     summary["full_live"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
