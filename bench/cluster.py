@@ -76,8 +76,10 @@ def main() -> None:
         on_cluster = cluster.job_config(base)
         with served_store(on_cluster):
             summary["load"] = produce_backlog(on_cluster, Load(events=args.events), now_ms() - 2 * 3_600_000)
+            # The same state partitions on both (unset, their count follows the master): only the deployment differs.
             local = on_cluster.model_copy(update={"stream": on_cluster.stream.model_copy(
-                update={"master": "local[*]", "driver_host": ""})})
+                update={"master": "local[*]", "driver_host": "",
+                        "shuffle_partitions": on_cluster.stream.partitions})})
             for label, config in (("local", local), ("cluster", on_cluster)):
                 summary[label] = drain(fresh(config, label), args.events, data / f"{label}.log")
                 print(f"[{label}] {json.dumps(summary[label])}", file=sys.stderr, flush=True)
