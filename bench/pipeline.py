@@ -195,6 +195,21 @@ def jit_cpu_seconds(spark: Any) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+class Spent:
+    """Wall time, the machine's CPU and the JVM's JIT CPU from its creation to :meth:`per` (one drain)."""
+
+    def __init__(self, spark: Any) -> None:
+        self._spark = spark
+        self._jit, self._cpu, self._t = jit_cpu_seconds(spark), cpu_seconds(), time.perf_counter()
+
+    def per(self, events: int) -> dict[str, Any]:
+        """What was spent so far, and the rates for ``events`` events."""
+        seconds, cpu = time.perf_counter() - self._t, cpu_seconds() - self._cpu
+        jit = jit_cpu_seconds(self._spark) - self._jit
+        return {"seconds": round(seconds, 2), "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
+                "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jit, 1)}
+
+
 def stage_breakdown(queries: list[Any]) -> dict[str, Any]:
     """Per query: Spark's durationMs summed over data batches, state operator metrics, and sink stages."""
     from analytics import sinks
@@ -253,12 +268,9 @@ def drain(spark: Any, config: Config, only: tuple[str, ...], events: int) -> dic
     from analytics.job import run_until_idle
 
     sinks.sink_seconds.clear()
-    jit, cpu, t = jit_cpu_seconds(spark), cpu_seconds(), time.perf_counter()
+    spent = Spent(spark)
     queries = run_until_idle(spark, config, only)
-    seconds, cpu, jit = time.perf_counter() - t, cpu_seconds() - cpu, jit_cpu_seconds(spark) - jit
-    return {"queries": list(only), "seconds": round(seconds, 2), "events_per_s": round(events / seconds),
-            "cpu_s": round(cpu, 1), "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jit, 1),
-            "stages": stage_breakdown(queries)}
+    return {"queries": list(only), **spent.per(events), "stages": stage_breakdown(queries)}
 
 
 def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
@@ -272,7 +284,7 @@ def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
     sinks.sink_seconds.clear()
     end = topic_end_offsets(config)
     readers = [config.checkpoint_dir / q for q in QUERIES if q != ACCEPT_QUERY]
-    jit, cpu, t = jit_cpu_seconds(spark), cpu_seconds(), time.perf_counter()
+    spent = Spent(spark)
     queries = start_queries(spark, config)
     try:
         while True:
@@ -293,15 +305,12 @@ def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
                       or q.status["message"] == "Waiting for data to arrive"
                       for q in queries if q.name in read_last):
             time.sleep(0.05)
-        seconds, cpu, jit = time.perf_counter() - t, cpu_seconds() - cpu, jit_cpu_seconds(spark) - jit
+        measured = spent.per(events)
     finally:
         for query in queries:
             query.stop()
     windows_query = next(q for q in queries if q.name == WINDOWS_QUERY)
-    return {"queries": list(QUERIES), "mode": "live", "seconds": round(seconds, 2),
-            "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
-            "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jit, 1),
-            "accept_batches": len(published),
+    return {"queries": list(QUERIES), "mode": "live", **measured, "accept_batches": len(published),
             "windows_batches": len([p for p in windows_query.recentProgress if p["numInputRows"]]),
             "stages": stage_breakdown(queries)}
 
