@@ -22,7 +22,7 @@ from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from analytics import accepted_log, envelope, keyed_windows, progress, sinks, spark_settings, windows
+from analytics import accepted_log, envelope, keyed_windows, progress, session_runs, sinks, spark_settings, windows
 from eventide import jars
 from eventide.config import Config, load_config
 
@@ -150,7 +150,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
 
 
 def accepted_events(spark: SparkSession, config: Config) -> DataFrame:
-    return accepted_log.read_stream(spark, config, envelope.accepted_schema(spark, config))
+    return accepted_log.read_stream(
+        spark, config, session_runs.with_run_fields(envelope.accepted_schema(spark, config)))
 
 
 def _kafka_offsets(config: Config, checkpoint: Path) -> progress.SourceOffsets:

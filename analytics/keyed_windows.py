@@ -30,7 +30,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from analytics import sessions, sliding
+from analytics import session_runs, sessions, sliding
 from analytics.keyed_events import NO_LEVEL, Events
 from analytics.windows import LEVEL_COLUMNS, LEVEL_FIELDS, event_time_ms, with_watermark
 from eventide.config import Config
@@ -46,7 +46,7 @@ OUTPUT_SCHEMA = ", ".join([
     "window_start_ms long", "window_end_ms long", "event_time_ms long", "source_partition int",
     "source_offset long", "event_id string", "device string", "watermark_ms long", "lateness_ms long",
     "event_count long", "value_count long", "sum double", "min double", "max double", "metric_count long",
-    "log_count long", *[f"{c} long" for c in LEVEL_FIELDS],
+    "log_count long", *[f"{c} long" for c in LEVEL_FIELDS], "run_last_ms long",
 ])
 _NUMPY_TYPES = {"string": object, "long": np.int64, "int": np.int32, "double": np.float64}
 _MISSING = {object: None, np.float64: np.nan}   # and 0 for integer columns
@@ -72,6 +72,10 @@ _SLIDING_STATE = ("t binary, value binary, level binary, arrived_wm binary, pend
                   "pending_partition binary, pending_offset binary, pending_ids string")
 _SESSION_STATE = ("open_key binary, open_first binary, open_last binary, open_counts binary, closed_key binary, "
                   "closed_first binary, closed_last binary, keys string")
+# A session row stands for a run of its key's events (analytics.session_runs); these input columns carry the run.
+RUN_LAST, RUN_EVENTS = "run_last_ms", "run_events"
+RUN_LEVELS = tuple(f"run_{level}" for level in LEVEL_COLUMNS)
+DROPPED_RUN = "dropped_run"   # output row: a run of session events dropped whole, expanded by the writer
 _SESSION_KEY = "\x1e"   # joins key kind (user | device) and key in a bucket's session keys
 _ID_SEPARATOR = "\x1f"
 
@@ -158,17 +162,23 @@ class KeyedWindowsProcessor(StatefulProcessor):
             if len(late):
                 yield self._stragglers(key, late, late.t - self.sliding_length_ms, late.t, watermark)
         else:
+            # Each row is a run of a session key's events (analytics.session_runs): its first and last time and
+            # its counts. A dropped run goes out as one row, which the writer expands into its events' stragglers.
             bucket = self._load_sessions()
             registered = self._sessions_due(bucket)
-            dropped_keys, dropped = sessions.add_bucket_events(
-                bucket, frame["session"].to_numpy(object), events, watermark, self.session_gap_ms)
+            first = events.t
+            last = frame[RUN_LAST].to_numpy(np.int64)
+            dropped_keys, dropped_at, start, end = sessions.add_bucket_runs(
+                bucket, frame["session"].to_numpy(object), first, last, _run_counts(frame), watermark,
+                self.session_gap_ms)
             self._save_sessions(bucket)
             self._move_timer(registered, self._sessions_due(bucket))
-            if len(dropped.events):
-                dropped_rows = self._stragglers(key, dropped.events, dropped.window_start, dropped.window_end,
-                                                watermark)
+            if len(dropped_at):
                 kinds, names = self._session_keys(dropped_keys.tolist())
-                yield dropped_rows.assign(kind=kinds, name=names)
+                yield _output(len(dropped_at), {
+                    **self._key_columns(key, DROPPED_RUN, watermark), "kind": kinds, "name": names,
+                    "window_start_ms": start, "window_end_ms": end, "event_time_ms": first[dropped_at],
+                    RUN_LAST: last[dropped_at]})
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
@@ -232,6 +242,14 @@ class KeyedWindowsProcessor(StatefulProcessor):
             "event_id": late.id, "device": late.device, "lateness_ms": watermark - late.t})
 
 
+def _run_counts(frame: pd.DataFrame) -> np.ndarray:
+    """A session row's counts (``sessions.COUNT_COLUMNS``) from its run columns."""
+    events = frame[RUN_EVENTS].to_numpy(np.int64)
+    levels = np.column_stack([frame[c].to_numpy(np.int64) for c in RUN_LEVELS])
+    logs = levels.sum(axis=1)   # an accepted log always has one of the known levels
+    return np.column_stack([events, events - logs, logs, levels])
+
+
 def _unpack_key(key: tuple[str]) -> tuple[str, str, str, str, str]:
     """(family, app, kind, name, series_tags) from the grouping key (once per key and batch, not per row)."""
     family, app, kind, name, tags = json.loads(key[0])
@@ -261,6 +279,18 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
         .otherwise(F.lit(NO_LEVEL)).cast("byte").alias("level_code"),
         "metric_value", "partition", "offset", "id", "device",
     ]
+    # A file published with runs of this gap has one session row per run (its head); any other file (published
+    # before runs, or with another gap) has each event stand for a run of its own.
+    has_runs = F.coalesce(F.col(session_runs.GAP) == config.stream.session_gap_s * 1000, F.lit(False))
+    payload += [
+        F.coalesce(F.when(has_runs, F.col(session_runs.LAST)).otherwise(event_time_ms()), F.lit(0))
+        .alias(RUN_LAST),
+        F.coalesce(F.when(has_runs, F.col(session_runs.EVENTS)).otherwise(F.lit(1)), F.lit(0)).alias(RUN_EVENTS),
+        *[F.coalesce(F.when(has_runs, F.col(stored)).otherwise((F.col("level") == level).cast("int")), F.lit(0))
+          .alias(name) for level, stored, name in zip(LEVEL_COLUMNS, session_runs.LEVEL_COUNTS, RUN_LEVELS,
+                                                       strict=True)],
+    ]
+    is_run_head = ~has_runs | (F.col(session_runs.EVENTS) > 0)
     has_user = F.col("user").isNotNull()
     session_kind = F.when(has_user, F.lit("user")).otherwise(F.lit("device"))
     session_key = F.coalesce("user", "device")
@@ -273,8 +303,8 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
     session_entry = entry(SESSION, F.lit(""), bucket.cast("string"), F.lit(""),
                           F.concat(session_kind, F.lit(_SESSION_KEY), session_key))
     sliding_entry = entry(SLIDING, F.col("kind"), F.col("name"), F.col("series_tags"), F.lit(""))
-    # Every event has a session entry, events of sliding series also a sliding one: one Kafka scan for both.
-    entries = F.filter(F.array(session_entry, F.when(_sliding_series(config), sliding_entry)),
+    # A run's head has a session entry, events of sliding series a sliding one: one read of the batch for both.
+    entries = F.filter(F.array(F.when(is_run_head, session_entry), F.when(_sliding_series(config), sliding_entry)),
                        lambda entry: entry.isNotNull())
     keyed = events.select(*payload, F.inline(entries))
     stream = config.stream

@@ -87,14 +87,29 @@ def add_bucket_events(bucket: SessionBucket, session_keys: np.ndarray, events: E
                       gap_ms: int) -> tuple[np.ndarray, Dropped]:
     """Take a batch's events of many session keys (event i belongs to ``session_keys[i]``) into ``bucket``, whose
     states are updated in place (a key seen first gets one); returns each dropped straggler's session key and the
-    stragglers.
+    stragglers. Each event is a run of its own (:func:`add_bucket_runs`)."""
+    dropped_keys, dropped_at, start, end = add_bucket_runs(
+        bucket, session_keys, events.t, events.t, _event_counts(events), watermark, gap_ms)
+    return dropped_keys, Dropped(events.take(dropped_at), start, end)
+
+
+def add_bucket_runs(bucket: SessionBucket, session_keys: np.ndarray, first: np.ndarray, last: np.ndarray,
+                    counts: np.ndarray, watermark: int, gap_ms: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Take a batch's runs of many session keys into ``bucket`` (states updated in place; a key seen first gets
+    one). Run i of ``session_keys[i]`` spans ``[first[i], last[i]]`` and holds ``counts[i]`` (COUNT_COLUMNS): a
+    single event, or events of one key already joined by gaps under G (``analytics.session_runs``), which the
+    rule joins all the same. Returns, for each dropped run, its session key, its position in the input and the
+    session it is attributed to (start, end).
 
     All keys in one pass of array operations: a bucket sees tens of keys per batch, and a pass per key cost more
     than the rest of the stateful query (docs/benchmarks.md). Per key the rule is the module's: the key's closed
-    sessions, open sessions and new events, sorted as (first, last, source, index) intervals, merge into runs
-    wherever an interval starts less than G after the run's latest end."""
-    if not len(events):
-        return np.empty(0, dtype=object), Dropped(events, np.empty(0, np.int64), np.empty(0, np.int64))
+    sessions, open sessions and new runs, sorted as (first, last, source, index) intervals, merge into runs
+    wherever an interval starts less than G after the run's latest end. A run is dropped or merged whole, as each
+    of its events would be: its events are less than G apart, so they always end up in one run."""
+    empty = np.empty(0, np.int64)
+    if not len(first):
+        return np.empty(0, dtype=object), empty, empty, empty
     codes, names = pd.factorize(pd.Series(session_keys, dtype=object), sort=False)
     states = [bucket[name] if name in bucket else bucket.setdefault(name, SessionState()) for name in names]
     n_keys = len(states)
@@ -112,20 +127,20 @@ def add_bucket_events(bucket: SessionBucket, session_keys: np.ndarray, events: E
     o_last = stacked([s.open_last for s in states], np.int64)
     o_counts = stacked([s.open_counts for s in states], np.int64, width).reshape(-1, width)
     c_key = np.repeat(np.arange(n_keys), closed_sizes)
-    n_c, n_o, n_e = len(c_key), len(o_key), len(events)
+    n_c, n_o, n_e = len(c_key), len(o_key), len(first)
 
-    # Intervals; source 0 = closed session, 1 = open session, 2 = new event. An open session the watermark has
+    # Intervals; source 0 = closed session, 1 = open session, 2 = new run. An open session the watermark has
     # reached is closed already, even if its timer fires only after this input.
     due = o_last + gap_ms <= watermark
     key = np.concatenate([c_key, o_key, codes]).astype(np.int64)
-    first = np.concatenate([stacked([s.closed_first for s in states], np.int64), o_first, events.t])
-    last = np.concatenate([stacked([s.closed_last for s in states], np.int64), o_last, events.t])
+    run_input_first, run_input_last = np.asarray(first, np.int64), np.asarray(last, np.int64)
+    first = np.concatenate([stacked([s.closed_first for s in states], np.int64), o_first, run_input_first])
+    last = np.concatenate([stacked([s.closed_last for s in states], np.int64), o_last, run_input_last])
     source = np.concatenate([np.zeros(n_c, np.int8), np.where(due, 0, 1).astype(np.int8), np.full(n_e, 2, np.int8)])
-    # Within a key, global positions order opens and events as their per-key positions would.
+    # Within a key, global positions order opens and runs as their per-key positions would.
     index = np.concatenate([np.full(n_c, -1, np.int64), np.arange(n_o), np.arange(n_e)])
     order = np.lexsort((index, source, last, first, key))
     key, first, last, source, index = key[order], first[order], last[order], source[order], index[order]
-
     # A run starts at a new key or where an interval starts G or more after every earlier end of its key (sorted
     # by start, the latest end so far of the key is the latest end of the current run).
     starts = np.ones(len(key), dtype=bool)
@@ -140,7 +155,7 @@ def add_bucket_events(bucket: SessionBucket, session_keys: np.ndarray, events: E
     dropped_run = has_fresh & (has_closed | (run_last + gap_ms <= watermark))
     merged_run = has_fresh & ~dropped_run
 
-    # Dropped stragglers, each attributed to the first closed session of its run, else to the run itself.
+    # Dropped runs, each attributed to the first closed session of its run, else to the run itself.
     closed_at = np.flatnonzero(is_closed)
     attributed_runs, first_of_run = np.unique(run[closed_at], return_index=True)
     attributed_start, attributed_end = run_first.copy(), run_last + gap_ms
@@ -148,11 +163,11 @@ def add_bucket_events(bucket: SessionBucket, session_keys: np.ndarray, events: E
     attributed_end[attributed_runs] = last[closed_at[first_of_run]] + gap_ms
     fresh_at = np.flatnonzero(is_fresh)
     dropped_at = fresh_at[dropped_run[run[fresh_at]]]
-    dropped_events = index[dropped_at]
+    dropped_inputs = index[dropped_at]
 
     # Merged runs become open sessions (replacing the open sessions they absorbed), counting both.
     contribution = np.zeros((len(key), width), dtype=np.int64)
-    contribution[fresh_at] = _event_counts(events)[index[fresh_at]]
+    contribution[fresh_at] = np.asarray(counts, np.int64).reshape(-1, width)[index[fresh_at]]
     absorbed_at = np.flatnonzero(is_open & merged_run[run])
     contribution[absorbed_at] = o_counts[index[absorbed_at]]
     run_counts = np.add.reduceat(contribution, run_start, axis=0)
@@ -171,9 +186,8 @@ def add_bucket_events(bucket: SessionBucket, session_keys: np.ndarray, events: E
             state, part = states[code], slice(edges[code], edges[code + 1])
             state.open_first, state.open_last = all_first[part], all_last[part]
             state.open_counts = all_counts[part]
-    dropped = Dropped(events.take(dropped_events), attributed_start[run[dropped_at]],
-                      attributed_end[run[dropped_at]])
-    return np.asarray(names, dtype=object)[codes[dropped_events]], dropped
+    return (np.asarray(names, dtype=object)[codes[dropped_inputs]], dropped_inputs,
+            attributed_start[run[dropped_at]], attributed_end[run[dropped_at]])
 
 
 def _latest_end_per_key(key: np.ndarray, last: np.ndarray) -> np.ndarray:

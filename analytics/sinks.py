@@ -23,8 +23,8 @@ from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics import accepted_log, dedup, envelope
-from analytics.keyed_windows import KEYED_WINDOWS_QUERY, SESSION, SLIDING
+from analytics import accepted_log, dedup, envelope, session_runs
+from analytics.keyed_windows import DROPPED_RUN, KEYED_WINDOWS_QUERY, RUN_LAST, SESSION, SLIDING
 from analytics.progress import batch_info
 from analytics.stragglers import (
     EVENT_COLUMNS,
@@ -146,6 +146,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
     sliding_ms = config.stream.sliding_window_s * 1000
     gap_ms = config.stream.session_gap_s * 1000
     ts = F.timestamp_millis
+    checkpoint = config.checkpoint_dir / KEYED_WINDOWS_QUERY
 
     def write(batch: DataFrame, batch_id: int) -> None:
         now = datetime.now(UTC)
@@ -162,12 +163,18 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
                 F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
                 F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
                 (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), "metric_count", "log_count",
-                *LEVEL_FIELDS, ts("watermark_ms").alias("watermark"), "lateness_ms",
+                *LEVEL_FIELDS, ts("watermark_ms").alias("watermark"), "lateness_ms", RUN_LAST,
             ).toArrow()
         is_window = pc.equal(out["row_type"], "window")
         sliding = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SLIDING)))
         sessions = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SESSION)))
-        dropped = out.filter(pc.equal(out["row_type"], "straggler"))
+        dropped = out.filter(pc.equal(out["row_type"], "straggler")).select(list(_KEYED_STRAGGLER_COLUMNS))
+        dropped_runs = out.filter(pc.equal(out["row_type"], DROPPED_RUN))
+        if dropped_runs.num_rows:
+            with _timed(KEYED_WINDOWS_QUERY, "dropped_runs"):
+                files = accepted_log.files_read(checkpoint, batch_info(checkpoint, batch_id))
+                dropped = pa.concat_tables([dropped, _run_stragglers(
+                    dropped_runs, accepted_log.read_files(files, _RUN_EVENT_COLUMNS)).cast(dropped.schema)])
         rows = [
             ("sliding_windows", _with_constants(sliding.select(list(SLIDING_COLUMNS)),
                                                 version=batch_id, written_at=now)),
@@ -182,6 +189,30 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
         insert_tables(config, rows, KEYED_WINDOWS_QUERY)
 
     return write
+
+
+_RUN_EVENT_COLUMNS = (*session_runs.EVENT_COLUMNS, "partition", "offset", "id")
+_KEYED_STRAGGLER_COLUMNS = ("window_kind", "window_length_ms", "app", "kind", "name", "series_tags", "window_start",
+                            "window_end", "event_time", "source_partition", "source_offset", "event_id", "device",
+                            "watermark", "lateness_ms")
+
+
+def _run_stragglers(runs: pa.Table, events: pa.Table) -> pa.Table:
+    """The straggler rows of the session runs ``keyed_windows`` dropped whole (its ``dropped_run`` rows), one per
+    event of each run, from the batch's accepted events: the columns of the processor's own straggler rows."""
+    straggler_of = session_runs.events_of_runs(pa.table({
+        **{c: runs[c] for c in ("app", "kind", "name", "window_kind", "series_tags", "window_length_ms",
+                                "window_start", "window_end", "watermark")},
+        "first_ms": session_runs.epoch_ms(runs["event_time"]), "last_ms": runs[RUN_LAST],
+        "watermark_ms": session_runs.epoch_ms(runs["watermark"])}), events)
+    return pa.table({
+        **{c: straggler_of[c] for c in ("window_kind", "window_length_ms", "app", "kind", "name", "series_tags",
+                                        "window_start", "window_end")},
+        "event_time": straggler_of["corrected_event_time"], "source_partition": straggler_of["partition"],
+        "source_offset": straggler_of["offset"], "event_id": straggler_of["id"], "device": straggler_of["device"],
+        "watermark": straggler_of["watermark"],
+        "lateness_ms": pc.subtract(straggler_of["watermark_ms"], straggler_of["t_ms"]),
+    })
 
 
 def _renamed(table: pa.Table, names: dict[str, str]) -> pa.Table:
@@ -230,7 +261,9 @@ def accept_writer(config: Config) -> BatchWriter:
                 copies = candidates.filter(pc.invert(first))
                 if not replay:
                     info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
-                    accepted_log.publish(config, accepted, accepted_log.BatchMeta(
+                    # Session runs are marked here, where the whole batch is at hand (analytics.session_runs).
+                    published = session_runs.with_runs(accepted, config.stream.session_gap_s * 1000)
+                    accepted_log.publish(config, published, accepted_log.BatchMeta(
                         batch_id, info.start_offsets, info.end_offsets, earliest, latest))
                 if config.stream.deduplicate:
                     accepted_ids.remember(batch_id, accepted["id"])

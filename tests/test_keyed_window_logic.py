@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analytics import sessions, sliding
+from analytics import session_runs, sessions, sliding
 from analytics.keyed_events import Events
 
 L = 60_000
@@ -195,3 +196,76 @@ def test_the_latest_session_end_so_far_restarts_at_each_key_even_for_times_too_f
     assert sessions._latest_end_per_key(key, near).tolist() == [10, 10, 30, 7, 7, 1]
     far = np.array([0, 2**61, 5, -(2**61), -5, 9], dtype=np.int64)
     assert sessions._latest_end_per_key(key, far).tolist() == [0, 2**61, 2**61, -(2**61), -5, 9]
+
+
+def _accepted(keys: list[str], times: list[int], levels: list[str | None]) -> pa.Table:
+    """Accepted events of one app: key 'u…' is a user, any other a device without a user."""
+    return pa.table({
+        "app": pa.array(["shop"] * len(keys), pa.string()),
+        "user": pa.array([k if k.startswith("u") else None for k in keys], pa.string()),
+        "device": pa.array([k if not k.startswith("u") else "phone" for k in keys], pa.string()),
+        "corrected_event_time": pa.array(np.array(times, np.int64) * 1000, pa.timestamp("us", tz="UTC")),
+        "level": pa.array(levels, pa.string()), "partition": pa.array([0] * len(keys), pa.int32()),
+        "offset": pa.array(range(len(keys)), pa.int64()),
+        "id": pa.array([f"e{i}" for i in range(len(keys))], pa.string()),
+    })
+
+
+def test_a_batch_s_runs_join_a_key_s_events_less_than_g_apart_and_count_them_on_the_first():
+    batch = _accepted(["ua", "ua", "dk", "ua", "ua"], [0, 59_999, 10, 160_000, 119_999],
+                      [None, "error", None, "info", None])
+    runs = session_runs.with_runs(batch, G)
+    # 119.999 s is G after 59.999 s: a new run, whose first event (the last row) carries it
+    assert runs[session_runs.EVENTS].to_pylist() == [2, 0, 1, 0, 2]
+    assert runs[session_runs.LAST].to_pylist() == [59_999, None, 10, None, 160_000]
+    assert runs["session_run_error"].to_pylist() == [1, None, 0, None, 0]
+    assert runs["session_run_info"].to_pylist() == [0, None, 0, None, 1]
+    assert runs[session_runs.GAP].to_pylist() == [G] * 5
+
+
+@settings(max_examples=300, deadline=None)
+# Times on a 10-s grid, so that gaps of exactly G (which start a new session) are common.
+@given(st.lists(st.tuples(st.lists(st.tuples(st.sampled_from(["ua", "ub", "dk", "dl"]),
+                                             st.integers(0, 40).map(lambda n: n * 10_000),
+                                             st.sampled_from([None, "info", "error"])), max_size=25),
+                          st.integers(0, 120_000)), min_size=1, max_size=6))
+def test_runs_taken_whole_give_the_sessions_and_stragglers_their_events_give(batches):
+    by_runs: sessions.SessionBucket = {}
+    by_events: sessions.SessionBucket = {}
+    watermark = 0
+    for batch, advance in batches:
+        watermark += advance
+        accepted = session_runs.with_runs(_accepted([k for k, _, _ in batch], [t for _, t, _ in batch],
+                                                    [lvl for _, _, lvl in batch]), G)
+        kinds, names = (c.to_numpy(zero_copy_only=False) for c in session_runs.session_keys(accepted))
+        session = np.array([f"{k}\x1e{n}" for k, n in zip(kinds, names, strict=True)], dtype=object)
+        events = _events([t for _, t, _ in batch])
+        events = Events(events.t, events.value, np.array([{"info": 1, "error": 3}.get(lvl, -1) for _, _, lvl in batch],
+                                                         np.int8),
+                        np.array([lvl is not None for _, _, lvl in batch], bool), events.partition, events.offset,
+                        events.id, events.device)
+        _, dropped = sessions.add_bucket_events(by_events, session, events, watermark, G)
+        expected = sorted(zip(dropped.events.offset.tolist(), dropped.window_start.tolist(),
+                              dropped.window_end.tolist(), strict=True))
+
+        head = np.asarray(accepted[session_runs.EVENTS]) > 0
+        levels = np.column_stack([np.asarray(accepted[c].fill_null(0)) for c in session_runs.LEVEL_COUNTS])
+        n = np.asarray(accepted[session_runs.EVENTS])
+        counts = np.column_stack([n, n - levels.sum(axis=1), levels.sum(axis=1), levels])[head]
+        first = events.t[head]
+        last = np.asarray(accepted[session_runs.LAST].fill_null(0))[head]
+        run_keys, at, start, end = sessions.add_bucket_runs(by_runs, session[head], first, last, counts, watermark, G)
+        kind_of, name_of = zip(*[k.split("\x1e") for k in run_keys.tolist()], strict=True) if len(at) else ((), ())
+        expanded = session_runs.events_of_runs(pa.table({
+            "app": pa.array(["shop"] * len(at), pa.string()), "kind": pa.array(kind_of, pa.string()),
+            "name": pa.array(name_of, pa.string()),
+            "first_ms": first[at], "last_ms": last[at], "start": start, "end": end}), accepted)
+        assert sorted(zip(expanded["offset"].to_pylist(), expanded["start"].to_pylist(), expanded["end"].to_pylist(),
+                          strict=True)) == expected
+        for bucket in (by_runs, by_events):
+            for state in bucket.values():
+                sessions.emit_due(state, watermark, G, memory_ms=150_000)
+        assert by_runs.keys() == by_events.keys()
+        for key in by_runs:
+            for field in ("open_first", "open_last", "open_counts", "closed_first", "closed_last"):
+                assert getattr(by_runs[key], field).tolist() == getattr(by_events[key], field).tolist(), (key, field)

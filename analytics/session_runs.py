@@ -1,0 +1,129 @@
+"""Session runs: a micro-batch's events of one session key joined wherever they are less than G apart.
+
+The session rule (``analytics.sessions``) joins events of one (app, session key) whose gaps are under G, so the
+events of a key within one batch that are less than G apart always end up in one session, or are dropped
+together. The ``accept`` query already holds each batch's accepted events in its driver, so it marks those runs
+there (sorted by key and time, in array operations) before publishing the batch: the run's first event (the
+**head**) carries the run's last time and its counts, the other events carry ``session_run_events = 0``. The
+``keyed_windows`` query then sends one row per run, not per event, through Spark's Python stateful operator,
+whose rows are most of its cost (docs/benchmarks.md). A run it drops is expanded back into its events by
+:func:`events_of_runs` from the same batch file: within its key a run is contiguous in time, so the key and
+``[first, last]`` select exactly its events.
+
+Files published before these columns existed, or with another gap than the job's, have each event stand for
+itself (``keyed_windows`` checks ``session_gap_ms``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+from analytics.windows import LEVEL_COLUMNS
+
+GAP = "session_gap_ms"            # the G the runs were formed with (the same on every row of a file)
+EVENTS = "session_run_events"     # on a head: the run's events; 0 on every other event
+LAST = "session_run_last_ms"      # on a head: the run's latest corrected event time (ms); null elsewhere
+LEVEL_COUNTS = tuple(f"session_run_{level}" for level in LEVEL_COLUMNS)   # on a head: its logs per level
+RUN_FIELDS: dict[str, pa.DataType] = {GAP: pa.int64(), EVENTS: pa.int32(), LAST: pa.int64(),
+                                      **dict.fromkeys(LEVEL_COUNTS, pa.int32())}
+SESSION_KINDS = ("user", "device")   # a session is keyed by the user, or by the device for events without one
+EVENT_COLUMNS = ("app", "user", "device", "corrected_event_time")
+"""The accepted-event columns a run is formed from."""
+
+
+def epoch_ms(times: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Timestamps as integer ms since the epoch (Spark's ``unix_millis``; event times are whole ms)."""
+    unit = times.type.unit
+    raw = np.asarray(times.cast(pa.int64()), dtype=np.int64)
+    per_ms = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}[unit]
+    return raw * 1000 if per_ms is None else np.floor_divide(raw, per_ms)
+
+
+def session_keys(events: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    """Each event's session key kind (``user`` | ``device``) and key (the user, else the device)."""
+    user = events["user"]
+    kind = pc.if_else(pc.is_valid(user), SESSION_KINDS[0], SESSION_KINDS[1])
+    return kind, pc.coalesce(user, events["device"])
+
+
+def with_runs(events: pa.Table, gap_ms: int) -> pa.Table:
+    """``events`` (accepted events, at least :data:`EVENT_COLUMNS` and ``level``) with the run columns
+    :data:`RUN_FIELDS` appended, in the same row order."""
+    n = events.num_rows
+    if not n:
+        return _append(events, {name: pa.array([], type) for name, type in RUN_FIELDS.items()})
+    t = epoch_ms(events["corrected_event_time"])
+    is_user = np.asarray(pc.is_valid(events["user"]), dtype=bool)
+    _, key = session_keys(events)
+    app_code = _codes(events["app"])
+    key_code = _codes(key)
+    order = np.lexsort((t, key_code, is_user, app_code))
+    t_sorted = t[order]
+    starts = np.ones(n, dtype=bool)
+    same_key = ((app_code[order][1:] == app_code[order][:-1]) & (is_user[order][1:] == is_user[order][:-1])
+                & (key_code[order][1:] == key_code[order][:-1]))
+    starts[1:] = ~same_key | (t_sorted[1:] - t_sorted[:-1] >= gap_ms)
+    run_start = np.flatnonzero(starts)
+    run_end = np.append(run_start[1:], n)
+    heads = order[run_start]
+    is_head = np.zeros(n, dtype=bool)
+    is_head[heads] = True
+
+    def on_heads(values: np.ndarray, dtype: type) -> np.ndarray:
+        column = np.zeros(n, dtype=dtype)
+        column[heads] = values
+        return column
+
+    level = np.asarray(pc.fill_null(pc.index_in(events["level"], value_set=pa.array(LEVEL_COLUMNS)), -1),
+                       dtype=np.int64)[order]
+    columns = {
+        GAP: pa.array(np.full(n, gap_ms, dtype=np.int64)),
+        EVENTS: pa.array(on_heads(run_end - run_start, np.int32)),
+        # sorted by time within a run, so its last event is its latest
+        LAST: pa.array(on_heads(t_sorted[run_end - 1], np.int64), mask=~is_head),
+    }
+    for code, name in enumerate(LEVEL_COUNTS):
+        per_run = np.add.reduceat((level == code).astype(np.int32), run_start)
+        columns[name] = pa.array(on_heads(per_run, np.int32), mask=~is_head)
+    return _append(events, columns)
+
+
+def events_of_runs(runs: pa.Table, events: pa.Table) -> pa.Table:
+    """The events of the given runs: one row per (run, event) with the run's columns and the event's.
+
+    ``runs`` has columns ``app``, ``kind`` (``user`` | ``device``), ``name`` (the session key), ``first_ms``,
+    ``last_ms`` and any others, which are carried; identical rows count once (a file without runs names each
+    event as its own run, so events of one key at one time appear as one run per event). ``events`` are
+    accepted events of the batch the runs were formed in (:data:`EVENT_COLUMNS` and any others, carried; none
+    may share a name with a column of ``runs``)."""
+    runs = runs.group_by(runs.column_names, use_threads=False).aggregate([])
+    kind, key = session_keys(events)
+    keyed = events.append_column("kind", kind).append_column("name", key).append_column(
+        "t_ms", pa.array(epoch_ms(events["corrected_event_time"])))
+    joined = runs.join(keyed, keys=["app", "kind", "name"], join_type="inner", use_threads=False)
+    within = pc.and_(pc.greater_equal(joined["t_ms"], joined["first_ms"]),
+                     pc.less_equal(joined["t_ms"], joined["last_ms"]))
+    return joined.filter(within)
+
+
+def _codes(values: pa.ChunkedArray) -> np.ndarray:
+    """Integer codes of a string column, equal strings equal codes (nulls share one code)."""
+    whole = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    encoded = pc.dictionary_encode(whole, null_encoding="encode")
+    return np.asarray(encoded.indices, dtype=np.int64)
+
+
+def _append(table: pa.Table, columns: dict[str, pa.Array]) -> pa.Table:
+    for name, column in columns.items():
+        table = table.append_column(pa.field(name, RUN_FIELDS[name]), column)
+    return table
+
+
+def with_run_fields(schema: StructType) -> StructType:
+    """``schema`` (the accepted events' columns) with the run columns, as the accepted-events files hold them."""
+    spark_types = {pa.int64(): LongType(), pa.int32(): IntegerType()}
+    return StructType([*schema.fields, *[StructField(name, spark_types[type], nullable=True)
+                                         for name, type in RUN_FIELDS.items()]])
