@@ -4,13 +4,15 @@ Both need per-key, time-sorted state and event-time timers, which Spark's built-
 with the BRIEF's rules, so one stateful processor serves two key families:
 
 - ``sliding``: key (app, kind, name, series_tags) of the configured series -> ``analytics.sliding``
-- ``session``: key (app, bucket of the session key) of every event          -> ``analytics.sessions``
-  (session key = user, or device without a user; ``stream.session_buckets`` buckets share a state row and a timer)
+- ``session``: key (app, bucket of the session key), one row per run       -> ``analytics.sessions``
+  (session key = user, or device without a user; ``stream.session_buckets`` buckets share a state row and a timer;
+  a run is a batch's events of one session key less than G apart, marked by ``accept``: ``analytics.session_runs``)
 
-Both families share one Kafka read and one validation pass. The processor sees every accepted event, late ones
-included (its input time column carries no watermark marker, so Spark does not pre-filter), and applies the
-watermark rules itself with the watermark Spark hands it; each key keeps one timer at the next time it needs
-the watermark. Output rows are windows and dropped stragglers, told apart by ``row_type``.
+Both families share one read of the accepted events. The processor sees every accepted event of a sliding series
+and every session run, late ones included (its input time column carries no watermark marker, so Spark does not
+pre-filter), and applies the watermark rules itself with the watermark Spark hands it; each key keeps one timer at
+the next time it needs the watermark. Output rows are windows, dropped stragglers and dropped session runs (which
+the writer expands into their events' stragglers), told apart by ``row_type``.
 """
 
 from __future__ import annotations
