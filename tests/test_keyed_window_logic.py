@@ -181,13 +181,18 @@ def test_a_bucket_takes_its_keys_events_in_one_pass_as_a_pass_per_key_would(batc
             expected += zip([key] * len(late.events), late.events.offset.tolist(), late.window_start.tolist(),
                             late.window_end.tolist(), strict=True)
         assert got == sorted(expected)
-        for bucket in (ours, theirs):
-            for state in bucket.values():
-                sessions.emit_due(state, watermark, G, memory_ms=150_000)
-        assert ours.keys() == theirs.keys()
-        for key in ours:
-            for field in ("open_first", "open_last", "open_counts", "closed_first", "closed_last"):
-                assert getattr(ours[key], field).tolist() == getattr(theirs[key], field).tolist(), (key, field)
+        _emit_and_compare(ours, theirs, watermark)
+
+
+def _emit_and_compare(ours: sessions.SessionBucket, theirs: sessions.SessionBucket, watermark: int) -> None:
+    """Emit what the watermark closed in both buckets; then both hold the same sessions, open and closed."""
+    for bucket in (ours, theirs):
+        for state in bucket.values():
+            sessions.emit_due(state, watermark, G, memory_ms=150_000)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        for field in ("open_first", "open_last", "open_counts", "closed_first", "closed_last"):
+            assert getattr(ours[key], field).tolist() == getattr(theirs[key], field).tolist(), (key, field)
 
 
 def test_the_latest_session_end_so_far_restarts_at_each_key_even_for_times_too_far_apart_to_fold():
@@ -262,10 +267,4 @@ def test_runs_taken_whole_give_the_sessions_and_stragglers_their_events_give(bat
             "first_ms": first[at], "last_ms": last[at], "start": start, "end": end}), accepted)
         assert sorted(zip(expanded["offset"].to_pylist(), expanded["start"].to_pylist(), expanded["end"].to_pylist(),
                           strict=True)) == expected
-        for bucket in (by_runs, by_events):
-            for state in bucket.values():
-                sessions.emit_due(state, watermark, G, memory_ms=150_000)
-        assert by_runs.keys() == by_events.keys()
-        for key in by_runs:
-            for field in ("open_first", "open_last", "open_counts", "closed_first", "closed_last"):
-                assert getattr(by_runs[key], field).tolist() == getattr(by_events[key], field).tolist(), (key, field)
+        _emit_and_compare(by_runs, by_events, watermark)
