@@ -246,10 +246,8 @@ class KeyedWindowsProcessor(StatefulProcessor):
 
 def _run_counts(frame: pd.DataFrame) -> np.ndarray:
     """A session row's counts (``sessions.COUNT_COLUMNS``) from its run columns."""
-    events = frame[RUN_EVENTS].to_numpy(np.int64)
-    levels = np.column_stack([frame[c].to_numpy(np.int64) for c in RUN_LEVELS])
-    logs = levels.sum(axis=1)   # an accepted log always has one of the known levels
-    return np.column_stack([events, events - logs, logs, levels])
+    return sessions.run_counts(frame[RUN_EVENTS].to_numpy(np.int64),
+                               np.column_stack([frame[c].to_numpy(np.int64) for c in RUN_LEVELS]))
 
 
 def _unpack_key(key: tuple[str]) -> tuple[str, str, str, str, str]:
@@ -294,7 +292,8 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
     ]
     is_run_head = ~has_runs | (F.col(session_runs.EVENTS) > 0)
     has_user = F.col("user").isNotNull()
-    session_kind = F.when(has_user, F.lit("user")).otherwise(F.lit("device"))
+    user_kind, device_kind = session_runs.SESSION_KINDS
+    session_kind = F.when(has_user, F.lit(user_kind)).otherwise(F.lit(device_kind))
     session_key = F.coalesce("user", "device")
     bucket = F.pmod(F.xxhash64(session_kind, session_key), F.lit(config.stream.session_buckets))
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-from analytics.windows import LEVEL_COLUMNS
+from analytics.windows import LEVEL_COLUMNS, epoch_ms
 
 GAP = "session_gap_ms"            # the G the runs were formed with (the same on every row of a file)
 EVENTS = "session_run_events"     # on a head: the run's events; 0 on every other event
@@ -32,14 +32,6 @@ RUN_FIELDS: dict[str, pa.DataType] = {GAP: pa.int64(), EVENTS: pa.int32(), LAST:
 SESSION_KINDS = ("user", "device")   # a session is keyed by the user, or by the device for events without one
 EVENT_COLUMNS = ("app", "user", "device", "corrected_event_time")
 """The accepted-event columns a run is formed from."""
-
-
-def epoch_ms(times: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Timestamps as integer ms since the epoch (Spark's ``unix_millis``; event times are whole ms)."""
-    unit = times.type.unit
-    raw = np.asarray(times.cast(pa.int64()), dtype=np.int64)
-    per_ms = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}[unit]
-    return raw * 1000 if per_ms is None else np.floor_divide(raw, per_ms)
 
 
 def session_keys(events: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
@@ -63,8 +55,9 @@ def with_runs(events: pa.Table, gap_ms: int) -> pa.Table:
     order = np.lexsort((t, key_code, is_user, app_code))
     t_sorted = t[order]
     starts = np.ones(n, dtype=bool)
-    same_key = ((app_code[order][1:] == app_code[order][:-1]) & (is_user[order][1:] == is_user[order][:-1])
-                & (key_code[order][1:] == key_code[order][:-1]))
+    same_key = np.ones(n - 1, dtype=bool)
+    for code in (app_code[order], is_user[order], key_code[order]):
+        same_key &= code[1:] == code[:-1]
     starts[1:] = ~same_key | (t_sorted[1:] - t_sorted[:-1] >= gap_ms)
     run_start = np.flatnonzero(starts)
     run_end = np.append(run_start[1:], n)

@@ -78,6 +78,15 @@ def _event_counts(events: Events) -> np.ndarray:
     return counts
 
 
+def run_counts(events: np.ndarray, level_counts: np.ndarray) -> np.ndarray:
+    """COUNT_COLUMNS of runs from each run's event count and its logs per level (one column per LEVEL_COLUMNS):
+    every accepted log has one of the levels, so the rest are metrics."""
+    events = np.asarray(events, np.int64)
+    levels = np.asarray(level_counts, np.int64).reshape(len(events), len(LEVEL_COLUMNS))
+    logs = levels.sum(axis=1)
+    return np.column_stack([events, events - logs, logs, levels])
+
+
 def add_events(state: SessionState, events: Events, watermark: int, gap_ms: int) -> Dropped:
     """Take a batch's events of one key; returns the dropped stragglers."""
     return add_bucket_events({"": state}, np.full(len(events), "", dtype=object), events, watermark, gap_ms)[1]

@@ -33,7 +33,7 @@ from analytics.stragglers import (
     late_contributions,
     stragglers,
 )
-from analytics.windows import LEVEL_FIELDS, QUANTILES, SERIES, WINDOWS_QUERY
+from analytics.windows import LEVEL_FIELDS, QUANTILES, SERIES, WINDOWS_QUERY, epoch_ms
 from eventide.config import Config
 from store.client import StoreUnavailable, connect, redact
 
@@ -203,8 +203,8 @@ def _run_stragglers(runs: pa.Table, events: pa.Table) -> pa.Table:
     straggler_of = session_runs.events_of_runs(pa.table({
         **{c: runs[c] for c in ("app", "kind", "name", "window_kind", "series_tags", "window_length_ms",
                                 "window_start", "window_end", "watermark")},
-        "first_ms": session_runs.epoch_ms(runs["event_time"]), "last_ms": runs[RUN_LAST],
-        "watermark_ms": session_runs.epoch_ms(runs["watermark"])}), events)
+        "first_ms": epoch_ms(runs["event_time"]), "last_ms": runs[RUN_LAST],
+        "watermark_ms": epoch_ms(runs["watermark"])}), events)
     return pa.table({
         **{c: straggler_of[c] for c in ("window_kind", "window_length_ms", "app", "kind", "name", "series_tags",
                                         "window_start", "window_end")},

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analytics.progress import BatchInfo
-from analytics.windows import SERIES, assign_windows, window_specs
+from analytics.windows import ARROW_TIME, SERIES, assign_windows, epoch_ms, window_specs
 from eventide.config import Config
 
 STRAGGLER_COLUMNS = (
@@ -39,17 +39,13 @@ CORRECTION_COLUMNS = (*CORRECTION_KEY, "late_events", "max_lateness_ms")
 EVENT_COLUMNS = (*SERIES, "partition", "offset", "id", "device", "corrected_event_time")
 """The accepted-event columns the late pass reads."""
 
-_TIME = pa.timestamp("us", tz="UTC")
-
-
 def late_contributions(events: pa.Table, config: Config, info: BatchInfo) -> pa.Table:
     """Every contribution (event, window) of the batch's late ``events`` (corrected time behind the watermark),
     with ``dropped``: True when Spark dropped it (window already closed), False when it corrected an open window.
 
     ``events`` holds at least :data:`EVENT_COLUMNS` of the batch's accepted events."""
     wm = info.watermark_ms
-    event_us = events["corrected_event_time"].cast(_TIME).cast(pa.int64())
-    event_ms = np.floor_divide(event_us.fill_null(wm * 1000).to_numpy(), 1000)   # Spark's unix_millis
+    event_ms = epoch_ms(events["corrected_event_time"], null_ms=wm)
     late_rows = np.flatnonzero(event_ms < wm)
     late, late_ms = events.take(late_rows), event_ms[late_rows]
     windows = assign_windows(window_specs(config), late_ms)
@@ -67,15 +63,15 @@ def late_contributions(events: pa.Table, config: Config, info: BatchInfo) -> pa.
         "source_offset": contributor["offset"],
         "event_id": contributor["id"],
         "device": contributor["device"],
-        "corrected_event_time": contributor["corrected_event_time"].cast(_TIME),
+        "corrected_event_time": contributor["corrected_event_time"].cast(ARROW_TIME),
         "watermark": _timestamps(np.full(len(start_ms), wm, dtype=np.int64)),
         "lateness_ms": pa.array(wm - contributor_ms, pa.int64()),
         "dropped": pa.array(end_ms <= wm, pa.bool_()),
     })
 
 
-def _timestamps(epoch_ms: np.ndarray) -> pa.Array:
-    return pa.array(epoch_ms * 1000, pa.int64()).cast(_TIME)
+def _timestamps(ms: np.ndarray) -> pa.Array:
+    return pa.array(ms * 1000, pa.int64()).cast(ARROW_TIME)
 
 
 def stragglers(late: pa.Table) -> pa.Table:

@@ -88,6 +88,18 @@ def window_assignments(specs: list[WindowSpec]) -> Column:
     return F.array(*[window for spec in specs for window in _windows_of(spec, t)])
 
 
+ARROW_TIME = pa.timestamp("us", tz="UTC")
+"""Spark's timestamps as they reach the driver in Arrow."""
+
+
+def epoch_ms(times: pa.ChunkedArray | pa.Array, null_ms: int | None = None) -> np.ndarray:
+    """Timestamps as integer ms since the epoch, floored as Spark's ``unix_millis`` (``null_ms`` for nulls)."""
+    micros = times.cast(ARROW_TIME).cast(pa.int64())
+    if null_ms is not None:
+        micros = micros.fill_null(null_ms * 1000)
+    return np.floor_divide(np.asarray(micros, dtype=np.int64), 1000)
+
+
 def assign_windows(specs: list[WindowSpec], event_ms: np.ndarray) -> pa.Table:
     """:func:`window_assignments` for events already in the driver (epoch ms): one row per (event, window), in
     the same order, with ``event`` the index of the event in ``event_ms``.

@@ -254,9 +254,8 @@ def test_runs_taken_whole_give_the_sessions_and_stragglers_their_events_give(bat
                               dropped.window_end.tolist(), strict=True))
 
         head = np.asarray(accepted[session_runs.EVENTS]) > 0
-        levels = np.column_stack([np.asarray(accepted[c].fill_null(0)) for c in session_runs.LEVEL_COUNTS])
-        n = np.asarray(accepted[session_runs.EVENTS])
-        counts = np.column_stack([n, n - levels.sum(axis=1), levels.sum(axis=1), levels])[head]
+        counts = sessions.run_counts(np.asarray(accepted[session_runs.EVENTS]), np.column_stack(
+            [np.asarray(accepted[c].fill_null(0)) for c in session_runs.LEVEL_COUNTS]))[head]
         first = events.t[head]
         last = np.asarray(accepted[session_runs.LAST].fill_null(0))[head]
         run_keys, at, start, end = sessions.add_bucket_runs(by_runs, session[head], first, last, counts, watermark, G)
