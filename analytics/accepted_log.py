@@ -13,6 +13,13 @@ the batch that reads it (``offsets/<N>``) would, once restarted, plan a batch ov
 next new file: two accept batches under one watermark, so late events judged otherwise than in a run never killed.
 ``forget_unplanned_files`` removes such an entry before a reader starts; Spark then chooses that file again, alone.
 
+Beside each events file, ``publish_partials`` writes the batch's window partials (``analytics.window_partials``)
+as ``<partials dir>/<batch id:012d>.parquet``, the same way: the ``windows`` query reads those, one per micro-batch,
+and the ``keyed_windows`` query the events. A batch's partials are published after its events file (the windows
+writer reads the events of the batch whose partials it merged); an accept batch replayed after a crash in between
+publishes them, and ``backfill_partials`` publishes those of batches the ``windows`` query has not read yet that
+have none (published before partials existed).
+
 Why files and not a Kafka topic: Spark's Kafka sink is at-least-once, so a replayed batch would hand its events
 over twice, and the windows would need a second deduplication (docs/architecture.md, "Accepted events").
 The driver publishes and reads these files with local-filesystem calls (``pathlib``, ``pyarrow``), and renames are
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -66,6 +73,15 @@ def _batch_id(events_path: str) -> int:
     return int(Path(events_path.removeprefix("file:")).name.split(".")[0])
 
 
+def partials_file(config: Config, batch_id: int) -> Path:
+    return config.window_partials_dir / f"{batch_id:012d}.parquet"
+
+
+def events_file_of(config: Config, log_file: str) -> Path:
+    """The events file of the batch of a file a reader's file-source log names (an events or a partials file)."""
+    return events_file(config, _batch_id(log_file))
+
+
 def published(config: Config, batch_id: int) -> bool:
     return events_file(config, batch_id).exists()
 
@@ -75,16 +91,33 @@ def publish(config: Config, rows: pa.Table, meta: BatchMeta) -> None:
     is already published. The stored metadata is ``meta`` with the file's event count and size."""
     if published(config, meta.batch_id):
         return
-    staging = config.accepted_events_dir / _TMP / f"{meta.batch_id}-{uuid.uuid4().hex}.parquet"
+    # One file per batch, so a reader taking one file per trigger takes exactly one accept batch.
+    _write_atomically(rows, events_file(config, meta.batch_id), before_rename=lambda size: _save_meta(
+        config, asdict(meta) | {"events": rows.num_rows, "size_bytes": size}))
+
+
+def publish_partials(config: Config, batch_id: int, rows: pa.Table) -> None:
+    """Write the batch's window partials (``window_partials.SCHEMA``) as its one partials file, atomically; a
+    no-op when it is already published."""
+    if not partials_file(config, batch_id).exists():
+        _write_atomically(rows, partials_file(config, batch_id))
+
+
+def _save_meta(config: Config, meta: dict[str, object]) -> None:
+    path = _meta_file(config, int(meta["batch_id"]))  # type: ignore[call-overload]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(meta))
+
+
+def _write_atomically(rows: pa.Table, target: Path, before_rename: Callable[[int], None] | None = None) -> None:
+    """Write ``rows`` aside (``_tmp/``, invisible to Spark's file source), then rename it to ``target``."""
+    staging = target.parent / _TMP / f"{target.stem}-{uuid.uuid4().hex}.parquet"
     staging.parent.mkdir(parents=True, exist_ok=True)
     try:
-        # One file per batch, so a reader taking one file per trigger takes exactly one accept batch.
         pq.write_table(rows, staging)
-        meta_path = _meta_file(config, meta.batch_id)
-        meta_path.parent.mkdir(parents=True, exist_ok=True)
-        meta_path.write_text(json.dumps(asdict(meta) | {"events": rows.num_rows,
-                                                        "size_bytes": staging.stat().st_size}))
-        staging.rename(events_file(config, meta.batch_id))
+        if before_rename is not None:
+            before_rename(staging.stat().st_size)
+        staging.rename(target)
     finally:
         staging.unlink(missing_ok=True)
 
@@ -111,10 +144,17 @@ def metas(config: Config) -> list[BatchMeta]:
 
 def read_stream(spark: SparkSession, config: Config, schema: StructType) -> DataFrame:
     """The accepted events as a stream, one accept batch per micro-batch, in the order they were published."""
-    config.accepted_events_dir.mkdir(parents=True, exist_ok=True)
-    return (spark.readStream.schema(schema)
-            .option("maxFilesPerTrigger", 1)
-            .parquet(str(config.accepted_events_dir)))
+    return _one_file_per_batch(spark, config.accepted_events_dir, schema)
+
+
+def read_partials_stream(spark: SparkSession, config: Config, schema: str) -> DataFrame:
+    """The window partials as a stream, one accept batch per micro-batch, in the order they were published."""
+    return _one_file_per_batch(spark, config.window_partials_dir, schema)
+
+
+def _one_file_per_batch(spark: SparkSession, directory: Path, schema: StructType | str) -> DataFrame:
+    directory.mkdir(parents=True, exist_ok=True)
+    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
 
 
 def read_files(files: list[str], columns: Sequence[str]) -> pa.Table:
@@ -212,6 +252,7 @@ def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
     for meta in metas(config):
         if meta.batch_id < min(read_by_all) and meta.last_timestamp_ms < horizon:  # type: ignore[type-var]
             events_file(config, meta.batch_id).unlink(missing_ok=True)
+            partials_file(config, meta.batch_id).unlink(missing_ok=True)
             _meta_file(config, meta.batch_id).unlink(missing_ok=True)
             _known.pop(_meta_file(config, meta.batch_id), None)
             deleted.append(meta.batch_id)

@@ -22,7 +22,17 @@ from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from analytics import accepted_log, envelope, keyed_windows, progress, session_runs, sinks, spark_settings, windows
+from analytics import (
+    accepted_log,
+    envelope,
+    keyed_windows,
+    progress,
+    session_runs,
+    sinks,
+    spark_settings,
+    window_partials,
+    windows,
+)
 from eventide import jars
 from eventide.config import Config, load_config
 
@@ -102,7 +112,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
 
     - ``accept``: reads the events topic; validates (dead letters), deduplicates by id (duplicates), records
       each device's clock offset, and publishes the accepted events to the accepted-events log
-    - ``windows``: tumbling and hopping aggregates (update mode: early results, then corrections) + stragglers
+    - ``windows``: tumbling and hopping aggregates (update mode: early results, then corrections) + stragglers,
+      merged from the window partials ``accept`` publishes with each batch (``analytics.window_partials``)
     - ``keyed_windows``: sliding windows and sessions + their stragglers (append: each written once, final)
 
     The last two read the accepted-events log, one accept batch per micro-batch.
@@ -114,7 +125,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
     plans: list[tuple[str, Callable[[], DataFrame], str, sinks.BatchWriter]] = [
         (sinks.ACCEPT_QUERY, lambda: envelope.parse(kafka_records(spark, config), config), "append",
          sinks.accept_writer(config)),
-        (windows.WINDOWS_QUERY, lambda: windows.aggregate(accepted_events(spark, config), config), "update",
+        (windows.WINDOWS_QUERY, lambda: windows.aggregate(
+            accepted_log.read_partials_stream(spark, config, window_partials.SPARK_SCHEMA), config), "update",
          sinks.window_writer(config)),
         (keyed_windows.KEYED_WINDOWS_QUERY,
          lambda: keyed_windows.keyed_windows(accepted_events(spark, config), config), "append",
@@ -135,6 +147,11 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
             if forgotten:
                 log.info("%s: file-source log batches %s were chosen but never planned (a crash in between); "
                          "forgotten, so each micro-batch reads one accept batch", name, forgotten)
+        if name == windows.WINDOWS_QUERY:
+            backfilled = window_partials.backfill(config, checkpoint)
+            if backfilled:
+                log.info("%s: published the window partials of accept batches %s (published without them)",
+                         name, backfilled)
         query = (
             frame().writeStream
             .queryName(name)

@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics import accepted_log, dedup, envelope, session_runs
+from analytics import accepted_log, dedup, envelope, session_runs, window_partials
 from analytics.keyed_windows import DROPPED_RUN, KEYED_WINDOWS_QUERY, RUN_LAST, SESSION, SLIDING
 from analytics.progress import batch_info
 from analytics.stragglers import (
@@ -125,7 +125,9 @@ def window_writer(config: Config) -> BatchWriter:
         with _timed(WINDOWS_QUERY, "aggregate"):   # the stateful aggregation runs when its rows are collected
             rows = [("window_aggregates", arrow_rows(batch, WINDOW_COLUMNS, version=batch_id, written_at=now))]
         info = batch_info(checkpoint, batch_id)
-        files = accepted_log.files_read(checkpoint, info) if info.has_records else []
+        # The batch read window partials; its late pass reads the events of the same accept batches.
+        files = ([str(accepted_log.events_file_of(config, f)) for f in accepted_log.files_read(checkpoint, info)]
+                 if info.has_records else [])
         if files:
             with _timed(WINDOWS_QUERY, "late_events"):
                 late = late_contributions(accepted_log.read_files(files, EVENT_COLUMNS), config, info)
@@ -267,6 +269,9 @@ def accept_writer(config: Config) -> BatchWriter:
                         batch_id, info.start_offsets, info.end_offsets, earliest, latest))
                 if config.stream.deduplicate:
                     accepted_ids.remember(batch_id, accepted["id"])
+            # After the events file: the windows writer reads the events of the partials it merged.
+            with _timed(ACCEPT_QUERY, "window_partials"):
+                window_partials.publish(config, batch_id, accepted)
             if copies.num_rows:
                 rows.append(("duplicates", _with_constants(copies.select(
                     ["topic", "partition", "offset", "kafka_timestamp", "id", "app", "device"]).rename_columns(

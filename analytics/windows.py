@@ -78,15 +78,20 @@ def _windows_of(spec: WindowSpec, t: Column) -> list[Column]:
     ) for k in range(spec.length_s // spec.hop_s)]
 
 
-def window_assignments(specs: list[WindowSpec]) -> Column:
+def window_assignments(specs: list[WindowSpec], t: Column | None = None) -> Column:
     """An array with one (window_kind, window_length_ms, window_hop_ms, window_start_ms, window_end_ms) struct
-    per window of every spec that contains the event: ``kH <= t < kH + L``, i.e. L/H windows per hopping spec.
+    per window of every spec that contains time ``t`` (epoch ms; default the event's corrected time):
+    ``kH <= t < kH + L``, i.e. L/H windows per hopping spec.
 
-    Used by the aggregation and by the straggler count, so both assign events to windows identically.
+    The aggregation assigns each window partial's bucket start (whose windows are its events'), and the straggler
+    count assigns late events in the driver by the same rule (``assign_windows``).
     """
-    t = event_time_ms()
+    t = event_time_ms() if t is None else t
     return F.array(*[window for spec in specs for window in _windows_of(spec, t)])
 
+
+_PARTIAL_MEASURES = ("event_count", "value_count", "sum", "min", "max", "value_sketch", "users_sketch",
+                     "devices_sketch", *LEVEL_FIELDS)
 
 ARROW_TIME = pa.timestamp("us", tz="UTC")
 """Spark's timestamps as they reach the driver in Arrow."""
@@ -125,36 +130,35 @@ def assign_windows(specs: list[WindowSpec], event_ms: np.ndarray) -> pa.Table:
     })
 
 
-def aggregate(events: DataFrame, config: Config) -> DataFrame:
+def aggregate(partials: DataFrame, config: Config) -> DataFrame:
     """Per (window, series) of every tumbling and hopping spec: count, sum, min, max, mean, rate, quantiles,
     distinct users/devices and log levels. The KLL and HLL sketch bytes are kept so any range can later be
     answered by merging them.
 
-    Each event is expanded into its windows and one aggregation groups them all. ``window_end`` carries the
-    event-time watermark marker (the column metadata ``window()`` itself would carry), so Spark applies its window
-    rule to it: a window is evicted once the watermark reaches its end, and a contribution arriving after that
-    is dropped (``analytics.stragglers`` counts those).
+    Reads the window partials (``analytics.window_partials``: each accept batch's events aggregated per series and
+    grain bucket); each partial is expanded into its bucket's windows and one aggregation merges them all.
+    ``window_end`` carries the event-time watermark marker (the column metadata ``window()`` itself would carry),
+    so Spark applies its window rule to it: a window is evicted once the watermark reaches its end, and a
+    contribution arriving after that is dropped (``analytics.stragglers`` counts those).
     """
-    k, lg_k = config.stream.kll_k, config.stream.hll_lg_k
-    value = F.col("metric_value")
-    expanded = with_watermark(events, config).select(
-        *SERIES, "metric_value", "user", "device", "level",
-        F.inline(window_assignments(window_specs(config))))
+    k = config.stream.kll_k
+    expanded = with_watermark(partials, config).select(
+        *SERIES, *_PARTIAL_MEASURES,
+        F.inline(window_assignments(window_specs(config), F.col("bucket_start_ms"))))
     marker = {WATERMARK_DELAY_KEY: watermark_delay_ms(config)}
     expanded = expanded.select("*", F.timestamp_millis("window_end_ms").alias("window_end", metadata=marker))
     grouped = expanded.groupBy("window_kind", "window_length_ms", "window_hop_ms", "window_start_ms", "window_end",
                                *SERIES)
     aggregated = grouped.agg(
-        F.count(F.lit(1)).alias("event_count"),
-        F.count(value).alias("value_count"),
-        F.coalesce(F.sum(value), F.lit(0.0)).alias("sum"),
-        F.min(value).alias("min"),
-        F.max(value).alias("max"),
-        F.expr(f"kll_sketch_agg_double(metric_value, {k})").alias("value_sketch"),
-        F.expr(f"hll_sketch_agg(user, {lg_k})").alias("users_sketch"),
-        F.expr(f"hll_sketch_agg(device, {lg_k})").alias("devices_sketch"),
-        *[F.count_if(F.col("level") == lvl).alias(field)
-          for lvl, field in zip(LEVEL_COLUMNS, LEVEL_FIELDS, strict=True)],
+        F.sum("event_count").alias("event_count"),
+        F.sum("value_count").alias("value_count"),
+        F.coalesce(F.sum("sum"), F.lit(0.0)).alias("sum"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.expr(f"kll_merge_agg_double(value_sketch, {k})").alias("value_sketch"),
+        F.expr("hll_union_agg(users_sketch)").alias("users_sketch"),
+        F.expr("hll_union_agg(devices_sketch)").alias("devices_sketch"),
+        *[F.sum(field).alias(field) for field in LEVEL_FIELDS],
     )
     ranks = ", ".join(str(q) for q in QUANTILES.values())
     has_values = F.col("value_count") > 0

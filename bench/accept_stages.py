@@ -71,10 +71,19 @@ def main() -> None:
     fields_per_field = shape.select("*", F.struct(*[
         F.expr(f"try_variant_get(_json, '$.{field}', '{spark_type}')").alias(field)
         for field, spark_type in envelope._FIELDS.items()]).alias("_fj"))
+    # Scalar fields as text from a second streaming pass over the JSON (json_tuple), cast from text: no variant
+    # cast per field. The text is exact for a record of the fast shape, whose JSON types the shape string gives.
+    scalars = [f for f, t in envelope._FIELDS.items() if not t.startswith("map")]
+    tupled = shape.select("*", F.json_tuple(text, *scalars).alias(*[f"_s_{f}" for f in scalars]))
+    fields_json_tuple = tupled.select(*shape.columns, F.struct(
+        *[F.col(f"_s_{f}").cast(envelope._FIELDS[f]).alias(f) for f in scalars],
+        F.when(F.col("_root").contains("tags: "), F.expr("try_variant_get(_json, '$.tags', 'map<string,string>')"))
+        .alias("tags")).alias("_fj"))
     validated = envelope.parse(records_df, config)
     frames: dict[str, Any] = {"scan": records_df, "string": string, "parse": parsed, "shape": shape,
                               "fields": fields, "fields_from_json": fields_from_json,
-                              "fields_per_field": fields_per_field, "validate": validated}
+                              "fields_per_field": fields_per_field, "fields_json_tuple": fields_json_tuple,
+                              "validate": validated}
 
     def collect() -> None:
         from analytics.sinks import accept_projection

@@ -437,6 +437,11 @@ class Config(_Section):
         return self.checkpoint_dir / "accepted-events"
 
     @property
+    def window_partials_dir(self) -> Path:
+        """The ``accept`` query's per-batch window partials (``analytics.window_partials``), read by ``windows``."""
+        return self.checkpoint_dir / "window-partials"
+
+    @property
     def cluster_dir(self) -> Path:
         """``eventide cluster``: each broker's and worker's data, the shipped code, the cluster job's checkpoints."""
         return self.data_dir / "cluster"

@@ -59,7 +59,7 @@ def test_a_reader_stopped_between_choosing_its_next_file_and_planning_it_still_r
     run_job(spark, reference)
 
     run_until_idle(spark, faulted, only=("accept",))
-    published = sorted(faulted.accepted_events_dir.glob("*.parquet"))
+    published = sorted(faulted.window_partials_dir.glob("*.parquet"))   # the files the windows query reads
     aside = tmp_path / "aside"
     aside.mkdir()
     for file in published[3:]:
