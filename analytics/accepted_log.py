@@ -17,8 +17,7 @@ Beside each events file, ``publish_partials`` writes the batch's window partials
 as ``<partials dir>/<batch id:012d>.parquet``, the same way: the ``windows`` query reads those, one per micro-batch,
 and the ``keyed_windows`` query the events. A batch's partials are published after its events file (the windows
 writer reads the events of the batch whose partials it merged); an accept batch replayed after a crash in between
-publishes them, and ``backfill_partials`` publishes those of batches the ``windows`` query has not read yet that
-have none (published before partials existed).
+publishes them.
 
 Why files and not a Kafka topic: Spark's Kafka sink is at-least-once, so a replayed batch would hand its events
 over twice, and the windows would need a second deduplication (docs/architecture.md, "Accepted events").

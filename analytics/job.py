@@ -147,11 +147,6 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
             if forgotten:
                 log.info("%s: file-source log batches %s were chosen but never planned (a crash in between); "
                          "forgotten, so each micro-batch reads one accept batch", name, forgotten)
-        if name == windows.WINDOWS_QUERY:
-            backfilled = window_partials.backfill(config, checkpoint)
-            if backfilled:
-                log.info("%s: published the window partials of accept batches %s (published without them)",
-                         name, backfilled)
         query = (
             frame().writeStream
             .queryName(name)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from functools import reduce
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -149,14 +148,3 @@ def publish(config: Config, batch_id: int, events: pa.Table) -> None:
     if not accepted_log.partials_file(config, batch_id).exists():
         accepted_log.publish_partials(config, batch_id, partials(events, config))
 
-
-def backfill(config: Config, windows_checkpoint: Path) -> list[int]:
-    """Publish the partials of every published accept batch the ``windows`` query has not read in a committed
-    micro-batch and that has none (published by a version without partials); returns those batch ids."""
-    read = accepted_log.last_read(windows_checkpoint)
-    missing = [m.batch_id for m in accepted_log.metas(config)
-               if (read is None or m.batch_id > read) and not accepted_log.partials_file(config, m.batch_id).exists()]
-    for batch_id in missing:
-        events = accepted_log.read_files([str(accepted_log.events_file(config, batch_id))], EVENT_COLUMNS)
-        publish(config, batch_id, events)
-    return missing
