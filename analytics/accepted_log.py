@@ -92,7 +92,7 @@ def publish(config: Config, rows: pa.Table, meta: BatchMeta) -> None:
         return
     # One file per batch, so a reader taking one file per trigger takes exactly one accept batch.
     _write_atomically(rows, events_file(config, meta.batch_id), before_rename=lambda size: _save_meta(
-        config, asdict(meta) | {"events": rows.num_rows, "size_bytes": size}))
+        config, meta.batch_id, asdict(meta) | {"events": rows.num_rows, "size_bytes": size}))
 
 
 def publish_partials(config: Config, batch_id: int, rows: pa.Table) -> None:
@@ -102,8 +102,8 @@ def publish_partials(config: Config, batch_id: int, rows: pa.Table) -> None:
         _write_atomically(rows, partials_file(config, batch_id))
 
 
-def _save_meta(config: Config, meta: dict[str, object]) -> None:
-    path = _meta_file(config, int(meta["batch_id"]))  # type: ignore[call-overload]
+def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> None:
+    path = _meta_file(config, batch_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(meta))
 

@@ -116,7 +116,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
       merged from the window partials ``accept`` publishes with each batch (``analytics.window_partials``)
     - ``keyed_windows``: sliding windows and sessions + their stragglers (append: each written once, final)
 
-    The last two read the accepted-events log, one accept batch per micro-batch.
+    The last two read what ``accept`` publishes (``windows`` its window partials, ``keyed_windows`` its events), one
+    accept batch per micro-batch.
     """
     unknown = set(only) - set(QUERIES)
     if unknown:

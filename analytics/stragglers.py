@@ -2,11 +2,11 @@
 
 Spark drops a contribution whose window the watermark already closed without saying which events it dropped
 (``numRowsDroppedByWatermark`` counts partially aggregated rows). So for every micro-batch of the ``windows``
-query, its ``foreachBatch`` reads the batch's own accepted events again (the accepted-events files the batch read)
-and applies the same rule Spark applied, with the same watermark: an accepted event's contribution to a window
-is dropped iff ``window_end <= watermark``. The windows are the aggregation's own (``windows.assign_windows`` is
-``windows.window_assignments`` computed in the driver, checked to agree). Duplicates never reach those files, so
-they are never stragglers.
+query, its ``foreachBatch`` reads the batch's own accepted events (the events files of the accept batches whose
+window partials the batch merged) and applies the same rule Spark applied, with the same watermark: an accepted
+event's contribution to a window is dropped iff ``window_end <= watermark``. The windows are the aggregation's
+own (``windows.assign_windows`` is ``windows.window_assignments`` computed in the driver, checked to agree).
+Duplicates never reach those files, so they are never stragglers.
 
 The late events whose window was still open are the **corrections**: the same pass counts them per window.
 
