@@ -95,11 +95,11 @@ def publish(config: Config, rows: pa.Table, meta: BatchMeta) -> None:
         config, meta.batch_id, asdict(meta) | {"events": rows.num_rows, "size_bytes": size}))
 
 
-def publish_partials(config: Config, batch_id: int, rows: pa.Table) -> None:
-    """Write the batch's window partials (``window_partials.SCHEMA``) as its one partials file, atomically; a
-    no-op when it is already published."""
+def publish_partials(config: Config, batch_id: int, rows: Callable[[], pa.Table]) -> None:
+    """Write the batch's window partials (``window_partials.SCHEMA``, computed by ``rows`` only when needed) as its
+    one partials file, atomically; a no-op when it is already published (a replayed batch)."""
     if not partials_file(config, batch_id).exists():
-        _write_atomically(rows, partials_file(config, batch_id))
+        _write_atomically(rows(), partials_file(config, batch_id))
 
 
 def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> None:

@@ -33,12 +33,16 @@ import pyarrow.compute as pc
 from datasketches import hll_sketch, kll_doubles_sketch, tgt_hll_type
 
 from analytics import accepted_log
-from analytics.windows import ARROW_TIME, LEVEL_COLUMNS, LEVEL_FIELDS, SERIES, WindowSpec, epoch_ms, window_specs
+from analytics.windows import (
+    ARROW_TIME,
+    BUCKET_START,
+    LEVEL_COLUMNS,
+    LEVEL_FIELDS,
+    SERIES,
+    WindowSpec,
+    window_specs,
+)
 from eventide.config import Config
-
-BUCKET_START = "bucket_start_ms"
-EVENT_COLUMNS = (*SERIES, "corrected_event_time", "metric_value", "user", "device", "level")
-"""The accepted-event columns partials are computed from."""
 
 SCHEMA = pa.schema([
     (BUCKET_START, pa.int64()), *[(c, pa.string()) for c in SERIES], ("corrected_event_time", ARROW_TIME),
@@ -48,11 +52,9 @@ SCHEMA = pa.schema([
 ])
 """A partial's columns, as published (``accepted_log.publish_partials``) and read by the ``windows`` query."""
 
-SPARK_SCHEMA = ", ".join([
-    f"{BUCKET_START} long", *[f"{c} string" for c in SERIES], "corrected_event_time timestamp", "event_count long",
-    "value_count long", "sum double", "min double", "max double", "value_sketch binary", "users_sketch binary",
-    "devices_sketch binary", *[f"{f} long" for f in LEVEL_FIELDS],
-])
+_SPARK_TYPES = {pa.int64(): "long", pa.string(): "string", ARROW_TIME: "timestamp", pa.float64(): "double",
+                pa.binary(): "binary"}
+SPARK_SCHEMA = ", ".join(f"{field.name} {_SPARK_TYPES[field.type]}" for field in SCHEMA)
 """:data:`SCHEMA` in Spark's DDL, for the ``windows`` query's file source."""
 
 
@@ -62,13 +64,13 @@ def grain_ms(specs: list[WindowSpec]) -> int:
 
 
 def partials(events: pa.Table, config: Config) -> pa.Table:
-    """The partials (:data:`SCHEMA`) of ``events`` (at least :data:`EVENT_COLUMNS` of accepted events)."""
+    """The partials (:data:`SCHEMA`) of accepted ``events`` (their series, time, value, user, device and level)."""
     n = events.num_rows
     if not n:
         return SCHEMA.empty_table()
     grain = grain_ms(window_specs(config))
     micros = np.asarray(events["corrected_event_time"].cast(ARROW_TIME).cast(pa.int64()), dtype=np.int64)
-    bucket = np.floor_divide(epoch_ms(events["corrected_event_time"]), grain) * grain
+    bucket = np.floor_divide(np.floor_divide(micros, 1000), grain) * grain   # floored ms, as windows.epoch_ms
     group = _group_numbers([_codes(events[c]) for c in SERIES] + [(bucket - bucket.min()) // grain])
     order = np.argsort(group, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
@@ -145,6 +147,5 @@ def _group_numbers(codes: list[np.ndarray]) -> np.ndarray:
 
 def publish(config: Config, batch_id: int, events: pa.Table) -> None:
     """Publish the partials of accept batch ``batch_id``'s accepted ``events`` (a no-op when published)."""
-    if not accepted_log.partials_file(config, batch_id).exists():
-        accepted_log.publish_partials(config, batch_id, partials(events, config))
+    accepted_log.publish_partials(config, batch_id, lambda: partials(events, config))
 

@@ -26,6 +26,7 @@ LEVEL_FIELDS = tuple(f"level_{lvl}" for lvl in LEVEL_COLUMNS)
 # Column metadata key Spark's withWatermark/window() put on event-time columns (EventTimeWatermark.delayKey).
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 WINDOWS_QUERY = "windows"
+BUCKET_START = "bucket_start_ms"   # a window partial's bucket (analytics.window_partials)
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,6 @@ def window_assignments(specs: list[WindowSpec], t: Column | None = None) -> Colu
     return F.array(*[window for spec in specs for window in _windows_of(spec, t)])
 
 
-_PARTIAL_MEASURES = ("event_count", "value_count", "sum", "min", "max", "value_sketch", "users_sketch",
-                     "devices_sketch", *LEVEL_FIELDS)
-
 ARROW_TIME = pa.timestamp("us", tz="UTC")
 """Spark's timestamps as they reach the driver in Arrow."""
 
@@ -143,8 +141,7 @@ def aggregate(partials: DataFrame, config: Config) -> DataFrame:
     """
     k = config.stream.kll_k
     expanded = with_watermark(partials, config).select(
-        *SERIES, *_PARTIAL_MEASURES,
-        F.inline(window_assignments(window_specs(config), F.col("bucket_start_ms"))))
+        "*", F.inline(window_assignments(window_specs(config), F.col(BUCKET_START))))
     marker = {WATERMARK_DELAY_KEY: watermark_delay_ms(config)}
     expanded = expanded.select("*", F.timestamp_millis("window_end_ms").alias("window_end", metadata=marker))
     grouped = expanded.groupBy("window_kind", "window_length_ms", "window_hop_ms", "window_start_ms", "window_end",
