@@ -320,19 +320,22 @@ def accept_projection(records: DataFrame, accepted_columns: list[str], limit: in
 
 class _DeadLetterTopic:
     """A copy of each rejected record on the dead-letter topic, its reason and source in headers; one producer
-    for the life of the job, created at the first rejected record."""
+    for the life of the query.
+
+    The producer is created with the writer, not at the first rejected record: an idempotent producer first
+    obtains its producer id from the broker, which took 0.5-1 s before its first delivery (docs/benchmarks.md),
+    and that wait then held up the batch. Created at the query's start, it connects while Spark runs the first
+    batch."""
 
     def __init__(self, config: Config) -> None:
-        self._config = config
-        self._producer: Producer | None = None
+        self._topic = config.kafka.dead_letter_topic
+        self._producer = Producer({"bootstrap.servers": config.kafka.bootstrap, "acks": "all",
+                                   "enable.idempotence": True})
 
     def forward(self, rejected: pa.Table) -> None:
         """Send ``rejected`` (columns topic, partition, offset, reason, value) and wait until the broker has every
         copy; raise if it refused one (Spark then retries the batch)."""
-        if self._producer is None:
-            self._producer = Producer({"bootstrap.servers": self._config.kafka.bootstrap, "acks": "all",
-                                       "enable.idempotence": True})
-        topic, failures = self._config.kafka.dead_letter_topic, []
+        topic, failures = self._topic, []
         for source_topic, partition, offset, reason, value in zip(
                 *(rejected[c].to_pylist() for c in ("topic", "partition", "offset", "reason", "value")),
                 strict=True):
