@@ -68,19 +68,25 @@ def first_copies(batch: pa.Table, remembered: pa.ChunkedArray) -> pa.BooleanArra
     copies (broker time, then position), and only if no batch within the horizon accepted the id before."""
     if batch.num_rows == 0:
         return pa.array([], pa.bool_())
-    order = pc.sort_indices(batch, sort_keys=[(c, "ascending") for c in COPY_COLUMNS[1:]])
-    ids = pc.take(batch["id"].combine_chunks(), order)
-    codes = pc.dictionary_encode(ids).indices.to_numpy()
-    earliest = np.zeros(batch.num_rows, dtype=bool)
-    earliest[np.unique(codes, return_index=True)[1]] = True          # each id's first row in that order
+    encoded = pc.dictionary_encode(batch["id"].combine_chunks())
+    codes = encoded.indices.to_numpy()
+    keep = np.ones(batch.num_rows, dtype=bool)
+    # Only ids with several copies in the batch need ordering (a few %): sorting every row was most of the cost.
+    repeated = np.flatnonzero(np.bincount(codes)[codes] > 1)
+    if len(repeated):
+        order = pc.sort_indices(batch.take(pa.array(repeated)),
+                                sort_keys=[(c, "ascending") for c in COPY_COLUMNS[1:]]).to_numpy()
+        earliest = np.zeros(len(repeated), dtype=bool)
+        earliest[order[np.unique(codes[repeated][order], return_index=True)[1]]] = True   # each id's first
+        keep[repeated] = earliest
     if len(remembered):
-        # The horizon's ids (rate x horizon, millions at 15k ev/s) are probed against a hash set of the batch's ids,
-        # not hashed into a set of their own in every batch (~10x the time, docs/benchmarks.md).
-        seen_before = pc.filter(remembered, pc.is_in(remembered, value_set=ids))
-        if len(seen_before):
-            earliest &= ~pc.is_in(ids, value_set=seen_before).to_numpy(zero_copy_only=False)
-    keep = np.empty(batch.num_rows, dtype=bool)
-    keep[order.to_numpy()] = earliest                                   # back to the batch's row order
+        # The horizon's ids (rate x horizon, millions at 15k ev/s) are probed against the batch's distinct ids, not
+        # hashed into a set of their own in every batch (~10x the time, docs/benchmarks.md).
+        seen = pc.drop_null(pc.index_in(remembered, value_set=encoded.dictionary))
+        if len(seen):
+            accepted_before = np.zeros(len(encoded.dictionary), dtype=bool)
+            accepted_before[seen.to_numpy()] = True
+            keep &= ~accepted_before[codes]
     return pa.array(keep)
 
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from clickhouse_connect.driver.exceptions import OperationalError
@@ -241,26 +242,31 @@ def accept_writer(config: Config) -> BatchWriter:
         now = datetime.now(UTC)
         with _timed(ACCEPT_QUERY, "validate"):
             batch = accept_projection(records, accepted_columns, limit).toArrow()
-        ok = pc.is_null(batch["reason"])
-        candidates = batch.filter(ok).select(accepted_columns)
-        rejected = batch.filter(pc.invert(ok))
+        with _timed(ACCEPT_QUERY, "split"):
+            # Each part filters only the columns it reads; the accepted columns are filtered once, by first copy.
+            valid = pc.is_null(batch["reason"]).to_numpy(zero_copy_only=False)
+            candidates = batch.select(list(dedup.COPY_COLUMNS)).filter(pa.array(valid))
+            rejected = batch.select(list(_REJECTED_COLUMNS)).filter(pa.array(~valid))
         memory: list[accepted_log.BatchMeta] = []
-        accepted = candidates
+        accepted = batch.select(accepted_columns).slice(0, 0)
         rows: list[tuple[str, pa.Table]] = []
         if candidates.num_rows:
             span = pc.min_max(candidates["kafka_timestamp"]).as_py()
             earliest, latest = _epoch_ms(span["min"]), _epoch_ms(span["max"])
             memory = dedup.horizon(config, batch_id, earliest) if config.stream.deduplicate else []
-            with _timed(ACCEPT_QUERY, "dedup_publish"):
+            with _timed(ACCEPT_QUERY, "dedup"):
                 replay = accepted_log.published(config, batch_id)
                 if replay:   # its file says what was accepted
                     first = dedup.published_copies(candidates, str(accepted_log.events_file(config, batch_id)))
                 elif config.stream.deduplicate:
-                    first = dedup.first_copies(candidates.select(list(dedup.COPY_COLUMNS)), accepted_ids.of(memory))
+                    first = dedup.first_copies(candidates, accepted_ids.of(memory))
                 else:
-                    first = pa.array([True] * candidates.num_rows)
-                accepted = candidates.filter(first)
-                copies = candidates.filter(pc.invert(first))
+                    first = pa.array(np.ones(candidates.num_rows, dtype=bool))
+                kept = np.zeros(batch.num_rows, dtype=bool)   # the batch's rows that are first copies
+                kept[valid] = first.to_numpy(zero_copy_only=False)
+                accepted = batch.select(accepted_columns).filter(pa.array(kept))
+                copies = batch.select(list(_COPY_SOURCE)).filter(pa.array(valid & ~kept))
+            with _timed(ACCEPT_QUERY, "events_file"):
                 if not replay:
                     info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
                     # Session runs are marked here, where the whole batch is at hand (analytics.session_runs).
@@ -273,9 +279,8 @@ def accept_writer(config: Config) -> BatchWriter:
             with _timed(ACCEPT_QUERY, "window_partials"):
                 window_partials.publish(config, batch_id, accepted)
             if copies.num_rows:
-                rows.append(("duplicates", _with_constants(copies.select(
-                    ["topic", "partition", "offset", "kafka_timestamp", "id", "app", "device"]).rename_columns(
-                    list(DUPLICATE_COLUMNS)), batch_id=batch_id, detected_at=now)))
+                rows.append(("duplicates", _with_constants(copies.rename_columns(list(DUPLICATE_COLUMNS)),
+                                                           batch_id=batch_id, detected_at=now)))
         rows.append(("device_clocks", _with_constants(_clock_offsets(accepted),
                                                       batch_id=batch_id, recorded_at=now)))
         if rejected.num_rows:
@@ -292,13 +297,17 @@ def accept_writer(config: Config) -> BatchWriter:
         insert_tables(config, rows, ACCEPT_QUERY)
         if rejected.num_rows:
             # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
-            dead_letter_topic.forward(rejected)
-        accepted_log.expire(config, readers, int(now.timestamp() * 1000))
+            with _timed(ACCEPT_QUERY, "dead_letter_topic"):
+                dead_letter_topic.forward(rejected)
+        with _timed(ACCEPT_QUERY, "expire"):
+            accepted_log.expire(config, readers, int(now.timestamp() * 1000))
 
     return write
 
 
 _KAFKA_COORDINATES = ("topic", "partition", "offset", "kafka_timestamp")
+_REJECTED_COLUMNS = (*_KAFKA_COORDINATES, "reason", "raw", "raw_bytes", "value")   # dead letters, their topic copy
+_COPY_SOURCE = (*_KAFKA_COORDINATES, "id", "app", "device")                         # -> DUPLICATE_COLUMNS
 
 
 def accept_projection(records: DataFrame, accepted_columns: list[str], limit: int) -> DataFrame:
