@@ -47,6 +47,7 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
     # Python workers (pandas-based operators) must use this interpreter, which has pandas and pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark_settings.use_jemalloc_for_arrow()
     connector = ",".join(str(j) for j in jars.spark_kafka_connector_jars(config))
     local_dir = config.data_dir / "spark-tmp"
     local_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ and the daemon and its forked workers import the installed copy. Otherwise (e.g.
 without pyspark) the path is left as Spark set it.
 
 It also puts ``analytics.tws_input``'s vectorised loader in place of PySpark's row-by-row one for
-``transformWithStateInPandas`` (the query ``keyed_windows``), before any worker is forked.
+``transformWithStateInPandas`` (the query ``keyed_windows``), and Arrow's jemalloc allocator in place of its default
+(``analytics.spark_settings.use_jemalloc_for_arrow``), before any worker is forked.
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ def main() -> None:
     # loader, and pandas, pyarrow and pyspark's serializers already imported (once, not in each new worker).
     from pyspark import daemon
 
-    from analytics import tws_input
+    from analytics import spark_settings, tws_input
 
     tws_input.install()
+    spark_settings.use_jemalloc_for_arrow()
 
     daemon.manager()
 

@@ -13,6 +13,7 @@ spawn costs more the more descriptors the JVM holds. Renaming through the FileSy
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 LOCAL_CHECKPOINT_FILES: dict[str, str] = {
@@ -40,3 +41,17 @@ HotSpot leaves any method over 8,000 bytes of bytecode to its interpreter. The c
 validation (dozens of rules in one projection) and for the window aggregation's input has such methods, so every
 record ran through them interpreted: the parse and validation measured 12.4-13.9 -> 9.6-10.5 us per record with
 the option, the windows query 59-62k -> 82-87k events/s (docs/benchmarks.md)."""
+
+
+def use_jemalloc_for_arrow() -> None:
+    """Arrow buffers of this process (and of processes it forks) from Arrow's jemalloc allocator.
+
+    pyarrow's default allocator (mimalloc) made the driver's work on each batch several times slower than the same
+    calls on a warm process: ``dictionary_encode`` of a batch's 300k ids 107-177 ms against 21-61 ms with jemalloc,
+    the driver's whole dedup stage 300-320 ms against 89 ms (docs/benchmarks.md). Called by the driver before its
+    first batch and by the Python worker daemon before it forks a worker. A pyarrow built without jemalloc keeps
+    its default."""
+    import pyarrow as pa
+
+    with contextlib.suppress(NotImplementedError):
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
