@@ -1,5 +1,5 @@
 """Spark settings the job needs whichever way it starts (``analytics.job``'s session builder, ``spark-submit``):
-``JOB_SETTINGS``.
+``JOB_SETTINGS``, ``JVM_OPTIONS``, and the Arrow allocator of its Python processes (``use_jemalloc_for_arrow``).
 
 Checkpoint files (offsets and commit logs, the file-source log, RocksDB changelogs and snapshots) are small files
 written atomically, several per query per micro-batch. On a local or NFS path, Hadoop's local filesystem without
