@@ -14,6 +14,7 @@ spawn costs more the more descriptors the JVM holds. Renaming through the FileSy
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 LOCAL_CHECKPOINT_FILES: dict[str, str] = {
@@ -33,14 +34,28 @@ JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS}
 LOG4J_PROPERTIES = Path(__file__).resolve().parent / "spark-log4j2.properties"
 """The job's log settings for Spark's JVMs (warnings and errors)."""
 
-JVM_OPTIONS = f"-Dlog4j2.configurationFile=file:{LOG4J_PROPERTIES} -XX:-DontCompileHugeMethods"
+MIN_COMPILER_THREADS = 4
+"""HotSpot's JIT compiler threads on a machine with fewer than 8 cores, where its own default is fewer."""
+
+JVM_OPTIONS = " ".join([
+    f"-Dlog4j2.configurationFile=file:{LOG4J_PROPERTIES}", "-XX:-DontCompileHugeMethods",
+    *([f"-XX:CICompilerCount={MIN_COMPILER_THREADS}"] if (os.cpu_count() or 1) < 8 else []),
+])
 """Options for the driver's and the executors' JVMs (``spark.driver.extraJavaOptions`` and
-``spark.executor.extraJavaOptions``): the job's log settings, and HotSpot compiling Spark's huge generated methods.
+``spark.executor.extraJavaOptions``): the job's log settings, HotSpot compiling Spark's huge generated methods, and
+enough compiler threads on a small machine.
 
 HotSpot leaves any method over 8,000 bytes of bytecode to its interpreter. The code Spark generates for the
 validation (dozens of rules in one projection) and for the window aggregation's input has such methods, so every
 record ran through them interpreted: the parse and validation measured 12.4-13.9 -> 9.6-10.5 us per record with
-the option, the windows query 59-62k -> 82-87k events/s (docs/benchmarks.md)."""
+the option, the windows query 59-62k -> 82-87k events/s (docs/benchmarks.md).
+
+On 2 cores HotSpot starts 2 compiler threads, one C1 and one C2, and the job's hot methods (Spark's, Kafka's,
+generated ones, one of which takes C2 ~2.8 s) wait in one C2 queue for minutes, running in slower, profiling code
+meanwhile. With 4 (a maximum: HotSpot adds them as its queues grow), three 1M pairs: a second drain in the same JVM
+43.9-52.5k -> 54.8-55.9k events/s, live 50.0-52.4k -> 48.1-62.1k, a first drain unchanged (docs/benchmarks.md).
+From 8 cores on HotSpot's default is 4 or more and is left alone. (The count is taken where the job starts: on a
+cluster the executors' machines may differ.)"""
 
 
 def use_jemalloc_for_arrow() -> None:
