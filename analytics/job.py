@@ -45,7 +45,7 @@ LISTENER_DRAIN_S = 60.0
 def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSession:
     """A Spark session with the Kafka connector on the classpath and settings sized for streaming."""
     # Python workers (pandas-based operators) must use this interpreter, which has pandas and pyarrow.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark_settings.use_job_python_for_spark()
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     spark_settings.use_jemalloc_for_arrow()
     connector = ",".join(str(j) for j in jars.spark_kafka_connector_jars(config))

@@ -1,5 +1,6 @@
 """Spark settings the job needs whichever way it starts (``analytics.job``'s session builder, ``spark-submit``):
-``JOB_SETTINGS``, ``JVM_OPTIONS``, and the Arrow allocator of its Python processes (``use_jemalloc_for_arrow``).
+``JOB_SETTINGS``, ``JVM_OPTIONS``, and the Arrow allocator of its Python processes (``use_jemalloc_for_arrow``);
+for the session builder also the Python those processes run (``use_job_python_for_spark``).
 
 Checkpoint files (offsets and commit logs, the file-source log, RocksDB changelogs and snapshots) are small files
 written atomically, several per query per micro-batch. On a local or NFS path, Hadoop's local filesystem without
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 LOCAL_CHECKPOINT_FILES: dict[str, str] = {
@@ -70,3 +72,29 @@ def use_jemalloc_for_arrow() -> None:
 
     with contextlib.suppress(NotImplementedError):
         pa.set_memory_pool(pa.jemalloc_memory_pool())
+
+
+SPARK_PYTHON_LAUNCHER = Path(__file__).resolve().parent / "spark_python.sh"
+"""Runs this interpreter without the installed pyspark's archives on ``PYTHONPATH`` (the script says why)."""
+
+
+def use_job_python_for_spark() -> None:
+    """Spark's Python processes (its worker daemon, and the driver-side process ``transformWithStateInPandas``
+    starts at every query start) run this interpreter and import the installed pyspark, not Spark's zipped copy.
+    Called before the session's JVM starts; a ``PYSPARK_PYTHON`` already set is left alone.
+
+    Through ``SPARK_PYTHON_LAUNCHER`` only when Spark is the installed pyspark itself (its ``SPARK_HOME``): the
+    archives it drops are then the installed copy's own. With a Spark distribution elsewhere, this interpreter is
+    used with Spark's path as it is (``analytics.spark_python_daemon`` still checks the workers' copy)."""
+    if "PYSPARK_PYTHON" in os.environ:
+        return
+    import pyspark
+
+    from eventide import jars
+
+    installed = Path(pyspark.__file__).resolve().parent
+    if jars.spark_home().resolve() != installed:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        return
+    os.environ.update({"EVENTIDE_SPARK_PYTHON": sys.executable, "EVENTIDE_PYSPARK_DIR": str(jars.spark_home()),
+                       "PYSPARK_PYTHON": str(SPARK_PYTHON_LAUNCHER)})

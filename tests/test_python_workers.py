@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import pyspark
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 
-from analytics import spark_python_daemon
+from analytics import spark_python_daemon, spark_settings
 
 
 def test_workers_import_the_installed_pyspark_not_the_zip(spark):
@@ -56,3 +60,51 @@ def test_workers_load_transform_with_state_input_with_the_vectorised_loader(spar
 
     found = spark.range(4).repartition(2).mapInPandas(loader, "module string").toPandas()
     assert set(found["module"]) == {"analytics.tws_input"}
+
+
+def test_every_process_of_transform_with_state_imports_the_installed_pyspark(spark, tmp_path: Path):
+    # Spark starts a driver-side process of its own at a stateful query's first batch, with its zipped pyspark
+    # first on the path; the job's PYSPARK_PYTHON (analytics/spark_python.sh) takes Spark's archives off it.
+    class RecordsWhereItRuns(StatefulProcessor):
+        """Notes, in every process that initialises it, where that process imported pyspark from."""
+
+        def __init__(self, notes: str) -> None:
+            self.notes = notes
+
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            import os
+
+            import pyspark as imported
+
+            with open(self.notes, "a") as out:
+                out.write(f"{os.getpid()} {imported.__file__}\n")
+
+        def handleInputRows(self, key: tuple[str], rows: Iterator[pd.DataFrame],
+                            timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+            yield from rows
+
+        def close(self) -> None:
+            pass
+
+    source, notes = tmp_path / "in", tmp_path / "notes"
+    spark.createDataFrame([("a", 1), ("b", 2)], "k string, n long").write.parquet(str(source))
+    query = (spark.readStream.schema("k string, n long").parquet(str(source)).groupBy("k")
+             .transformWithStateInPandas(RecordsWhereItRuns(str(notes)), "k string, n long", "append", "None")
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    processes = dict(line.split() for line in notes.read_text().splitlines())
+    assert len(processes) >= 2                              # the driver-side one and the executors' workers
+    assert set(processes.values()) == {pyspark.__file__}
+
+
+def test_the_spark_python_launcher_drops_only_the_installed_pyspark_archives(tmp_path: Path):
+    installed = Path(pyspark.__file__).parent
+    own = [str(installed / "python" / "lib" / "pyspark.zip"), str(installed / "jars" / "spark-core_2.13-4.1.4.jar")]
+    users = [str(tmp_path / "mine"), "/elsewhere/pyspark.zip"]
+    shown = subprocess.run(
+        [str(spark_settings.SPARK_PYTHON_LAUNCHER), "-c", "import os; print(os.environ.get('PYTHONPATH', ''))"],
+        env={**os.environ, "PYTHONPATH": ":".join([own[0], users[0], own[1], users[1]]),
+             "EVENTIDE_SPARK_PYTHON": sys.executable, "EVENTIDE_PYSPARK_DIR": str(installed)},
+        capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == ":".join(users)
