@@ -84,8 +84,9 @@ def use_job_python_for_spark() -> None:
     Called before the session's JVM starts; a ``PYSPARK_PYTHON`` already set is left alone.
 
     Through ``SPARK_PYTHON_LAUNCHER`` only when Spark is the installed pyspark itself (its ``SPARK_HOME``): the
-    archives it drops are then the installed copy's own. With a Spark distribution elsewhere, this interpreter is
-    used with Spark's path as it is (``analytics.spark_python_daemon`` still checks the workers' copy)."""
+    archives it drops are then the installed copy's own. With a Spark distribution elsewhere, or without the
+    launcher (an install that lost its mode bits), this interpreter is used with Spark's path as it is
+    (``analytics.spark_python_daemon`` still checks the workers' copy)."""
     if "PYSPARK_PYTHON" in os.environ:
         return
     import pyspark
@@ -93,7 +94,7 @@ def use_job_python_for_spark() -> None:
     from eventide import jars
 
     installed = Path(pyspark.__file__).resolve().parent
-    if jars.spark_home().resolve() != installed:
+    if jars.spark_home().resolve() != installed or not os.access(SPARK_PYTHON_LAUNCHER, os.X_OK):
         os.environ["PYSPARK_PYTHON"] = sys.executable
         return
     os.environ.update({"EVENTIDE_SPARK_PYTHON": sys.executable, "EVENTIDE_PYSPARK_DIR": str(jars.spark_home()),
