@@ -72,9 +72,7 @@ def test_every_process_of_transform_with_state_imports_the_installed_pyspark(spa
             self.notes = notes
 
         def init(self, handle: StatefulProcessorHandle) -> None:
-            import os
-
-            import pyspark as imported
+            import pyspark as imported  # in the process running init
 
             with open(self.notes, "a") as out:
                 out.write(f"{os.getpid()} {imported.__file__}\n")
