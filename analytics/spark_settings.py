@@ -93,9 +93,9 @@ def use_job_python_for_spark() -> None:
 
     from eventide import jars
 
-    installed = Path(pyspark.__file__).resolve().parent
-    if jars.spark_home().resolve() != installed or not os.access(SPARK_PYTHON_LAUNCHER, os.X_OK):
+    home = jars.spark_home()
+    if home.resolve() != Path(pyspark.__file__).resolve().parent or not os.access(SPARK_PYTHON_LAUNCHER, os.X_OK):
         os.environ["PYSPARK_PYTHON"] = sys.executable
         return
-    os.environ.update({"EVENTIDE_SPARK_PYTHON": sys.executable, "EVENTIDE_PYSPARK_DIR": str(jars.spark_home()),
+    os.environ.update({"EVENTIDE_SPARK_PYTHON": sys.executable, "EVENTIDE_PYSPARK_DIR": str(home),
                        "PYSPARK_PYTHON": str(SPARK_PYTHON_LAUNCHER)})
