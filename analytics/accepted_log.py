@@ -85,21 +85,23 @@ def published(config: Config, batch_id: int) -> bool:
     return events_file(config, batch_id).exists()
 
 
-def publish(config: Config, rows: pa.Table, meta: BatchMeta) -> None:
-    """Write ``rows`` (``envelope.accepted_schema``'s columns) as the batch's one file, atomically; a no-op when it
-    is already published. The stored metadata is ``meta`` with the file's event count and size."""
+def publish(config: Config, row_groups: Sequence[pa.Table], meta: BatchMeta) -> None:
+    """Write the batch's events (``envelope.accepted_schema``'s columns and any others, one schema) as its one
+    file, atomically, each table of ``row_groups`` as row groups of its own, in order; a no-op when it is already
+    published. The stored metadata is ``meta`` with the file's event count and size."""
     if published(config, meta.batch_id):
         return
+    events = sum(rows.num_rows for rows in row_groups)
     # One file per batch, so a reader taking one file per trigger takes exactly one accept batch.
-    _write_atomically(rows, events_file(config, meta.batch_id), before_rename=lambda size: _save_meta(
-        config, meta.batch_id, asdict(meta) | {"events": rows.num_rows, "size_bytes": size}))
+    _write_atomically(row_groups, events_file(config, meta.batch_id), before_rename=lambda size: _save_meta(
+        config, meta.batch_id, asdict(meta) | {"events": events, "size_bytes": size}))
 
 
 def publish_partials(config: Config, batch_id: int, rows: Callable[[], pa.Table]) -> None:
     """Write the batch's window partials (``window_partials.SCHEMA``, computed by ``rows`` only when needed) as its
     one partials file, atomically; a no-op when it is already published (a replayed batch)."""
     if not partials_file(config, batch_id).exists():
-        _write_atomically(rows(), partials_file(config, batch_id))
+        _write_atomically([rows()], partials_file(config, batch_id))
 
 
 def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> None:
@@ -108,12 +110,17 @@ def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> None:
     path.write_text(json.dumps(meta))
 
 
-def _write_atomically(rows: pa.Table, target: Path, before_rename: Callable[[int], None] | None = None) -> None:
-    """Write ``rows`` aside (``_tmp/``, invisible to Spark's file source), then rename it to ``target``."""
+def _write_atomically(row_groups: Sequence[pa.Table], target: Path,
+                      before_rename: Callable[[int], None] | None = None) -> None:
+    """Write ``row_groups`` (one schema; each table its own row groups) aside (``_tmp/``, invisible to Spark's
+    file source), then rename the file to ``target``."""
     staging = target.parent / _TMP / f"{target.stem}-{uuid.uuid4().hex}.parquet"
     staging.parent.mkdir(parents=True, exist_ok=True)
     try:
-        pq.write_table(rows, staging)
+        with pq.ParquetWriter(staging, row_groups[0].schema) as writer:
+            for rows in row_groups:
+                if rows.num_rows:
+                    writer.write_table(rows)
         if before_rename is not None:
             before_rename(staging.stat().st_size)
         staging.rename(target)

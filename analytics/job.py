@@ -25,6 +25,7 @@ from pyspark.sql.streaming import StreamingQuery
 from analytics import (
     accepted_log,
     envelope,
+    keyed_rows,
     keyed_windows,
     progress,
     session_runs,
@@ -164,8 +165,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
 
 
 def accepted_events(spark: SparkSession, config: Config) -> DataFrame:
-    return accepted_log.read_stream(
-        spark, config, session_runs.with_run_fields(envelope.accepted_schema(spark, config)))
+    return accepted_log.read_stream(spark, config, keyed_rows.with_keyed_fields(
+        session_runs.with_run_fields(envelope.accepted_schema(spark, config))))
 
 
 def _kafka_offsets(config: Config, checkpoint: Path) -> progress.SourceOffsets:

@@ -32,7 +32,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from analytics import session_runs, sessions, sliding
+from analytics import keyed_rows, session_runs, sessions, sliding
 from analytics.keyed_events import NO_LEVEL, Events
 from analytics.windows import LEVEL_COLUMNS, LEVEL_FIELDS, event_time_ms, with_watermark
 from eventide.config import Config
@@ -256,20 +256,10 @@ def _unpack_key(key: tuple[str]) -> tuple[str, str, str, str, str]:
     return family, app, kind, name, tags
 
 
-def _sliding_series(config: Config) -> Column:
-    """Events of the series that get sliding windows: logs at the configured levels, plus selected series."""
-    wanted = (F.col("kind") == "log") & F.col("level").isin(*config.stream.sliding_log_levels)
-    for selector in config.stream.sliding_series:
-        match = (F.col("kind") == selector.kind) & (F.col("name") == selector.name)
-        if selector.app != "*":
-            match &= F.col("app") == selector.app
-        wanted |= match
-    return wanted
-
-
 def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
     """The query's result: sliding windows, sessions and dropped stragglers (``row_type``)."""
-    events = with_watermark(events, config)
+    # Skips reading the rows it would not take anyway (analytics.keyed_rows); the rules below still choose.
+    events = with_watermark(events.where(keyed_rows.read_filter(config)), config)
     levels = F.array(*[F.lit(level) for level in LEVEL_COLUMNS])
     payload = [
         # A plain long, not the watermarked timestamp: Spark would otherwise drop late rows before the processor.
@@ -305,7 +295,8 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
                           F.concat(session_kind, F.lit(_SESSION_KEY), session_key))
     sliding_entry = entry(SLIDING, F.col("kind"), F.col("name"), F.col("series_tags"), F.lit(""))
     # A run's head has a session entry, events of sliding series a sliding one: one read of the batch for both.
-    entries = F.filter(F.array(F.when(is_run_head, session_entry), F.when(_sliding_series(config), sliding_entry)),
+    entries = F.filter(F.array(F.when(is_run_head, session_entry),
+                               F.when(keyed_rows.sliding_series(config), sliding_entry)),
                        lambda entry: entry.isNotNull())
     keyed = events.select(*payload, F.inline(entries))
     stream = config.stream

@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics import accepted_log, dedup, envelope, session_runs, window_partials
+from analytics import accepted_log, dedup, envelope, keyed_rows, session_runs, window_partials
 from analytics.keyed_windows import DROPPED_RUN, KEYED_WINDOWS_QUERY, RUN_LAST, SESSION, SLIDING
 from analytics.progress import batch_info
 from analytics.stragglers import (
@@ -270,7 +270,9 @@ def accept_writer(config: Config) -> BatchWriter:
                 if not replay:
                     info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
                     # Session runs are marked here, where the whole batch is at hand (analytics.session_runs).
-                    published = session_runs.with_runs(accepted, config.stream.session_gap_s * 1000)
+                    # So are the rows keyed_windows reads, written first (analytics.keyed_rows).
+                    published = keyed_rows.row_groups(
+                        session_runs.with_runs(accepted, config.stream.session_gap_s * 1000), config)
                     accepted_log.publish(config, published, accepted_log.BatchMeta(
                         batch_id, info.start_offsets, info.end_offsets, earliest, latest))
                 if config.stream.deduplicate:

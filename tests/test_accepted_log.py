@@ -128,16 +128,18 @@ def test_a_planned_batch_keeps_its_files_even_before_it_is_committed(tmp_path):
     assert accepted_log.forget_unplanned_files(tmp_path / "never_started") == []
 
 
-def test_publishing_writes_the_rows_once_with_their_count_and_leaves_nothing_aside(tmp_path):
+def test_publishing_writes_the_rows_once_in_their_row_groups_with_their_count_and_leaves_nothing_aside(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     config = config_in(tmp_path)
     rows = pa.table({"id": ["a", "b", "c"], "offset": [1, 2, 3]})
     meta = BatchMeta(7, {"t": {"0": 0}}, {"t": {"0": 3}}, 1000, 2000)
-    accepted_log.publish(config, rows, meta)
-    accepted_log.publish(config, rows.slice(0, 1), meta)     # a replayed batch: its file is the truth
+    accepted_log.publish(config, [rows.slice(0, 2), rows.slice(2, 0), rows.slice(2)], meta)
+    accepted_log.publish(config, [rows.slice(0, 1)], meta)     # a replayed batch: its file is the truth
     assert pq.read_table(accepted_log.events_file(config, 7)).equals(rows)
+    groups = pq.ParquetFile(accepted_log.events_file(config, 7)).metadata
+    assert [groups.row_group(i).num_rows for i in range(groups.num_row_groups)] == [2, 1]
     stored = accepted_log.meta(config, 7)
     assert (stored.events, stored.first_timestamp_ms, stored.last_timestamp_ms) == (3, 1000, 2000)
     assert stored.size_bytes == accepted_log.events_file(config, 7).stat().st_size

@@ -8,8 +8,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analytics import session_runs, sessions, sliding
+from analytics import keyed_rows, session_runs, sessions, sliding
 from analytics.keyed_events import Events
+from eventide.config import load_config
 
 L = 60_000
 G = 60_000
@@ -267,3 +268,27 @@ def test_runs_taken_whole_give_the_sessions_and_stragglers_their_events_give(bat
         assert sorted(zip(expanded["offset"].to_pylist(), expanded["start"].to_pylist(), expanded["end"].to_pylist(),
                           strict=True)) == expected
         _emit_and_compare(by_runs, by_events, watermark)
+
+
+def test_a_batch_file_holds_the_rows_keyed_windows_reads_first_marked_for_the_settings_that_chose_them():
+    config = load_config(environ={}, stream={"sliding_log_levels": ["error"], "sliding_series": [
+        {"app": "*", "kind": "metric", "name": "latency"}, {"app": "shop", "kind": "log", "name": "app.db"}]})
+    batch = _accepted(["ua"] * 6, [0, 1_000, 2_000, 3_000, 5_000, 4_000], [None, None, "error", "info", "info", None])
+    batch = batch.set_column(0, "app", pa.array(["shop"] * 4 + ["blog", "blog"]))
+    batch = batch.append_column("kind", pa.array(["metric", "metric", "log", "log", "log", "metric"]))
+    batch = batch.append_column("name", pa.array(["cpu", "cpu", "app.http", "app.db", "app.db", "latency"]))
+    # a run per app, whose head is its first event (e0, e5); the error log e2; app.db of shop only (e3, not e4);
+    # latency of any app (e5)
+    first, rest = keyed_rows.row_groups(session_runs.with_runs(batch, G), config)
+    assert first["id"].to_pylist() == ["e0", "e2", "e3", "e5"]
+    assert rest["id"].to_pylist() == ["e1", "e4"]
+    assert first[keyed_rows.KEYED_ROW].to_pylist() == [True] * 4
+    assert rest[keyed_rows.KEYED_ROW].to_pylist() == [False] * 2
+    fingerprint = keyed_rows.selection(config)
+    assert set(first[keyed_rows.SELECTION].to_pylist() + rest[keyed_rows.SELECTION].to_pylist()) == {fingerprint}
+    # the fingerprint names what decides the marks, and nothing else
+    for changed in ({"session_gap_s": 60}, {"sliding_log_levels": ["error", "critical"]}, {"sliding_series": []}):
+        other = config.model_copy(update={"stream": config.stream.model_copy(update=changed)})
+        assert keyed_rows.selection(other) != fingerprint
+    unrelated = config.model_copy(update={"stream": config.stream.model_copy(update={"sliding_window_s": 10})})
+    assert keyed_rows.selection(unrelated) == fingerprint

@@ -113,3 +113,24 @@ def test_sessions_split_at_the_gap_and_late_events_cannot_change_an_emitted_sess
         ("shop", "device", "kiosk-9", 10.0, 70.0, 1, 0.0, 1, 0, 0),
     ]
     assert dropped(config, "session") == [(0.0, 90.0, "late", 950.0)]
+
+
+def test_keyed_windows_reads_only_the_events_it_uses_but_all_of_a_batch_chosen_under_other_settings(stack, spark):
+    """``accept`` writes the rows ``keyed_windows`` takes (run heads, sliding series) first in each batch file and
+    marks them for the settings that chose them: the query skips the rest, unless the settings changed since."""
+    from analytics.job import run_until_idle
+
+    before = configured(stack, sliding_window_s=60)           # latency_ms is not a sliding series yet
+    produce_events(before, [Event(at(0), 1.0), Event(at(30), 2.0), Event(at(31), 4.0)])   # one run: head at 0
+    run_until_idle(spark, before, ("accept",))
+    after = configured(stack, sliding_window_s=60,
+                       sliding_series=[SeriesSelector(app="shop", kind="metric", name="latency_ms")])
+    produce_events(after, [Event(at(200), 8.0), Event(at(201), 5.0, name="other"),
+                           Event(at(202), 5.0, name="other")])   # one run: head at 200; "other" is not sliding
+    run_job(spark, after)
+
+    # The first batch was marked for other settings: read whole, its latency events all get their windows.
+    assert sliding(after) == [(0.0, 1, 1.0, 1.0, 1.0), (30.0, 2, 3.0, 1.0, 2.0), (31.0, 3, 7.0, 1.0, 4.0)]
+    # The second was read by its marks: the run's head only (the two later events of the run are not needed).
+    assert [r["input_rows"] for r in rows(after, "SELECT input_rows FROM pipeline_progress FINAL WHERE query_name "
+                                               "= 'keyed_windows' AND input_rows > 0 ORDER BY batch_id")] == [3, 1]
