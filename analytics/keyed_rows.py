@@ -1,7 +1,7 @@
 """The accepted events ``keyed_windows`` reads, written first in each batch file so Spark can skip the rest.
 
 ``keyed_windows`` takes one row per session run (its head, ``analytics.session_runs``) and every event of a
-sliding series: 8 % of a batch in the bench's mix. Reading the whole file to find them cost it ~1 s of CPU per
+sliding series: 8 % of a batch in the bench's mix. Reading the whole file to find them cost it 0.3–1 s of CPU per
 million events (docs/benchmarks.md). So ``accept``, which marks the runs, also marks these rows (``keyed_row``)
 and writes them as the file's first row group(s), the others after. The query filters on the mark; Spark pushes
 the filter down to its Parquet reader, whose row-group statistics let it skip the unmarked rows undecoded.
@@ -68,8 +68,8 @@ def _sliding_series_rows(events: pa.Table, config: Config) -> np.ndarray:
 def row_groups(events: pa.Table, config: Config) -> list[pa.Table]:
     """``events`` (a batch's accepted events with their run columns, runs formed with the configured gap) split
     into the file's row groups: the rows ``keyed_windows`` reads, then the others, each with :data:`FIELDS`."""
-    keyed = (np.asarray(pc.fill_null(events[session_runs.EVENTS], 0), dtype=np.int64) > 0) \
-        | _sliding_series_rows(events, config)
+    is_run_head = np.asarray(pc.fill_null(events[session_runs.EVENTS], 0), dtype=np.int64) > 0
+    keyed = is_run_head | _sliding_series_rows(events, config)
     fingerprint = selection(config)
 
     def part(rows: np.ndarray, marked: bool) -> pa.Table:

@@ -274,7 +274,7 @@ def test_a_batch_file_holds_the_rows_keyed_windows_reads_first_marked_for_the_se
     config = load_config(environ={}, stream={"sliding_log_levels": ["error"], "sliding_series": [
         {"app": "*", "kind": "metric", "name": "latency"}, {"app": "shop", "kind": "log", "name": "app.db"}]})
     batch = _accepted(["ua"] * 6, [0, 1_000, 2_000, 3_000, 5_000, 4_000], [None, None, "error", "info", "info", None])
-    batch = batch.set_column(0, "app", pa.array(["shop"] * 4 + ["blog", "blog"]))
+    batch = batch.set_column(batch.schema.get_field_index("app"), "app", pa.array(["shop"] * 4 + ["blog", "blog"]))
     batch = batch.append_column("kind", pa.array(["metric", "metric", "log", "log", "log", "metric"]))
     batch = batch.append_column("name", pa.array(["cpu", "cpu", "app.http", "app.db", "app.db", "latency"]))
     # a run per app, whose head is its first event (e0, e5); the error log e2; app.db of shop only (e3, not e4);
