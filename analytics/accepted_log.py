@@ -153,12 +153,12 @@ def read_stream(spark: SparkSession, config: Config, schema: StructType) -> Data
     return _one_file_per_batch(spark, config.accepted_events_dir, schema)
 
 
-def read_partials_stream(spark: SparkSession, config: Config, schema: str) -> DataFrame:
+def read_partials_stream(spark: SparkSession, config: Config, schema: StructType) -> DataFrame:
     """The window partials as a stream, one accept batch per micro-batch, in the order they were published."""
     return _one_file_per_batch(spark, config.window_partials_dir, schema)
 
 
-def _one_file_per_batch(spark: SparkSession, directory: Path, schema: StructType | str) -> DataFrame:
+def _one_file_per_batch(spark: SparkSession, directory: Path, schema: StructType) -> DataFrame:
     directory.mkdir(parents=True, exist_ok=True)
     return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
 

@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
 
 from analytics import session_runs
 from eventide.config import Config
@@ -91,6 +92,4 @@ def read_filter(config: Config) -> Column:
 
 def with_keyed_fields(schema: StructType) -> StructType:
     """``schema`` (an accepted-events file's columns) with :data:`FIELDS`."""
-    spark_types = {pa.bool_(): BooleanType(), pa.int64(): LongType()}
-    return StructType([*schema.fields, *[StructField(name, spark_types[type], nullable=True)
-                                         for name, type in FIELDS.items()]])
+    return StructType([*schema.fields, *from_arrow_schema(pa.schema(FIELDS)).fields])

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
 
 from analytics.windows import LEVEL_COLUMNS, epoch_ms
 
@@ -117,6 +118,4 @@ def _append(table: pa.Table, columns: dict[str, pa.Array]) -> pa.Table:
 
 def with_run_fields(schema: StructType) -> StructType:
     """``schema`` (the accepted events' columns) with the run columns, as the accepted-events files hold them."""
-    spark_types = {pa.int64(): LongType(), pa.int32(): IntegerType()}
-    return StructType([*schema.fields, *[StructField(name, spark_types[type], nullable=True)
-                                         for name, type in RUN_FIELDS.items()]])
+    return StructType([*schema.fields, *from_arrow_schema(pa.schema(RUN_FIELDS)).fields])

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from datasketches import hll_sketch, kll_doubles_sketch, tgt_hll_type
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from analytics import accepted_log
 from analytics.windows import (
@@ -52,10 +53,8 @@ SCHEMA = pa.schema([
 ])
 """A partial's columns, as published (``accepted_log.publish_partials``) and read by the ``windows`` query."""
 
-_SPARK_TYPES = {pa.int64(): "long", pa.string(): "string", ARROW_TIME: "timestamp", pa.float64(): "double",
-                pa.binary(): "binary"}
-SPARK_SCHEMA = ", ".join(f"{field.name} {_SPARK_TYPES[field.type]}" for field in SCHEMA)
-""":data:`SCHEMA` in Spark's DDL, for the ``windows`` query's file source."""
+SPARK_SCHEMA = from_arrow_schema(SCHEMA)
+""":data:`SCHEMA` as Spark's types, for the ``windows`` query's file source."""
 
 
 def grain_ms(specs: list[WindowSpec]) -> int:
