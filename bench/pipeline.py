@@ -37,6 +37,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -175,37 +176,59 @@ def cpu_seconds() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def jit_cpu_seconds(spark: Any) -> float:
-    """CPU time of the Spark JVM's JIT compiler threads so far (HotSpot names them ``C1/C2 CompilerThreadN``).
+class CompilerThreadsCpu:
+    """CPU of the Spark JVM's JIT compiler threads (HotSpot names them ``C1/C2 CompilerThreadN``) from creation on.
 
     Spark generates and loads new classes for every query it plans, and HotSpot compiles their hot methods (and
     Spark's own) while the job runs: in a drain of a few hundred thousand events that is a visible share of the
-    machine's CPU, which a job that has run a while no longer pays (phase ``warm``)."""
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:   # the thread ended meanwhile
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        if name.startswith(("C1 CompilerThre", "C2 CompilerThre")):
-            fields = stat[stat.rindex(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])   # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
+    machine's CPU. HotSpot starts extra compiler threads as its queues grow and ends them once idle, and a thread's
+    time leaves ``/proc`` with it, so two readings (before and after a drain) miss most of it: the threads are read
+    every ``POLL_S`` meanwhile, each one's CPU counted from its first reading (0 for a thread started since)."""
+
+    POLL_S = 0.1
+
+    def __init__(self, spark: Any) -> None:
+        self._tasks = Path(f"/proc/{spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}/task")
+        self._start = self._read()
+        self._last = dict(self._start)
+        self._stopped = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="jit-cpu", daemon=True)
+        self._poller.start()
+
+    def _read(self) -> dict[str, float]:
+        cpu = {}
+        for task in self._tasks.iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:   # the thread ended meanwhile
+                continue
+            if stat[stat.index("(") + 1:stat.rindex(")")].startswith(("C1 CompilerThre", "C2 CompilerThre")):
+                fields = stat[stat.rindex(")") + 2:].split()
+                cpu[task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+        return cpu
+
+    def _poll(self) -> None:
+        while not self._stopped.wait(self.POLL_S):
+            self._last.update(self._read())
+
+    def stop(self) -> float:
+        """Stop reading; the compiler threads' CPU since creation, in seconds."""
+        self._stopped.set()
+        self._poller.join()
+        self._last.update(self._read())
+        return sum(cpu - self._start.get(tid, 0.0) for tid, cpu in self._last.items())
 
 
 class Spent:
     """Wall time, the machine's CPU and the JVM's JIT CPU from its creation to :meth:`per` (one drain)."""
 
     def __init__(self, spark: Any) -> None:
-        self._spark = spark
-        self._jit, self._cpu, self._t = jit_cpu_seconds(spark), cpu_seconds(), time.perf_counter()
+        self._jit, self._cpu, self._t = CompilerThreadsCpu(spark), cpu_seconds(), time.perf_counter()
 
     def per(self, events: int) -> dict[str, Any]:
         """What was spent so far, and the rates for ``events`` events."""
         seconds, cpu = time.perf_counter() - self._t, cpu_seconds() - self._cpu
-        jit = jit_cpu_seconds(self._spark) - self._jit
+        jit = self._jit.stop()
         return {"seconds": round(seconds, 2), "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
                 "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jit, 1)}
 
