@@ -25,15 +25,11 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.stateful_processor import (
-    ExpiredTimerInfo,
-    StatefulProcessor,
-    StatefulProcessorHandle,
-    TimerValues,
-)
+from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle, TimerValues, ValueState
 
 from analytics import keyed_rows, session_runs, sessions, sliding
 from analytics.keyed_events import NO_LEVEL, Events
+from analytics.keyed_processor import KeyedWindowsProcessor
 from analytics.windows import LEVEL_COLUMNS, LEVEL_FIELDS, event_time_ms, with_watermark
 from eventide.config import Config
 
@@ -70,10 +66,6 @@ def _output(n: int, columns: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(data, copy=False)
 
 
-_SLIDING_STATE = ("t binary, value binary, level binary, arrived_wm binary, pending_t binary, "
-                  "pending_partition binary, pending_offset binary, pending_ids string")
-_SESSION_STATE = ("open_key binary, open_first binary, open_last binary, open_counts binary, closed_key binary, "
-                  "closed_first binary, closed_last binary, keys string")
 # A session row stands for a run of its key's events (analytics.session_runs); these input columns carry the run.
 RUN_LAST, RUN_EVENTS = "run_last_ms", "run_events"
 RUN_LEVELS = tuple(f"run_{level}" for level in LEVEL_COLUMNS)
@@ -82,21 +74,18 @@ _SESSION_KEY = "\x1e"   # joins key kind (user | device) and key in a bucket's s
 _ID_SEPARATOR = "\x1f"
 
 
-class KeyedWindowsProcessor(StatefulProcessor):
-    """Runs in Spark's Python workers; one instance serves many keys of both families."""
+class KeyedWindowsLogic:
+    """The sliding and session rules over a :class:`~analytics.keyed_processor.KeyedWindowsProcessor`'s state, in
+    Spark's Python workers (created there at the first rows or timer, so that only the workers import it)."""
 
-    def __init__(self, sliding_length_ms: int, session_gap_ms: int, session_memory_ms: int) -> None:
+    def __init__(self, handle: StatefulProcessorHandle, sliding_state: ValueState, session_state: ValueState,
+                 sliding_length_ms: int, session_gap_ms: int, session_memory_ms: int) -> None:
+        self.handle = handle
+        self.sliding_state = sliding_state
+        self.session_state = session_state
         self.sliding_length_ms = sliding_length_ms
         self.session_gap_ms = session_gap_ms
         self.session_memory_ms = session_memory_ms
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-        self.sliding_state = handle.getValueState("sliding", _SLIDING_STATE)
-        self.session_state = handle.getValueState("session", _SESSION_STATE)
-        # No longer read or written: a key's registered timer is its stored state's next due time (``_move_timer``).
-        # Still declared, so that checkpoints written while it was in use load unchanged.
-        handle.getValueState("timer", "expiry_ms long")
 
     # State (de)serialization: numpy arrays as raw bytes, one state row per key ---------------------------------
     # Each state call is a round trip to Spark's JVM, the largest cost of the query after the input itself
@@ -147,14 +136,14 @@ class KeyedWindowsProcessor(StatefulProcessor):
         if due is not None:
             self.handle.registerTimer(due)
 
-    # Spark callbacks -----------------------------------------------------------------------------------------
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
-                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+    # Spark's callbacks, through the processor ---------------------------------------------------------------
+    def handle_input_rows(self, key: Any, rows: Iterator[pd.DataFrame],
+                          timer_values: TimerValues) -> Iterator[pd.DataFrame]:
         key = _unpack_key(key)
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         events = Events.from_input(frame)
-        watermark = timerValues.getCurrentWatermarkInMs()
+        watermark = timer_values.getCurrentWatermarkInMs()
         if key[0] == SLIDING:
             state = self._load_sliding()
             registered = state.next_due
@@ -182,10 +171,9 @@ class KeyedWindowsProcessor(StatefulProcessor):
                     "window_start_ms": start, "window_end_ms": end, "event_time_ms": first[dropped_at],
                     RUN_LAST: last[dropped_at]})
 
-    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
-                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+    def handle_expired_timer(self, key: Any, timer_values: TimerValues) -> Iterator[pd.DataFrame]:
         key = _unpack_key(key)
-        watermark = timerValues.getCurrentWatermarkInMs()
+        watermark = timer_values.getCurrentWatermarkInMs()
         # The timer that fired is gone: none is registered until ``_move_timer`` registers the next.
         if key[0] == SLIDING:
             state = self._load_sliding()
@@ -219,9 +207,6 @@ class KeyedWindowsProcessor(StatefulProcessor):
                     "window_start_ms": emitted["session_start"],
                     "window_end_ms": emitted["last_event_time"] + self.session_gap_ms,
                     "event_time_ms": emitted["last_event_time"]})
-
-    def close(self) -> None:
-        pass
 
     # Output rows ---------------------------------------------------------------------------------------------
     @staticmethod

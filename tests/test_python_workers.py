@@ -106,3 +106,22 @@ def test_the_spark_python_launcher_drops_only_the_installed_pyspark_archives(tmp
              "EVENTIDE_SPARK_PYTHON": sys.executable, "EVENTIDE_PYSPARK_DIR": str(installed)},
         capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == ":".join(users)
+
+
+def test_the_keyed_windows_processor_unpickles_without_the_window_logic(tmp_path: Path):
+    # The driver-side process of transformWithStateInPandas unpickles the processor only to run its init (at every
+    # start of the query): pandas, pyarrow and the job's configuration are left to the workers that handle rows.
+    from pyspark import cloudpickle
+
+    from analytics.keyed_processor import KeyedWindowsProcessor
+
+    pickled = tmp_path / "processor.pickle"
+    pickled.write_bytes(cloudpickle.dumps(KeyedWindowsProcessor(300_000, 300_000, 86_400_000)))
+    heavy = ["pandas", "pyarrow", "pydantic", "eventide.config", "analytics.keyed_windows"]
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import pickle, sys\n"
+         f"processor = pickle.loads(open({str(pickled)!r}, 'rb').read())\n"
+         "print(type(processor).__module__, processor.session_gap_ms)\n"
+         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"],
+        capture_output=True, text=True, check=True)
+    assert loaded.stdout.splitlines() == ["analytics.keyed_processor 300000", "[]"]
