@@ -13,6 +13,10 @@ and every session run, late ones included (its input time column carries no wate
 pre-filter), and applies the watermark rules itself with the watermark Spark hands it; each key keeps one timer at
 the next time it needs the watermark. Output rows are windows, dropped stragglers and dropped session runs (which
 the writer expands into their events' stragglers), told apart by ``row_type``.
+
+The processor (``analytics.keyed_processor``) runs the logic here (``KeyedWindowsLogic``), which its module imports
+only where rows are handled: Spark also unpickles the processor in a driver-side process at every start of the
+query, which needs none of this module's imports.
 """
 
 from __future__ import annotations
