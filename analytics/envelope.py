@@ -12,6 +12,8 @@ uses LogAppendTime, i.e. the broker's clock).
 
 from __future__ import annotations
 
+import functools
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -139,9 +141,8 @@ def _length_between(field: str, low: int, high: int) -> tuple[Column, Column]:
     return (~n.between(low, high), F.lit(f"invalid field: {field} must be {low}-{high} characters"))
 
 
-def _rules(config: Config) -> list[tuple[Column, Column]]:
+def _rules(limit: int) -> list[tuple[Column, Column]]:
     """(broken-when, reason) in evaluation order; the first match is the reason."""
-    limit = config.envelope.max_record_bytes
     size = F.octet_length(F.col("value"))
     kind = _get("kind")
     value = _get("value")
@@ -199,26 +200,37 @@ def parse(records: DataFrame, config: Config) -> DataFrame:
 
     ``dead_letter_reason`` is NULL for accepted records. Kafka coordinates are kept for dead letters.
     """
-    limit = config.envelope.max_record_bytes
-    tag_keys = sorted(config.stream.series_tag_keys)
-    with_json = records.select(
-        *_KAFKA_COLUMNS[:3], F.col("timestamp").alias("kafka_timestamp"), "value",
+    for columns in _projections(config.envelope.max_record_bytes, tuple(sorted(config.stream.series_tag_keys))):
+        records = records.select(*columns)
+    return records
+
+
+@functools.cache
+def _projections(limit: int, tag_keys: tuple[str, ...]) -> tuple[tuple[Column, ...], ...]:
+    """The columns of ``parse``'s projections, one tuple per ``select``, built once per process and settings.
+
+    Built anew they cost ~5,700 calls into Spark's JVM (0.4-0.7 s), which every start of the ``accept`` query paid
+    (docs/benchmarks.md). Columns are unresolved expressions, valid for any DataFrame and session of the JVM."""
+    kafka = [F.col(c) for c in _KAFKA_COLUMNS]
+    read = (
+        *kafka[:3], F.col("timestamp").alias("kafka_timestamp"), F.col("value"),
         # Oversize records are never parsed: the size rule rejects them first. Nor are bytes that are not UTF-8
         # (the brief's encoding): Spark's parser would read them with replacement characters and accept them.
         F.when((F.octet_length("value") <= limit) & F.is_valid_utf8(F.col("value").cast("string")),
                F.expr("try_parse_json(CAST(value AS STRING))")).alias("_json"),
     )
-    with_json = with_json.select("*", _fast_path())
-    with_json = with_json.select(*_KAFKA_COLUMNS, "_json", "_root", "_fj", _fast_accept(limit).alias("_fast"))
-    with_json = with_json.select(*_KAFKA_COLUMNS, "_json", _extract_fields())
+    parsed_json = F.col("_json")
+    fast_path = (F.col("*"), _fast_path())
+    fast = (*kafka, parsed_json, F.col("_root"), F.col("_fj"), _fast_accept(limit).alias("_fast"))
+    fields = (*kafka, parsed_json, _extract_fields())
     tags = _get("tags")
     received = F.coalesce(_get("received_time"), F.unix_millis("kafka_timestamp"))
     clock_offset = received - _get("sent_time")
     series_tags = (F.concat_ws(",", *[F.concat(F.lit(f"{k}="), F.coalesce(tags[k], F.lit(""))) for k in tag_keys])
                    if tag_keys else F.lit(""))
-    parsed = with_json.select(
-        *_KAFKA_COLUMNS,
-        F.when(~F.col("_fast"), _first_failure(_rules(config))).alias("dead_letter_reason"),
+    typed = (
+        *kafka,
+        F.when(~F.col("_fast"), _first_failure(_rules(limit))).alias("dead_letter_reason"),
         *[_get(f).alias(f) for f in ("id", "kind", "app", "device", "name")],
         _get("value").alias("metric_value"),
         *[_get(f).alias(f) for f in ("level", "user", "tags")],
@@ -228,7 +240,7 @@ def parse(records: DataFrame, config: Config) -> DataFrame:
         clock_offset.alias("clock_offset_ms"),
         F.timestamp_millis(_get("event_time") + clock_offset).alias("corrected_event_time"),
     )
-    return parsed
+    return read, fast_path, fast, fields, typed
 
 
 def accepted(parsed: DataFrame) -> DataFrame:
