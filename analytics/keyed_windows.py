@@ -247,8 +247,30 @@ def _unpack_key(key: tuple[str]) -> tuple[str, str, str, str, str]:
 
 def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
     """The query's result: sliding windows, sessions and dropped stragglers (``row_type``)."""
+    stream = config.stream
+    read_filter, columns = _input_columns(config)
     # Skips reading the rows it would not take anyway (analytics.keyed_rows); the rules below still choose.
-    events = with_watermark(events.where(keyed_rows.read_filter(config)), config)
+    keyed = with_watermark(events.where(read_filter), config).select(*columns)
+    processor = KeyedWindowsProcessor(stream.sliding_window_s * 1000, stream.session_gap_s * 1000,
+                                      stream.session_memory_s * 1000)
+    return keyed.groupBy(KEY).transformWithStateInPandas(
+        processor, OUTPUT_SCHEMA, "Append", "EventTime")
+
+
+_INPUT_COLUMNS: dict[tuple[int, int, int], tuple[Column, tuple[Column, ...]]] = {}
+
+
+def _input_columns(config: Config) -> tuple[Column, tuple[Column, ...]]:
+    """(the rows of a file to read, the processor's input columns), built once per process and the settings that
+    decide them: built anew they took ~0.2 s of calls into Spark's JVM at every start of the query
+    (docs/benchmarks.md). Columns are unresolved expressions, valid for any DataFrame and session of the JVM."""
+    key = (keyed_rows.selection(config), config.stream.session_gap_s, config.stream.session_buckets)
+    if key not in _INPUT_COLUMNS:
+        _INPUT_COLUMNS[key] = (keyed_rows.read_filter(config), _build_input_columns(config))
+    return _INPUT_COLUMNS[key]
+
+
+def _build_input_columns(config: Config) -> tuple[Column, ...]:
     levels = F.array(*[F.lit(level) for level in LEVEL_COLUMNS])
     payload = [
         # A plain long, not the watermarked timestamp: Spark would otherwise drop late rows before the processor.
@@ -287,9 +309,4 @@ def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
     entries = F.filter(F.array(F.when(is_run_head, session_entry),
                                F.when(keyed_rows.sliding_series(config), sliding_entry)),
                        lambda entry: entry.isNotNull())
-    keyed = events.select(*payload, F.inline(entries))
-    stream = config.stream
-    processor = KeyedWindowsProcessor(stream.sliding_window_s * 1000, stream.session_gap_s * 1000,
-                                      stream.session_memory_s * 1000)
-    return keyed.groupBy(KEY).transformWithStateInPandas(
-        processor, OUTPUT_SCHEMA, "Append", "EventTime")
+    return (*[F.col(c) if isinstance(c, str) else c for c in payload], F.inline(entries))

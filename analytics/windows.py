@@ -9,6 +9,7 @@ watermark has already closed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,20 +140,30 @@ def aggregate(partials: DataFrame, config: Config) -> DataFrame:
     so Spark applies its window rule to it: a window is evicted once the watermark reaches its end, and a
     contribution arriving after that is dropped (``analytics.stragglers`` counts those).
     """
-    k = config.stream.kll_k
-    expanded = with_watermark(partials, config).select(
-        "*", F.inline(window_assignments(window_specs(config), F.col(BUCKET_START))))
-    marker = {WATERMARK_DELAY_KEY: watermark_delay_ms(config)}
-    expanded = expanded.select("*", F.timestamp_millis("window_end_ms").alias("window_end", metadata=marker))
-    grouped = expanded.groupBy("window_kind", "window_length_ms", "window_hop_ms", "window_start_ms", "window_end",
-                               *SERIES)
-    aggregated = grouped.agg(
+    expand, window_end, group, aggregates, result = _aggregation_columns(
+        tuple(window_specs(config)), config.stream.kll_k, watermark_delay_ms(config))
+    expanded = with_watermark(partials, config).select(F.col("*"), expand).select(F.col("*"), window_end)
+    return expanded.groupBy(*group).agg(*aggregates).select(*result)
+
+
+@functools.cache
+def _aggregation_columns(specs: tuple[WindowSpec, ...], kll_k: int, watermark_delay: int) -> tuple[
+        Column, Column, tuple[Column, ...], tuple[Column, ...], tuple[Column, ...]]:
+    """The columns of :func:`aggregate`'s projections, grouping and aggregates, built once per process and settings:
+    built anew they took ~0.2-0.3 s of calls into Spark's JVM at every start of the query (docs/benchmarks.md).
+    Columns are unresolved expressions, valid for any DataFrame and session of the JVM."""
+    expand = F.inline(window_assignments(list(specs), F.col(BUCKET_START)))
+    marker = {WATERMARK_DELAY_KEY: watermark_delay}
+    window_end = F.timestamp_millis("window_end_ms").alias("window_end", metadata=marker)
+    group = tuple(F.col(c) for c in ("window_kind", "window_length_ms", "window_hop_ms", "window_start_ms",
+                                      "window_end", *SERIES))
+    aggregates = (
         F.sum("event_count").alias("event_count"),
         F.sum("value_count").alias("value_count"),
         F.coalesce(F.sum("sum"), F.lit(0.0)).alias("sum"),
         F.min("min").alias("min"),
         F.max("max").alias("max"),
-        F.expr(f"kll_merge_agg_double(value_sketch, {k})").alias("value_sketch"),
+        F.expr(f"kll_merge_agg_double(value_sketch, {kll_k})").alias("value_sketch"),
         F.expr("hll_union_agg(users_sketch)").alias("users_sketch"),
         F.expr("hll_union_agg(devices_sketch)").alias("devices_sketch"),
         *[F.sum(field).alias(field) for field in LEVEL_FIELDS],
@@ -160,7 +171,7 @@ def aggregate(partials: DataFrame, config: Config) -> DataFrame:
     ranks = ", ".join(str(q) for q in QUANTILES.values())
     has_values = F.col("value_count") > 0
     quantiles = F.when(has_values, F.expr(f"kll_sketch_get_quantile_double(value_sketch, array({ranks}))"))
-    return aggregated.select(
+    result = tuple(F.col(c) if isinstance(c, str) else c for c in (
         "window_kind", "window_length_ms", "window_hop_ms",
         F.timestamp_millis("window_start_ms").alias("window_start"),
         "window_end",
@@ -174,4 +185,5 @@ def aggregate(partials: DataFrame, config: Config) -> DataFrame:
         F.when(has_values, F.col("value_sketch")).alias("value_sketch"),
         "users_sketch", "devices_sketch",
         *LEVEL_FIELDS,
-    )
+    ))
+    return expand, window_end, group, aggregates, result
