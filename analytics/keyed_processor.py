@@ -44,6 +44,7 @@ class KeyedWindowsProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
+        self._logic = None   # built on first use, over this handle's state
         self.sliding_state = handle.getValueState("sliding", SLIDING_STATE)
         self.session_state = handle.getValueState("session", SESSION_STATE)
         # No longer read or written: a key's registered timer is its stored state's next due time
