@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -104,6 +105,7 @@ def main() -> None:
                       "all_s": [round(x, 3) for x in times]}
         print(f"[{stage}] {json.dumps(out[stage])}", file=sys.stderr, flush=True)
     spark.stop()
+    shutil.rmtree(data, ignore_errors=True)
     emit(out, args.out)
 
 

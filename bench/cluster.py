@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,7 @@ def main() -> None:
                 print(f"[{label}] {json.dumps(summary[label])}", file=sys.stderr, flush=True)
     finally:
         cluster.down(base)
+        shutil.rmtree(data, ignore_errors=True)
     summary["cluster_over_local"] = round(summary["cluster"]["events_per_s"] / summary["local"]["events_per_s"], 2)
     text = json.dumps(summary, indent=1)
     print(text)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -123,6 +124,7 @@ def main() -> None:
             spark.stop()
     finally:
         broker.stop(config)
+        shutil.rmtree(data, ignore_errors=True)
     parts = [summary[s] for s in SCENARIOS if s in summary]
     summary["total"] = {"faults": sum(p["faults"] for p in parts), "lost": sum(p["lost"] for p in parts),
                         "double_counted": sum(p["double_counted"] for p in parts)}
