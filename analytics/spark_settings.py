@@ -64,8 +64,8 @@ The job allocates short-lived objects at a high rate (Spark's variant cast build
 and its heaps are small (``stream.driver_memory`` 2g, ``cluster.executor_memory`` 1g). The parallel collector's
 young collections and write barriers cost less CPU than G1's (the JVM's default): seven alternating 1M pairs, the
 whole job 39.3k -> 41.7k events/s drained, 48.7k -> 55.3k drained again, 50.3k -> 55.2k live, 13-14 % less CPU
-per event once warm (docs/benchmarks.md). Its pauses are longer (whole-heap collections stop the JVM), which a micro-batch job
-of a few GB of heap absorbs; with much larger executor heaps G1's shorter pauses may matter more."""
+per event once warm (docs/benchmarks.md). Its pauses are longer (whole-heap collections stop the JVM), which a
+micro-batch job of a few GB of heap absorbs; with much larger executor heaps G1's shorter pauses may matter more."""
 
 
 def use_jemalloc_for_arrow() -> None:
