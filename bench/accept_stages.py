@@ -41,7 +41,16 @@ def main() -> None:
     parser.add_argument("--stages", default="scan,string,parse,shape,fields,validate,collect")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    data = Path(tempfile.mkdtemp(prefix="eventide-accept-stages-"))
+    try:   # an interrupted run leaves no data directory behind either
+        out = _measure(args, data)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    emit(out, args.out)
 
+
+def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    """Each stage's best time over ``args.repeat`` runs, in a Spark session whose data directory is ``data``."""
     from pyspark.sql import functions as F
 
     from analytics import envelope
@@ -49,7 +58,6 @@ def main() -> None:
     from eventide.config import load_config
     from ingest.envelope import now_ms
 
-    data = Path(tempfile.mkdtemp(prefix="eventide-accept-stages-"))
     config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")})
     spark = spark_session(config, app_name="eventide-accept-stages")
     start = now_ms() - 3_600_000
@@ -105,8 +113,7 @@ def main() -> None:
                       "all_s": [round(x, 3) for x in times]}
         print(f"[{stage}] {json.dumps(out[stage])}", file=sys.stderr, flush=True)
     spark.stop()
-    shutil.rmtree(data, ignore_errors=True)
-    emit(out, args.out)
+    return out
 
 
 if __name__ == "__main__":
