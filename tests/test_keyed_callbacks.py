@@ -122,7 +122,7 @@ def _windows(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def test_a_series_gets_each_window_once_and_its_timer_fires_only_when_a_window_is_due():
-    # Given a series that receives events 10 s apart in every batch, the watermark 35 s behind each batch's last,
+    # Given a series with two events 10 s apart in every batch, the watermark 35 s behind each batch's last event,
     spark, batches = _SparkLike(), []
     logic = _logic(spark)
     series = _key(SLIDING, "cpu")
