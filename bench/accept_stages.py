@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -41,11 +40,9 @@ def main() -> None:
     parser.add_argument("--stages", default="scan,string,parse,shape,fields,validate,collect")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="eventide-accept-stages-"))
-    try:   # an interrupted run leaves no data directory behind either
-        out = _measure(args, data)
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
+    # Removed however the run ends (an interrupted run used to leave it behind).
+    with tempfile.TemporaryDirectory(prefix="eventide-accept-stages-", ignore_cleanup_errors=True) as data:
+        out = _measure(args, Path(data))
     emit(out, args.out)
 
 
