@@ -12,6 +12,7 @@ no file), so a checkout is self-contained: broker data, chDB data, checkpoints a
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -265,19 +266,84 @@ class SdkConfig(_Section):
     """How often the SDK emits its own health metrics (``eventide.sdk.*``); 0 turns them off."""
 
 
+class GatewayToken(_Section):
+    """One bearer token of ``gateway.tokens`` with what it may do: a TOML table
+    ``{ token = "...", apps = ["checkout"], rate = 5000, burst = 10000 }``. A plain string in the list is a token
+    with no app scope and no rate limit (the local/dev form)."""
+
+    token: str = Field(min_length=1)
+    apps: list[str] | None = None
+    """The apps (envelope ``app``) this token may write; an event of another app is rejected. Absent: any app."""
+    rate: float | None = Field(None, gt=0)
+    """Events per second this token may send, on average (a token bucket); over it the gateway answers 429 with
+    ``Retry-After``. Absent: no limit."""
+    burst: int | None = Field(None, ge=1)
+    """Events the token may send at once (the bucket's size): a batch of more events is refused (413). Default:
+    one second's worth of ``rate``. Only with ``rate``."""
+
+    @field_validator("apps")
+    @classmethod
+    def _apps_named(cls, apps: list[str] | None) -> list[str] | None:
+        if apps is not None and (not apps or any(not app for app in apps)):
+            raise ValueError("must list at least one non-empty app name (leave it out to allow every app)")
+        return apps
+
+    @model_validator(mode="after")
+    def _burst_with_rate(self) -> GatewayToken:
+        if self.burst is not None and self.rate is None:
+            raise ValueError("burst needs a rate (events per second)")
+        return self
+
+    @property
+    def bucket_size(self) -> int | None:
+        """Events the token may send at once: ``burst``, else one second of ``rate``; None without a rate."""
+        if self.rate is None:
+            return None
+        return self.burst if self.burst is not None else max(1, math.ceil(self.rate))
+
+
 class GatewayConfig(_Section):
     """The HTTP gateway (``POST /v1/events``) for apps that cannot use the Python SDK."""
 
     host: str = "127.0.0.1"
     port: int = Field(8088, ge=1, le=65535)
-    tokens: list[str] = Field(default_factory=list)
-    """Accepted bearer tokens. The gateway does not start without at least one."""
+    tokens: list[GatewayToken] = Field(default_factory=list)
+    """Accepted bearer tokens: plain strings (any app, no rate limit: the local/dev form) or tables with an app
+    scope and a rate limit (``GatewayToken``). The gateway does not start without at least one."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_batch_events: int = Field(5_000, ge=1)
+    max_depth: int = Field(32, ge=2, le=256)
+    """Deepest nesting of arrays and objects in one event (the envelope itself is 2: an object holding ``tags``);
+    a deeper event is rejected without being parsed, so a nesting bomb costs neither stack nor time."""
     ack_timeout_s: float = Field(10.0, gt=0)
     """Longest wait for Kafka to acknowledge a batch before answering 503."""
     producers: int = Field(4, ge=1)
     """Transactional Kafka producers, i.e. batches written concurrently."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """Longest time from a connection (or the end of its previous response) to the end of a request's headers;
+    then the gateway answers 408 and closes the connection (slow or silent clients hold no connection)."""
+    receive_timeout_s: float = Field(30.0, gt=0)
+    """Longest time to receive a request's whole body once its headers are in; then 408 and the connection closed."""
+    keep_alive_s: float = Field(5.0, gt=0)
+    """How long an idle keep-alive connection stays open between requests."""
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _plain_tokens(cls, tokens: Any) -> Any:
+        # A plain string is the table form with nothing but the token.
+        if isinstance(tokens, list):
+            return [{"token": t} if isinstance(t, str) else t for t in tokens]
+        return tokens
+
+    @field_validator("tokens")
+    @classmethod
+    def _distinct_tokens(cls, tokens: list[GatewayToken]) -> list[GatewayToken]:
+        seen: set[str] = set()
+        for i, entry in enumerate(tokens):
+            if entry.token in seen:
+                raise ValueError(f"entry {i}: the same token is listed twice (one token, one scope and rate)")
+            seen.add(entry.token)
+        return tokens
 
 
 class AlertingConfig(_Section):
