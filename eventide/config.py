@@ -17,8 +17,10 @@ import os
 import re
 import sys
 import tomllib
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -26,9 +28,23 @@ ENV_PREFIX = "EVENTIDE_"
 CONFIG_ENV = "EVENTIDE_CONFIG"
 DEFAULT_CONFIG_FILE = "eventide.toml"
 
+KNOWN_TOKENS = frozenset({"dev-token-change-me"})
+"""Gateway tokens published with the project (eventide.toml's dev token): refused off loopback."""
+MIN_TOKEN_LENGTH = 16
+"""Shortest gateway token accepted off loopback."""
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the offending field."""
+
+
+def _is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1); a name, ``0.0.0.0`` or ``""`` is not."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class _Section(BaseModel):
@@ -368,6 +384,32 @@ class DashboardConfig(_Section):
     default_range_minutes: int = Field(15, ge=1)
 
 
+class RetentionConfig(_Section):
+    """How long the store keeps each family of tables: a ClickHouse TTL per table (``store.migrations`` sets it
+    from these values on every migration run, so a changed value takes effect at the next start). Days; fractions
+    allowed. Rows older than this (by the table's time column, e.g. ``window_start``) are deleted in merges."""
+
+    window_results_days: float = Field(90.0, gt=0)
+    """Tumbling and hopping window results and their corrections (``window_aggregates``, ``corrections``)."""
+    keyed_windows_days: float = Field(30.0, gt=0)
+    """Sliding windows and sessions (``sliding_windows``, ``sessions``)."""
+    rejected_days: float = Field(30.0, gt=0)
+    """Dropped stragglers, duplicates and dead letters (``stragglers``, ``duplicates``, ``dead_letters``)."""
+    progress_days: float = Field(30.0, gt=0)
+    """The job's per-batch progress and dedup state (``pipeline_progress``, ``dedup_state``). The newest watermark
+    of each query (``query_watermarks_kept``, one row per query) is kept whatever this says."""
+    alerts_days: float = Field(90.0, gt=0)
+    """Alert states, transitions, notifications and failed deliveries (``alert_states``, ``alert_transitions``,
+    ``alert_notifications``, ``alert_delivery_failures``)."""
+    clocks_days: float = Field(30.0, gt=0)
+    """Device clock offsets (``device_clocks``, ``device_clocks_per_minute``)."""
+
+    @property
+    def shortest_days(self) -> float:
+        """The shortest retention of any family: the longest range a dashboard page can show whole."""
+        return min(self.model_dump().values())
+
+
 class DemoConfig(_Section):
     events_per_second: float = Field(200.0, gt=0)
     apps: list[str] = Field(default_factory=lambda: ["checkout", "search", "mobile"])
@@ -457,6 +499,7 @@ class Config(_Section):
     gateway: GatewayConfig = GatewayConfig()
     alerting: AlertingConfig = AlertingConfig()
     dashboard: DashboardConfig = DashboardConfig()
+    retention: RetentionConfig = RetentionConfig()
     demo: DemoConfig = DemoConfig()
     cluster: ClusterConfig = ClusterConfig()
 
@@ -478,6 +521,39 @@ class Config(_Section):
             if port in seen:
                 raise ValueError(f"{seen[port]} and {field} must differ (both {port})")
             seen[port] = field
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> Config:
+        """Settings that are fine on a laptop but unsafe where others can connect stop startup, naming the field:
+        a known or short gateway token off loopback, a store reachable off loopback without a password, and a
+        dedup horizon longer than the accepted-events files that hold its memory."""
+        if not _is_loopback(self.gateway.host):
+            for i, entry in enumerate(self.gateway.tokens):
+                token = entry if isinstance(entry, str) else str(getattr(entry, "token", ""))
+                if token in KNOWN_TOKENS or len(token) < MIN_TOKEN_LENGTH:
+                    raise ValueError(
+                        f"gateway.tokens.{i}: the gateway listens on {self.gateway.host} (gateway.host, not "
+                        f"loopback), so its tokens must be secret: not a known default and at least "
+                        f"{MIN_TOKEN_LENGTH} characters (set EVENTIDE_GATEWAY__TOKENS)")
+        if self.store.embedded and not _is_loopback(self.store.host):
+            raise ValueError(
+                f"store.host: the embedded store (chDB, no ClickHouse access control) must listen on loopback, not "
+                f"{self.store.host}; use a ClickHouse server (store.url) to share the store over a network")
+        if not self.store.embedded:
+            url = urlsplit(self.store.url)
+            if not _is_loopback(url.hostname or "") and not (self.store.password or url.password):
+                raise ValueError(
+                    f"store.password: the store server {url.hostname} is not on loopback, so it needs a password "
+                    f"(set EVENTIDE_STORE__PASSWORD)")
+        stream = self.stream
+        if stream.deduplicate and stream.dedup_horizon_ms > stream.accepted_retention_s * 1000:
+            origin = ("" if stream.dedup_horizon_s is not None else
+                      " (its default: allowed_lateness_s + the longest window or session gap)")
+            raise ValueError(
+                f"stream.dedup_horizon_s: {stream.dedup_horizon_ms / 1000:g} s{origin} exceeds "
+                f"stream.accepted_retention_s ({stream.accepted_retention_s} s), which keeps the accepted ids the "
+                f"horizon is checked against: raise accepted_retention_s or lower the horizon")
         return self
 
     # Derived locations -------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def test_file_then_environment_overrides(tmp_path):
     file = tmp_path / "eventide.toml"
     file.write_text('[kafka]\nport = 29092\n[stream]\ntumbling_windows_s = [5, 30]\n')
     config = load_config(file, environ={"EVENTIDE_KAFKA__PORT": "39092",
-                                        "EVENTIDE_STORE__URL": "http://clickhouse:8123"})
+                                        "EVENTIDE_STORE__URL": "http://clickhouse:8123",
+                                        "EVENTIDE_STORE__PASSWORD": "p"})   # a server off loopback needs one
     assert config.kafka.port == 39092
     assert config.stream.tumbling_windows_s == [5, 30]
     assert config.store_url == "http://clickhouse:8123"
@@ -98,3 +99,60 @@ def test_the_cluster_defaults_are_three_replicated_brokers_and_two_workers(tmp_p
     assert on_cluster.stream.master == "spark://127.0.0.1:17077"
     assert on_cluster.checkpoint_dir == tmp_path / "var" / "cluster" / "checkpoints"
     assert (on_cluster.kafka.replication_factor, on_cluster.kafka.min_insync_replicas) == (3, 2)
+
+
+# Unsafe settings: fine on loopback, refused where others can connect, naming the field --------------------------
+SECRET = "x" * 16 + "-secret-token"
+
+
+@pytest.mark.parametrize(("settings", "field"), [
+    ({"gateway": {"host": "0.0.0.0", "tokens": ["dev-token-change-me"]}}, "gateway.tokens.0"),      # the known token
+    ({"gateway": {"host": "0.0.0.0", "tokens": [SECRET, "short-token"]}}, "gateway.tokens.1"),     # < 16 chars
+    ({"gateway": {"host": "10.1.2.3", "tokens": [{"token": "dev-token-change-me", "apps": ["a"]}]}},
+     "gateway.tokens.0"),                                                                          # table form
+    ({"gateway": {"host": "gateway.example", "tokens": ["0123456789abcde"]}}, "gateway.tokens.0"),
+    ({"store": {"url": "http://clickhouse:8123"}}, "store.password"),             # a server without a password
+    ({"store": {"url": "https://eventide@10.0.0.5:8443"}}, "store.password"),
+    ({"store": {"host": "0.0.0.0"}}, "store.host"),                               # the embedded store off loopback
+    ({"store": {"host": "192.168.1.10"}}, "store.host"),
+    ({"stream": {"dedup_horizon_s": 7200, "accepted_retention_s": 3600}}, "stream.dedup_horizon_s"),
+    ({"stream": {"accepted_retention_s": 300}}, "stream.dedup_horizon_s"),      # the default horizon (330 s)
+])
+def test_given_an_unsafe_setting_then_startup_is_refused_naming_the_field(tmp_path, settings, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, root=str(tmp_path), **settings)
+    assert field in str(info.value)
+
+
+def test_given_unsafe_settings_from_the_environment_then_the_message_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"gateway\.tokens\.0.*not a known default and at least 16 characters"):
+        load_config(environ={"EVENTIDE_GATEWAY__HOST": "0.0.0.0",
+                             "EVENTIDE_GATEWAY__TOKENS": '["dev-token-change-me"]'}, root=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"stream\.dedup_horizon_s: 330 s \(its default.*accepted_retention_s \(60"):
+        load_config(environ={"EVENTIDE_STREAM__ACCEPTED_RETENTION_S": "60"}, root=str(tmp_path))
+
+
+@pytest.mark.parametrize("settings", [
+    {"gateway": {"host": "127.0.0.1", "tokens": ["dev-token-change-me"]}},        # the dev token, on loopback
+    {"gateway": {"host": "localhost", "tokens": ["t"]}},
+    {"gateway": {"host": "::1", "tokens": ["t"]}},
+    {"gateway": {"host": "0.0.0.0", "tokens": [SECRET, {"token": SECRET + "2", "apps": ["a"]}]}},   # secret tokens
+    {"store": {"url": "http://127.0.0.1:8123"}},                                  # a local server, no password
+    {"store": {"url": "http://clickhouse:8123", "password": "p"}},
+    {"store": {"url": "http://eventide:p@clickhouse:8123"}},                      # the password in the URL
+    {"store": {"host": "127.0.0.2"}},
+    {"stream": {"dedup_horizon_s": 3600, "accepted_retention_s": 3600}},          # equal: the horizon is held
+    {"stream": {"deduplicate": False, "accepted_retention_s": 60}},                # no dedup: no horizon to hold
+])
+def test_given_safe_settings_then_they_load(tmp_path, settings):
+    load_config(environ={}, root=str(tmp_path), **settings)
+
+
+def test_the_checked_in_eventide_toml_loads_and_documents_every_retention(tmp_path):
+    from tests.conftest import REPO
+
+    config = load_config(REPO / "eventide.toml", environ={})
+    text = (REPO / "eventide.toml").read_text()
+    for field in config.retention.model_fields:
+        assert f"{field} = " in text, field            # each default written in the file
+    assert config.retention.shortest_days == min(config.retention.model_dump().values())
