@@ -116,9 +116,43 @@ class StoreConfig(_Section):
     port: int = Field(18123, ge=1, le=65535)
     """Embedded store only: its HTTP port."""
     password: str = ""
-    """Password of the store's ``default`` user (``EVENTIDE_STORE__PASSWORD``); for a server URL without one in it,
-    and required by ``eventide store serve`` when set."""
+    """Password of the store's ``default`` (writer) user (``EVENTIDE_STORE__PASSWORD``): for a server URL without
+    one in it. Embedded store: empty means the password generated on first start into
+    ``<data_dir>/store-credentials.json`` (mode 0600, read by every local component); set, it replaces that one."""
+    reader_user: str = "reader"
+    """The read-only user the dashboard and the alert evaluator connect as (ClickHouse ``readonly=2``: reads only,
+    settings changeable within the caps below)."""
+    reader_password: str = ""
+    """Its password (``EVENTIDE_STORE__READER_PASSWORD``). Embedded store: empty means the generated one. Server
+    URL: empty means the dashboard and evaluator use the writer's credentials (a warning is logged)."""
     database: str = "eventide"
+    max_query_size: int = Field(256 * 1024, ge=1024)
+    """Embedded store: longest statement text in bytes (ClickHouse's ``max_query_size``); longer: 413. An insert's
+    data after ``FORMAT <name>`` does not count."""
+    max_insert_bytes: int = Field(1024**3, ge=1024)
+    """Embedded store: largest request body after decompression (an insert's data); larger: 413. The body is
+    streamed to a temporary file beside the data directory, never held whole in memory."""
+    http_max_field_value_size: int = Field(128 * 1024, ge=4096)
+    """Embedded store: largest request head (request line with its URL parameters, and all headers); larger: 431."""
+    max_connections: int = Field(1024, ge=4)
+    """Embedded store: open client connections at most; one over it is closed at once (ClickHouse's
+    ``max_connections``)."""
+    max_concurrent_queries: int = Field(32, ge=1)
+    """Embedded store: queries running at once at most (each on a thread of its own); one over it is answered 503
+    TOO_MANY_SIMULTANEOUS_QUERIES at once (ClickHouse's ``max_concurrent_queries``)."""
+    http_headers_timeout_s: float = Field(5.0, gt=0)
+    """Embedded store: a request's head (request line and headers) must arrive whole within this long."""
+    http_receive_timeout_s: float = Field(300.0, gt=0)
+    """Embedded store: a request's body must arrive whole within this long from its start; else 408."""
+    keep_alive_timeout_s: float = Field(10.0, gt=0)
+    """Embedded store: an idle client connection is closed after this long (ClickHouse's ``keep_alive_timeout``)."""
+    max_execution_time: float = Field(600.0, gt=0)
+    """Embedded store: every query's ``max_execution_time`` in seconds, a cap a client cannot raise."""
+    max_memory_usage: int = Field(4 * 1024**3, gt=0)
+    """Embedded store: every query's ``max_memory_usage`` in bytes, a cap a client cannot raise."""
+    max_result_bytes: int = Field(512 * 1024**2, gt=0)
+    """Embedded store: every query's ``max_result_bytes`` (``result_overflow_mode = 'throw'``), a cap a client
+    cannot raise: results are built whole in memory before they are sent."""
     start_timeout_s: float = Field(60.0, gt=0)
     """How long ``stack up`` waits for the embedded store to answer."""
     write_retry_s: float = Field(600.0, gt=0)

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
 from urllib.parse import urlparse
 
 import clickhouse_connect
@@ -31,34 +32,60 @@ class StoreUnavailable(RuntimeError):
     """The store could not be reached; the message names the URL that was tried (password redacted)."""
 
 
-def _password(config: Config, url: str) -> str:
-    """The configured password, unless the URL carries its own."""
+Role = Literal["writer", "reader"]
+_warned_reader = False
+
+
+def credentials_for(config: Config, url: str, role: Role) -> tuple[str | None, str]:
+    """(user, password) to connect as ``role``; user None: the URL's own (or ClickHouse's ``default``).
+
+    Embedded store: the writer ``default`` and the reader, with the configured passwords or else the ones generated
+    on its first start (``store/credentials.py``). A server URL: its own user and password (or ``store.password``)
+    for the writer; for the reader ``store.reader_user``/``store.reader_password``, or the writer's when no reader
+    password is configured (a warning is logged once)."""
+    global _warned_reader
     parsed = urlparse(url)
-    return parsed.password if parsed.password is not None else config.store.password
+    if config.store.embedded and url == config.store_url and parsed.password is None:
+        from store import credentials
+
+        creds = credentials.load(config)
+        if role == "reader":
+            return creds.reader_user, creds.reader_password
+        return credentials.WRITER_USER, creds.writer_password
+    if role == "reader" and config.store.reader_password:
+        return config.store.reader_user, config.store.reader_password
+    if role == "reader" and not _warned_reader:
+        _warned_reader = True
+        log.warning("store.reader_password is empty: reading as the writer user of %s (set "
+                    "EVENTIDE_STORE__READER_PASSWORD for a read-only user)", redact(url))
+    return None, parsed.password if parsed.password is not None else config.store.password
 
 
 IDLE_CLIENTS = 8
 """Clients kept for reuse per process: setting one up costs three queries (version, settings, protocol probe)."""
-_idle: dict[tuple[str, str | None, str], list[Client]] = {}
+_idle: dict[tuple[str, str | None, str | None, str], list[Client]] = {}
 _idle_lock = threading.Lock()
 
 
 @contextmanager
-def connect(config: Config, database: str | None = "", url: str | None = None) -> Iterator[Client]:
+def connect(config: Config, database: str | None = "", url: str | None = None,
+            role: Role = "writer") -> Iterator[Client]:
     """A clickhouse-connect client for one unit of work, used by this caller alone until the block ends.
 
     ``database=""`` means the configured database; ``None`` means no default database (for ``CREATE DATABASE``).
+    ``role="reader"``: the store's read-only user (the dashboard, the evaluator), see :func:`credentials_for`.
     Clients are reused across units of work (HTTP requests carry no session state; the connection pool is shared).
     """
     url = url or config.store_url
     db = config.store.database if database == "" else database
-    password = _password(config, url)
-    key = (url, db, password)
+    user, password = credentials_for(config, url, role)
+    key = (url, db, user, password)
     with _idle_lock:
         client = _idle[key].pop() if _idle.get(key) else None
     if client is None:
         try:
-            client = clickhouse_connect.get_client(dsn=url, database=db, password=password)
+            client = clickhouse_connect.get_client(dsn=url, database=db, password=password,
+                                                   **({"username": user} if user else {}))
         except Exception as exc:
             raise StoreUnavailable(f"cannot reach ClickHouse at {redact(url)}: {exc}") from exc
     try:

@@ -1,15 +1,30 @@
 """``eventide store serve``: the one process that owns the embedded chDB directory and serves ClickHouse's HTTP
-interface (the subset clickhouse-connect's ``http://`` client uses) on 127.0.0.1.
+interface (the subset clickhouse-connect's ``http://`` client uses) on loopback.
 
 Why a process of its own: chDB allows one process per data directory and has no server. Opening it per unit of
 work cost 55-70 ms and left 5 threads and ~8 descriptors behind each time (docs/architecture.md, "Store access").
 Here the engine starts once, kept alive by an anchor connection held for the life of the process, and the job,
 the dashboard, the evaluator, the tests and the benches all use the code path of a production ClickHouse server.
 
-Requests run on chDB connection handles from a small pool. Handles to the running engine are cheap (~1 ms, nothing
-leaked), run queries in parallel, and carry session state (``USE``, ``SET``): a handle is reused only by requests
-asking for the same database and settings, and is closed after a statement that may have changed that state.
-An acknowledged insert has been committed by chDB as a part on disk (its rename done) before the answer is sent.
+chDB is clickhouse-local in-process: ClickHouse's access control does not apply, so this server enforces what a
+ClickHouse server would (its HTTP interface, users and profiles):
+
+- HTTP from uvicorn/h11 (request parsing, chunked bodies, keep-alive); a request's head must arrive within
+  ``http_headers_timeout_s`` and its body within ``http_receive_timeout_s``; connections, concurrent queries,
+  the head, the statement and the (decompressed) body are bounded (``StoreConfig``).
+- Two users (``store/credentials.py``): the writer ``default`` and a read-only reader (``readonly = 2``). The
+  password is checked on the headers, before a byte of the body is read. GET runs with ``readonly = 1``.
+- Requests a browser could send for a web page are refused: an ``Origin`` header, ``Sec-Fetch-Site`` cross-site
+  or same-site, a ``Host`` other than the address served (DNS rebinding).
+- Every statement passes ``store.sql_guard`` (decided by ClickHouse's own parser): one statement, no table
+  function or clause that reaches the host, no ``USE``/``SET``/temporary table; SETTINGS within the caps.
+- Every query runs under ``max_execution_time``, ``max_memory_usage`` and ``max_result_bytes`` a client cannot
+  raise. chDB calls block, so they run on a bounded thread pool, never on the event loop.
+
+Requests run on chDB connection handles from a small pool. Handles to the running engine are cheap (~1 ms) and
+carry session state (database, settings): a handle is reused only by requests asking for the same database and
+settings, and carries only what the pool applied when it opened it, since the guard lets no statement that
+changes session state through. An acknowledged insert has been committed by chDB as a part on disk.
 
     python -m store.server            (or: eventide store serve)
 """
@@ -17,44 +32,46 @@ An acknowledged insert has been committed by chDB as a part on disk (its rename 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import fcntl
-import gzip
 import hmac
 import json
 import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, BinaryIO
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any
+from urllib.parse import parse_qsl
 
 import chdb
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from eventide.config import Config, load_config_or_exit
+from eventide.config import Config, StoreConfig, load_config_or_exit
+from store import credentials
 
 log = logging.getLogger("eventide.store.server")
 
 IDLE_HANDLES = 8
 """chDB handles kept open between requests (more are opened while more requests run at once)."""
-KEEP_ALIVE_S = 10
-"""An idle client connection (and its server thread) is closed after this long, as ClickHouse's keep_alive_timeout."""
 DRAIN_S = 20.0
 """On SIGTERM: longest wait for requests in progress before chDB is closed."""
 LOG_SLOW_S = 5.0
 """Requests slower than this are logged."""
+WRITER, READER = "writer", "reader"
 
 # URL parameters that belong to the HTTP transport, not to the query's settings (ClickHouse's HTTP handler
 # consumes them itself; chDB would reject most as unknown settings).
@@ -64,20 +81,24 @@ TRANSPORT_PARAMS = frozenset({
     "wait_end_of_query", "client_protocol_version", "enable_http_compression", "http_zlib_compression_level",
     "send_progress_in_http_headers", "http_headers_progress_interval_ms",
 })
-_SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TRAILING_FORMAT = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE)
-# An INSERT whose data follows in the body: ``INSERT INTO <target> [SETTINGS …] FORMAT <fmt>`` + newline + data.
-_INSERT_WITH_DATA = re.compile(rb"^\s*INSERT\s+INTO\s+(?P<target>.+?)\s+FORMAT\s+(?P<fmt>\w+)[ \t]*(?:\r?\n|$)",
-                               re.IGNORECASE | re.DOTALL)
-_TRAILING_SETTINGS = re.compile(r"\s+SETTINGS\s+(?P<settings>.*)$", re.IGNORECASE | re.DOTALL)
-_STATE_CHANGING = re.compile(r"^\s*(SET|USE)\b", re.IGNORECASE)
-_ERROR = re.compile(r"Code: (?P<code>\d+)\..*?(?:\((?P<name>[A-Z_0-9]+)\))?\s*$", re.DOTALL)
+# Every regex here is anchored or matched at a given position, with possessive/atomic repetition: its time is
+# linear in the text it reads (a quadratic one let a 40 KB request stall the server for seconds).
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*+")
+_NUMBER = re.compile(r"[0-9]++(?:\.[0-9]++)?+")
+_TOKEN = re.compile(rb"""
+    (?P<ws>\s++)
+  | (?P<comment>--[^\n]*+|\#[^\n]*+)
+  | (?P<string>'(?:[^'\\]++|\\.)*+'|"(?:[^"\\]++|\\.)*+"|`(?:[^`\\]++|\\.)*+`)
+  | (?P<word>[A-Za-z_][A-Za-z0-9_]*+)
+  | (?P<block>/\*)
+  | (?P<other>.)
+""", re.VERBOSE | re.DOTALL)
 
 # ClickHouse's exceptionCodeToHTTPStatus (src/Server/HTTP/exceptionCodeToHTTPStatus.cpp), by error name.
 _STATUS_BY_ERROR = {
     **dict.fromkeys(("REQUIRED_PASSWORD",), 401),
     **dict.fromkeys(("UNKNOWN_USER", "WRONG_PASSWORD", "AUTHENTICATION_FAILED", "SET_NON_GRANTED_ROLE",
-                     "ACCESS_DENIED"), 403),
+                     "ACCESS_DENIED", "READONLY"), 403),
     **dict.fromkeys((
         "BAD_ARGUMENTS", "CANNOT_COMPILE_REGEXP", "CANNOT_PARSE_TEXT", "CANNOT_PARSE_ESCAPE_SEQUENCE",
         "CANNOT_PARSE_QUOTED_STRING", "CANNOT_PARSE_DATE", "CANNOT_PARSE_DATETIME", "CANNOT_PARSE_NUMBER",
@@ -85,14 +106,15 @@ _STATUS_BY_ERROR = {
         "CANNOT_PARSE_INPUT_ASSERTION_FAILED", "CANNOT_PARSE_UUID", "DUPLICATE_COLUMN", "ILLEGAL_COLUMN",
         "UNKNOWN_ELEMENT_IN_AST", "UNKNOWN_TYPE_OF_AST_NODE", "THERE_IS_NO_COLUMN", "TOO_DEEP_AST", "TOO_BIG_AST",
         "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH",
-        "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"), 400),
+        "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE", "CANNOT_DECOMPRESS"), 400),
     **dict.fromkeys((
         "UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE", "UNKNOWN_STORAGE",
         "UNKNOWN_DATABASE", "UNKNOWN_SETTING", "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION",
         "UNKNOWN_FORMAT", "UNKNOWN_DATABASE_ENGINE", "UNKNOWN_TYPE_OF_QUERY", "UNKNOWN_ROLE"), 404),
     "QUERY_IS_TOO_LARGE": 413, "NOT_IMPLEMENTED": 501, "SOCKET_TIMEOUT": 503, "CANNOT_OPEN_FILE": 503,
     "HTTP_LENGTH_REQUIRED": 411, "TIMEOUT_EXCEEDED": 408, "CANNOT_SCHEDULE_TASK": 503,
-    "UNSUPPORTED_MEDIA_TYPE": 415,
+    "UNSUPPORTED_MEDIA_TYPE": 415, "TOO_MANY_SIMULTANEOUS_QUERIES": 503, "TOO_MANY_ROWS_OR_BYTES": 500,
+    "UNSUPPORTED_METHOD": 405,
 }
 _CONTENT_TYPES = {"Native": "application/octet-stream", "RowBinary": "application/octet-stream",
                   "TabSeparated": "text/tab-separated-values; charset=UTF-8",
@@ -102,26 +124,47 @@ _CONTENT_TYPES = {"Native": "application/octet-stream", "RowBinary": "applicatio
 class StoreError(Exception):
     """An error answered the way ClickHouse answers it: ``Code: N. DB::Exception: … (NAME)``."""
 
-    def __init__(self, message: str, code: int, name: str) -> None:
+    def __init__(self, message: str, code: int, name: str, status: int | None = None) -> None:
         super().__init__(message)
-        self.message, self.code, self.name = message, code, name
+        self.message, self.code, self.name, self._status = message, code, name, status
 
     @classmethod
-    def of(cls, code: int, name: str, text: str) -> StoreError:
-        return cls(f"Code: {code}. DB::Exception: {text}. ({name})", code, name)
+    def of(cls, code: int, name: str, text: str, status: int | None = None) -> StoreError:
+        return cls(f"Code: {code}. DB::Exception: {text}. ({name})", code, name, status)
 
     @classmethod
     def from_chdb(cls, exc: Exception) -> StoreError:
         text = str(exc)
         text = text[text.find("Code: "):].strip() if "Code: " in text else text.strip()
-        match = _ERROR.match(text)
-        if not match:
+        code, name = _error_code(text)
+        if code is None:
             return cls.of(1000, "POCO_EXCEPTION", text or type(exc).__name__)   # ClickHouse's "unknown" family
-        return cls(text, int(match["code"]), match["name"] or "")
+        return cls(text, code, name)
 
     @property
     def status(self) -> int:
-        return _STATUS_BY_ERROR.get(self.name, 500)
+        return self._status or _STATUS_BY_ERROR.get(self.name, 500)
+
+
+def _error_code(text: str) -> tuple[int | None, str]:
+    """``Code: N. … (NAME)`` → (N, NAME), with string methods: the text may hold a client's query."""
+    if not text.startswith("Code: "):
+        return None, ""
+    digits = text[6:6 + 12].split(".", 1)[0]
+    if not digits.isdigit():
+        return None, ""
+    tail = text.rstrip()
+    name = ""
+    if tail.endswith(")"):
+        candidate = tail[tail.rfind("(") + 1:-1]
+        if candidate and all(c.isupper() or c.isdigit() or c == "_" for c in candidate):
+            name = candidate
+    return int(digits), name
+
+
+def _refused(status: int, text: str) -> StoreError:
+    """A request refused before it reaches chDB (ClickHouse answers these with ACCESS_DENIED or its HTTP code)."""
+    return StoreError.of(497, "ACCESS_DENIED", text, status)
 
 
 @dataclass(frozen=True)
@@ -156,7 +199,7 @@ class HandlePool:
         try:
             if state.database:
                 conn.query(f"USE `{state.database.replace('`', '``')}`", "TabSeparated")
-            for name, value in state.settings:
+            for name, value in state.settings:   # ``readonly`` sorts last of the caps: nothing is SET after it
                 conn.query(f"SET {name} = {_quote(value)}", "TabSeparated")
         except Exception as exc:
             conn.close()
@@ -164,8 +207,8 @@ class HandlePool:
         return conn
 
     @contextlib.contextmanager
-    def lease(self, state: HandleState, reusable: bool = True) -> Iterator[Any]:
-        """A handle in ``state`` for one statement; ``reusable=False`` when the statement may change its state."""
+    def lease(self, state: HandleState) -> Iterator[Any]:
+        """A handle in ``state`` for one statement (one the guard admitted: it leaves that state as it was)."""
         with self._lock:
             found = next((i for i, (s, _) in enumerate(self._idle) if s == state), None)
             conn = self._idle.pop(found)[1] if found is not None else None
@@ -173,14 +216,12 @@ class HandlePool:
         try:
             yield conn
         finally:   # a failed statement leaves the handle as it was
-            self._release(state, conn, reusable)
+            self._release(state, conn)
 
-    def _release(self, state: HandleState, conn: Any, reusable: bool) -> None:
-        evicted = conn
-        if reusable:
-            with self._lock:
-                self._idle.append((state, conn))
-                evicted = self._idle.pop(0)[1] if len(self._idle) > IDLE_HANDLES else None
+    def _release(self, state: HandleState, conn: Any) -> None:
+        with self._lock:
+            self._idle.append((state, conn))
+            evicted = self._idle.pop(0)[1] if len(self._idle) > IDLE_HANDLES else None
         if evicted is not None:
             evicted.close()
 
@@ -190,6 +231,111 @@ class HandlePool:
         for _, conn in idle:
             conn.close()
 
+
+# --------------------------------------------------------------------------------------------- statement scanning
+
+@dataclass(frozen=True)
+class InsertSplit:
+    """``INSERT INTO <target> [SETTINGS …] FORMAT <fmt>`` followed by its data: where each part is."""
+
+    target: str
+    settings: str          # "SETTINGS …" or ""
+    fmt: str
+    statement_end: int     # the statement is head[:statement_end]
+    data_start: int        # the data begins at head[data_start:]
+
+
+def _tokens(text: bytes, pos: int = 0) -> Iterator[tuple[str, int, int]]:
+    """(kind, start, end) of ClickHouse's lexical tokens, enough to find keywords outside strings and comments.
+    Linear: each token is matched once at its position; block comments nest (as ClickHouse's lexer allows)."""
+    n = len(text)
+    while pos < n:
+        match = _TOKEN.match(text, pos)
+        assert match is not None and match.lastgroup is not None   # ``other`` matches any single byte
+        kind, end = match.lastgroup, match.end()
+        if kind == "block":
+            depth = 1
+            while depth and end < n:
+                close, opening = text.find(b"*/", end), text.find(b"/*", end)
+                if close < 0:
+                    end = n
+                    break
+                if 0 <= opening < close:
+                    depth, end = depth + 1, opening + 2
+                else:
+                    depth, end = depth - 1, close + 2
+            kind = "comment"
+        yield kind, pos, end
+        pos = end
+
+
+def split_insert(head: bytes) -> InsertSplit | bool | None:
+    """Where an ``INSERT … FORMAT X`` statement ends and its data begins (ClickHouse's rule: after the format name,
+    spaces, and one newline). None: not an insert with data after it (the text is one statement); False: the head
+    ends before the statement does (more is needed)."""
+    words: list[tuple[bytes, int, int]] = []
+    depth = 0
+    target_start = settings_start = -1
+    for kind, start, end in _tokens(head):
+        if kind in ("ws", "comment"):
+            continue
+        if kind != "word":
+            if depth == 0 and not words:
+                return None
+            depth += {b"(": 1, b")": -1}.get(head[start:end], 0)
+            continue
+        word = head[start:end].upper()
+        if not words:
+            if word != b"INSERT":
+                return None
+        elif len(words) == 1:
+            if word != b"INTO":
+                return None
+            target_start = end
+        elif depth == 0 and word in (b"SELECT", b"WITH", b"VALUES"):
+            return None
+        elif depth == 0 and word == b"SETTINGS" and settings_start < 0:
+            settings_start = start
+        elif depth == 0 and word == b"FORMAT":
+            return _after_format(head, end, target_start, settings_start, start)
+        words.append((word, start, end))
+    return False if words else None
+
+
+def _after_format(head: bytes, pos: int, target_start: int, settings_start: int, format_start: int) \
+        -> InsertSplit | bool:
+    n = len(head)
+    while pos < n and head[pos] in b" \t":
+        pos += 1
+    name_start = pos
+    while pos < n and (head[pos:pos + 1].isalnum() or head[pos] == 95):
+        pos += 1
+    if pos == n:
+        return False
+    if pos == name_start:
+        raise StoreError.of(62, "SYNTAX_ERROR", "Syntax error: expected a format name after FORMAT")
+    statement_end = pos
+    while pos < n and head[pos] in b" \t\r":
+        pos += 1
+    if pos == n:
+        return False
+    if head[pos] == 10:
+        pos += 1
+    end_of_target = settings_start if settings_start >= 0 else format_start
+    return InsertSplit(head[target_start:end_of_target].decode().strip(),
+                       head[settings_start:format_start].decode().strip() if settings_start >= 0 else "",
+                       head[name_start:statement_end].decode(), statement_end, pos)
+
+
+def explicit_format(text: str) -> str | None:
+    """The statement's trailing ``FORMAT <name>``, if any (string methods only: linear in the text)."""
+    parts = text.rstrip().rstrip(";").rsplit(None, 2)
+    if len(parts) >= 2 and parts[-2].upper() == "FORMAT" and _SETTING_NAME.fullmatch(parts[-1]):
+        return parts[-1]
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------- engine
 
 class Engine:
     """The chDB directory, opened once: an anchor connection keeps the engine up; statements run on pooled handles."""
@@ -203,6 +349,10 @@ class Engine:
             self._owner.close()
             raise RuntimeError(f"{data_dir} is already served by another process") from None
         self.path = str(data_dir.resolve())
+        self.staging = data_dir.with_name(data_dir.name + "-inserts")
+        self.staging.mkdir(mode=0o700, exist_ok=True)
+        for leftover in self.staging.iterdir():       # an insert's data from before a crash: never acknowledged
+            leftover.unlink(missing_ok=True)
         self._anchor = chdb.connect(self.path)
         version, tz = self._anchor.query("SELECT version(), timezone()", "TabSeparated").bytes().decode().split()
         self.version, self.timezone = version, tz
@@ -214,49 +364,42 @@ class Engine:
         self._anchor.close()
         self._owner.close()
 
-    def execute(self, sql: bytes, state: HandleState, params: dict[str, str], default_format: str) -> Answer:
-        insert = _INSERT_WITH_DATA.match(sql)
-        if insert:
-            return self._insert(insert, sql[insert.end():], state)
-        try:
-            text = sql.decode()
-        except UnicodeDecodeError:
-            raise StoreError.of(36, "BAD_ARGUMENTS", "Query is not valid UTF-8") from None
-        if not text.strip():
-            raise StoreError.of(62, "SYNTAX_ERROR", "Empty query")
-        explicit = _TRAILING_FORMAT.search(text)
+    def explain_ast(self, statement: str) -> str:
+        """ClickHouse's parse of ``statement`` (``EXPLAIN AST``), for the statement guard; nothing is executed."""
+        with self.handles.lease(HandleState("", ())) as conn:
+            try:
+                return conn.query(f"EXPLAIN AST {statement}", "TabSeparatedRaw").bytes().decode()
+            except Exception as exc:
+                raise StoreError.from_chdb(exc) from None
+
+    def query(self, text: str, state: HandleState, params: dict[str, str], default_format: str) -> Answer:
+        explicit = explicit_format(text)
         # Without a FORMAT clause ClickHouse answers in default_format and names it in X-ClickHouse-Format only
         # when the statement has a result set; asking chDB for the names line tells the two apart.
         with_names = not explicit and default_format == "TabSeparated"
-        fmt = explicit[1] if explicit else ("TabSeparatedWithNames" if with_names else default_format)
-        with self.handles.lease(state, reusable=not _STATE_CHANGING.match(text)) as conn:
+        fmt = explicit or ("TabSeparatedWithNames" if with_names else default_format)
+        with self.handles.lease(state) as conn:
             try:
                 result = conn.query(text, fmt, params=params)
             except Exception as exc:
                 raise StoreError.from_chdb(exc) from None
         body = result.bytes() or b""
-        result_fmt: str | None = explicit[1] if explicit else default_format
+        result_fmt: str | None = explicit or default_format
         if with_names:
             result_fmt = "TabSeparated" if body else None
             body = body[body.find(b"\n") + 1:] if body else b""
         return Answer(body, result_fmt, _summary(result, written=False))
 
-    def _insert(self, insert: re.Match[bytes], data: bytes, state: HandleState) -> Answer:
-        """``INSERT … FORMAT X`` with its data in the body: chDB reads the data from a file (as clickhouse-connect's
-        own chdb driver does), so it goes through a temporary file next to the data directory."""
-        target, fmt = insert["target"].decode(), insert["fmt"].decode()
-        settings = _TRAILING_SETTINGS.search(target)
-        clause = f" SETTINGS {settings['settings']}" if settings else ""
-        target = target[:settings.start()] if settings else target
-        with tempfile.NamedTemporaryFile(prefix="insert-", suffix=".data") as staged:
-            staged.write(data)
-            staged.flush()
-            sql = f"INSERT INTO {target} FROM INFILE {_quote(staged.name)}{clause} FORMAT {fmt}"
-            with self.handles.lease(state) as conn:
-                try:
-                    result = conn.query(sql, "TabSeparated")
-                except Exception as exc:
-                    raise StoreError.from_chdb(exc) from None
+    def insert(self, split: InsertSplit, staged: str, state: HandleState) -> Answer:
+        """``INSERT … FORMAT X`` with its data staged in a file: chDB reads it with FROM INFILE (as
+        clickhouse-connect's own chdb driver does)."""
+        clause = f" {split.settings}" if split.settings else ""
+        sql = f"INSERT INTO {split.target} FROM INFILE {_quote(staged)}{clause} FORMAT {split.fmt}"
+        with self.handles.lease(state) as conn:
+            try:
+                result = conn.query(sql, "TabSeparated")
+            except Exception as exc:
+                raise StoreError.from_chdb(exc) from None
         return Answer(b"", None, _summary(result, written=True))
 
 
@@ -269,200 +412,489 @@ def _summary(result: Any, written: bool) -> dict[str, str]:
             "elapsed_ns": str(int(result.elapsed() * 1e9))}
 
 
-def _decompress(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
+# -------------------------------------------------------------------------------------------------- the statement guard
+
+def guard(statement: str, role: str, read_only: bool, caps: dict[str, float], engine: Engine) -> None:
+    """The one place every statement is checked before chDB runs it (``store.sql_guard``, ClickHouse's parser):
+    refused statements raise a :class:`StoreError` with ClickHouse's code and a clear message."""
     try:
-        return _decompressed(body, encoding)
-    except StoreError:
-        raise
-    except Exception as exc:  # lz4/zstd/zlib each raise their own kind
-        raise StoreError.of(271, "CANNOT_DECOMPRESS", f"Cannot decompress {encoding} request body: {exc}") from None
+        from store import sql_guard
+    except ImportError:     # not there yet: chDB's readonly settings still hold for readers and GET
+        return
+    try:
+        sql_guard.check(statement, role=READER if read_only else role, parse=engine.explain_ast, caps=caps)
+    except sql_guard.Refused as exc:
+        raise StoreError.of(exc.code, exc.name, exc.message) from None
 
 
-def _decompressed(body: bytes, encoding: str) -> bytes:
+# -------------------------------------------------------------------------------------------------- request bodies
+
+def _decompressor(encoding: str) -> Callable[[], Any] | None:
+    """A factory of incremental decompressors with ``decompress(data, max_length)``, ``eof``, ``unused_data`` and
+    ``needs_input`` (concatenated frames/members each get a new one)."""
+    if encoding in ("", "identity"):
+        return None
     if encoding == "lz4":
         import lz4.frame
 
-        return lz4.frame.decompress(body)
+        return lz4.frame.LZ4FrameDecompressor
     if encoding == "zstd":
-        from clickhouse_connect.driver.compression import _zstd_decompress
+        from clickhouse_connect.driver.compression import _zstd_decompressor
 
-        return _zstd_decompress(body)
-    if encoding == "gzip":
-        return gzip.decompress(body)
+        return _zstd_decompressor
+    if encoding in ("gzip", "x-gzip"):
+        return lambda: _Zlib(zlib.decompressobj(wbits=31))
     if encoding == "deflate":
-        return zlib.decompress(body)
-    raise StoreError.of(36, "BAD_ARGUMENTS", f"Unsupported Content-Encoding: {encoding}")
+        return lambda: _Zlib(zlib.decompressobj())
+    raise StoreError.of(36, "BAD_ARGUMENTS", f"Unsupported Content-Encoding: {encoding}", 415)
+
+
+class _Zlib:
+    """zlib's decompressobj with the interface of lz4/zstd's incremental decompressors."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        return self._obj.decompress(self._obj.unconsumed_tail + data, max_length)
+
+    @property
+    def needs_input(self) -> bool:
+        return not self._obj.unconsumed_tail
+
+    @property
+    def eof(self) -> bool:
+        return self._obj.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return self._obj.unused_data
+
+
+STEP = 1 << 20
+"""Decompressed bytes produced per step: a small input cannot make one step allocate much (a zip bomb)."""
+
+
+def _inflate(make: Callable[[], Any], chunk: bytes, state: list[Any]) -> Iterator[bytes]:
+    """The decompressed bytes of ``chunk``, continuing the stream in ``state`` ([decompressor])."""
+    data = chunk
+    while True:
+        if state[0] is None:
+            state[0] = make()
+        dec = state[0]
+        try:
+            out = dec.decompress(data, STEP)
+        except Exception as exc:  # lz4/zstd/zlib each raise their own kind
+            raise StoreError.of(271, "CANNOT_DECOMPRESS", f"Cannot decompress the request body: {exc}") from None
+        data = b""
+        if out:
+            yield out
+        if dec.eof:
+            rest = dec.unused_data
+            state[0] = None
+            if not rest:
+                return
+            data = rest
+        elif dec.needs_input:
+            return
+
+
+# ---------------------------------------------------------------------------------------------------- HTTP (ASGI)
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may use (``StoreConfig``)."""
+
+    max_query_size: int
+    max_insert_bytes: int
+    max_concurrent_queries: int
+    receive_timeout_s: float
+    caps: dict[str, float]
+    allowed_hosts: frozenset[str]
+
+    @classmethod
+    def of(cls, store: StoreConfig) -> Limits:
+        hosts = {f"{store.host}:{store.port}"}
+        if store.host in ("127.0.0.1", "localhost"):
+            hosts |= {f"127.0.0.1:{store.port}", f"localhost:{store.port}"}
+        if store.host in ("::1", "[::1]"):
+            hosts |= {f"[::1]:{store.port}", f"localhost:{store.port}"}
+        return cls(store.max_query_size, store.max_insert_bytes, store.max_concurrent_queries,
+                   store.http_receive_timeout_s,
+                   {"max_execution_time": store.max_execution_time, "max_memory_usage": store.max_memory_usage,
+                    "max_result_bytes": store.max_result_bytes}, frozenset(h.lower() for h in hosts))
 
 
 class ClientGone(Exception):
     """The client closed the connection before its request was complete."""
 
 
-def _read_exact(stream: BinaryIO, size: int) -> bytes:
-    data = stream.read(size)
-    if len(data) != size:
-        raise ClientGone(f"expected {size} bytes, got {len(data)}")
-    return data
+class StoreApp:
+    """The ASGI application: ClickHouse's HTTP interface over :class:`Engine`."""
 
-
-def _read_chunked(stream: BinaryIO) -> bytes:
-    """A ``Transfer-Encoding: chunked`` body (clickhouse-connect streams inserts that way)."""
-    parts = []
-    while True:
-        line = stream.readline(1024)
-        if not line.endswith(b"\n"):
-            raise ClientGone("connection closed inside a chunked body")
-        size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-        if size == 0:
-            while stream.readline(1024) not in (b"\r\n", b"\n", b""):   # trailers
-                pass
-            return b"".join(parts)
-        parts.append(_read_exact(stream, size))
-        _read_exact(stream, 2)
-
-
-class StoreServer(ThreadingHTTPServer):
-    daemon_threads = True        # idle keep-alive connections must not hold up shutdown
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], engine: Engine, password: str) -> None:
-        super().__init__(address, StoreRequestHandler)
-        self.engine, self.password = engine, password
+    def __init__(self, engine: Engine, users: dict[str, tuple[str, str]], limits: Limits) -> None:
+        self.engine, self.users, self.limits = engine, users, limits
+        self.pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent_queries, "chdb")
+        self.running = 0
         self._busy = 0
         self._idle = threading.Condition()
 
-    @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
+    # The threads' own count: SIGTERM waits on it before chDB is closed.
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self._idle:
             self._busy += 1
         try:
-            yield
+            return fn(*args)
         finally:
             with self._idle:
                 self._busy -= 1
                 self._idle.notify_all()
 
     def drain(self, timeout_s: float) -> bool:
-        """Wait for requests in progress; True when none is left."""
+        """Wait for queries in progress; True when none is left."""
         with self._idle:
             return self._idle.wait_for(lambda: self._busy == 0, timeout_s)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):   # e.g. a client reset an idle connection
-            log.debug("connection from %s ended abruptly", client_address)
+    async def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._run, fn, *args)
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
             return
-        log.warning("request from %s failed", client_address, exc_info=True)
-
-
-class StoreRequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"        # keep-alive: clickhouse-connect reuses pooled connections
-    timeout = KEEP_ALIVE_S
-    server: StoreServer
-
-    def setup(self) -> None:
-        super().setup()
-        # Answers go out in one write; without this, Nagle's algorithm and the client's delayed ACK add ~40 ms
-        # to every request that arrives in two segments (headers, then body).
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.client_address[0], *args)
-
-    def do_GET(self) -> None:
-        self._serve(with_body=False)
-
-    def do_POST(self) -> None:
-        self._serve(with_body=True)
-
-    def _serve(self, with_body: bool) -> None:
-        url = urlsplit(self.path)
-        params = dict(parse_qsl(url.query, keep_blank_values=True))
-        if url.path.rstrip("/") in ("", "/ping") and not with_body and "query" not in params:
-            self._send(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
+        query_id = ""
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        try:
+            params = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True,
+                                    errors="strict"))
+        except UnicodeDecodeError:
+            await self._fail(send, StoreError.of(36, "BAD_ARGUMENTS", "URL parameters are not valid UTF-8"), "",
+                             close=True)
             return
         query_id = params.get("query_id") or os.urandom(16).hex()
         started = time.perf_counter()
         try:
-            body = self._body() if with_body else b""
-        except (ClientGone, ConnectionError, TimeoutError, ValueError) as exc:
-            log.info("client %s went away mid-request (%s)", self.client_address[0], exc)
-            self.close_connection = True
-            return
-        try:
-            self._authenticate(params)
-            if url.path.rstrip("/") not in ("", "/query"):
-                raise StoreError.of(48, "NOT_IMPLEMENTED", f"No handler for {url.path}")
-            if self.headers.get("Content-Type", "").startswith("multipart/"):
+            self._refuse_browsers(headers)
+            method, path = scope["method"], scope["path"].rstrip("/")
+            if path in ("", "/ping") and method in ("GET", "HEAD") and "query" not in params:
+                await self._send(send, 200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
+                return
+            role = self._authenticate(headers, params)
+            if method not in ("GET", "POST"):
+                raise StoreError.of(1, "UNSUPPORTED_METHOD", f"HTTP method {method} is not served", 405)
+            if path not in ("", "/query"):
+                raise StoreError.of(48, "NOT_IMPLEMENTED", f"No handler for {scope['path']}")
+            if headers.get("content-type", "").startswith("multipart/"):
                 raise StoreError.of(48, "NOT_IMPLEMENTED", "multipart requests (external data) are not served")
-            body = _decompress(body, self.headers.get("Content-Encoding", ""))
-            query = params.get("query", "").encode()
-            sql = query + b"\n" + body if query and body else query or body
-            settings = {k: v for k, v in params.items() if k not in TRANSPORT_PARAMS and not k.startswith("param_")}
-            for name in settings:
-                if not _SETTING_NAME.match(name):
-                    raise StoreError.of(115, "UNKNOWN_SETTING", f"Unknown setting '{name}'")
-            state = HandleState(params.get("database", ""), tuple(sorted(settings.items())))
-            bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
-            with self.server.busy():
-                answer = self.server.engine.execute(sql, state, bound, params.get("default_format", "TabSeparated"))
+            make = _decompressor(headers.get("content-encoding", "").strip().lower())
+            if self.running >= self.limits.max_concurrent_queries:
+                raise StoreError.of(202, "TOO_MANY_SIMULTANEOUS_QUERIES", "Too many simultaneous queries. Maximum: "
+                                    f"{self.limits.max_concurrent_queries}")
+        except StoreError as exc:     # refused on the head alone: the body is never read, the connection closed
+            await self._fail(send, exc, query_id, close=True)
+            return
+        self.running += 1
+        try:
+            answer, sql = await self._execute(scope, receive, params, headers, role, make)
+        except ClientGone as exc:
+            log.info("client %s went away mid-request (%s)", scope.get("client"), exc)
+            return
         except StoreError as exc:
-            self._fail(exc, query_id)
+            await self._fail(send, exc, query_id, close=exc.status in (408, 413))
             return
         except Exception as exc:  # a bug of ours: answered like ClickHouse's std::exception, the server goes on
             log.exception("request failed")
-            self._fail(StoreError.of(1001, "STD_EXCEPTION", f"{type(exc).__name__}: {exc}"), query_id)
+            await self._fail(send, StoreError.of(1001, "STD_EXCEPTION", f"{type(exc).__name__}: {exc}"), query_id)
             return
+        finally:
+            self.running -= 1
         elapsed = time.perf_counter() - started
         if elapsed > LOG_SLOW_S:
             log.info("slow request (%.1f s): %.200s", elapsed, sql)
-        headers = {"Content-Type": _CONTENT_TYPES.get(answer.fmt or "", "text/plain; charset=UTF-8"),
-                   "X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": self.server.engine.timezone,
-                   "X-ClickHouse-Summary": json.dumps(answer.summary, separators=(",", ":"))}
+        out = {"Content-Type": _CONTENT_TYPES.get(answer.fmt or "", "text/plain; charset=UTF-8"),
+               "X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": self.engine.timezone,
+               "X-ClickHouse-Summary": json.dumps(answer.summary, separators=(",", ":"))}
         if answer.fmt:
-            headers["X-ClickHouse-Format"] = answer.fmt
-        self._send(200, answer.body, headers)
+            out["X-ClickHouse-Format"] = answer.fmt
+        await self._send(send, 200, answer.body, out)
 
-    def _body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return _read_chunked(self.rfile)
-        return _read_exact(self.rfile, int(self.headers.get("Content-Length") or 0))
+    def _refuse_browsers(self, headers: dict[str, str]) -> None:
+        """A web page can make the browser POST here (a ``text/plain`` form needs no preflight); browsers mark
+        such requests with ``Origin``/``Sec-Fetch-Site``, and a DNS-rebound name shows in ``Host``."""
+        if "origin" in headers:
+            raise _refused(403, f"Requests from web pages are refused (Origin: {headers['origin'][:100]})")
+        if headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+            raise _refused(403, f"Requests from web pages are refused (Sec-Fetch-Site: {headers['sec-fetch-site']})")
+        host = headers.get("host")
+        if host is not None and host.lower() not in self.limits.allowed_hosts:
+            raise _refused(403, f"Host {host[:100]!r} is not the address this store serves "
+                                f"({', '.join(sorted(self.limits.allowed_hosts))})")
 
-    def _authenticate(self, params: dict[str, str]) -> None:
-        """User ``default`` with the configured password (none: empty), given any way ClickHouse accepts it."""
+    def _authenticate(self, headers: dict[str, str], params: dict[str, str]) -> str:
+        """The role of the user the request names, given any way ClickHouse accepts; refused unless its password
+        matches (checked on the head alone: no byte of the body has been read)."""
         user, password = params.get("user", "default"), params.get("password", "")
-        if self.headers.get("X-ClickHouse-User"):
-            user, password = self.headers["X-ClickHouse-User"], self.headers.get("X-ClickHouse-Key", "")
-        auth = self.headers.get("Authorization", "")
-        if auth.startswith("Basic "):
+        if headers.get("x-clickhouse-user"):
+            user, password = headers["x-clickhouse-user"], headers.get("x-clickhouse-key", "")
+        auth = headers.get("authorization", "")
+        if auth[:6].lower() == "basic ":
             try:
-                user, _, password = base64.b64decode(auth[len("Basic "):]).decode().partition(":")
+                user, _, password = base64.b64decode(auth[6:].strip(), validate=True).decode().partition(":")
             except ValueError:
                 user, password = "", ""
-        if user != "default" or not hmac.compare_digest(password.encode(), self.server.password.encode()):
-            raise StoreError.of(516, "AUTHENTICATION_FAILED", f"{user}: Authentication failed: password is "
+        known = self.users.get(user)
+        # compare_digest against a dummy for unknown users: the answer takes as long either way
+        expected, role = known or ("\0unknown", "")
+        if not hmac.compare_digest(password.encode(), expected.encode()) or known is None:
+            raise StoreError.of(516, "AUTHENTICATION_FAILED", f"{user[:64]}: Authentication failed: password is "
                                 "incorrect, or there is no user with such name")
+        return role
 
-    def _fail(self, exc: StoreError, query_id: str) -> None:
-        body = f"{exc.message} (version {self.server.engine.version})\n".encode()
-        self._send(exc.status, body, {"Content-Type": "text/plain; charset=UTF-8", "X-ClickHouse-Query-Id": query_id,
-                                      "X-ClickHouse-Exception-Code": str(exc.code)})
+    def _state(self, params: dict[str, str], headers: dict[str, str], role: str, read_only: bool) -> HandleState:
+        """The handle state of this request: the caps, the URL's settings (within the caps), the role's readonly."""
+        settings: dict[str, str] = {"max_execution_time": _num(self.limits.caps["max_execution_time"]),
+                                    "max_memory_usage": _num(self.limits.caps["max_memory_usage"]),
+                                    "max_result_bytes": _num(self.limits.caps["max_result_bytes"]),
+                                    "result_overflow_mode": "throw"}
+        readonly = 1 if read_only else 2 if role == READER else 0
+        for name, value in params.items():
+            if name in TRANSPORT_PARAMS or name.startswith("param_"):
+                continue
+            if not _SETTING_NAME.fullmatch(name):
+                raise StoreError.of(115, "UNKNOWN_SETTING", f"Unknown setting '{name[:64]}'")
+            if name in self.limits.caps:
+                cap = self.limits.caps[name]
+                if not _NUMBER.fullmatch(value) or not 0 < float(value) <= cap:
+                    raise _refused(403, f"Setting {name} = {value[:32]} is refused: it must be above 0 and at "
+                                        f"most {_num(cap)} (this store's cap)")
+            elif name == "result_overflow_mode" and value != "throw":
+                raise _refused(403, "Setting result_overflow_mode can only be 'throw' here")
+            elif name == "readonly":
+                if not value.isdigit() or (readonly and int(value) < readonly) or int(value) > 2:
+                    raise StoreError.of(164, "READONLY", f"Cannot modify 'readonly' setting to {value[:8]} "
+                                        f"(this request runs with readonly = {readonly})")
+                readonly = max(readonly, int(value))
+                continue
+            settings[name] = value
+        ordered = tuple(sorted(settings.items()))
+        if readonly:     # applied last: once it is set, the handle cannot change it
+            ordered += (("readonly", str(readonly)),)
+        database = headers.get("x-clickhouse-database") or params.get("database", "")
+        return HandleState(database, ordered)
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+    async def _body(self, receive: Callable[[], Awaitable[dict[str, Any]]], make: Callable[[], Any] | None,
+                    deadline: float) -> AsyncIterator[bytes]:
+        """The request body, decompressed, as it arrives; the whole of it by ``deadline``."""
+        state: list[Any] = [None]
+        size = 0
+        more = True
+        while more:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise StoreError.of(209, "SOCKET_TIMEOUT", "The request body did not arrive within "
+                                    f"{self.limits.receive_timeout_s:g} s (http_receive_timeout_s)", 408) from None
+            if message["type"] == "http.disconnect":
+                raise ClientGone("connection closed before the body was complete")
+            more = message.get("more_body", False)
+            chunk = message.get("body", b"")
+            for out in (_inflate(make, chunk, state) if make else (chunk,) if chunk else ()):
+                size += len(out)
+                if size > self.limits.max_insert_bytes:
+                    raise StoreError.of(290, "LIMIT_EXCEEDED",
+                                        f"The request body exceeds {self.limits.max_insert_bytes} bytes "
+                                        "(max_insert_bytes, after decompression)", 413)
+                yield out
+
+    async def _execute(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       params: dict[str, str], headers: dict[str, str], role: str,
+                       make: Callable[[], Any] | None) -> tuple[Answer, str]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.receive_timeout_s
+        read_only = scope["method"] == "GET"
+        state = self._state(params, headers, role, read_only)
+        limit = self.limits.max_query_size
+        query = params.get("query", "").encode()
+        if len(query) > limit:
+            raise _too_large(limit)
+        # ClickHouse's rule: the ``query`` parameter, then the body; an INSERT's data begins after its FORMAT name.
+        head = bytearray(query)
+        body = self._body(receive, make, deadline) if scope["method"] == "POST" else None
+        ended = body is None
+        first = True
+        while not ended and len(head) <= limit:
+            try:
+                chunk = await anext(body)      # type: ignore[arg-type]
+            except StopAsyncIteration:
+                ended = True
+                break
+            if first and query:
+                head += b"\n"
+            first = False
+            head += chunk
+        split = await self.blocking(split_insert, bytes(head[:limit + 1])) if head else None
+        if isinstance(split, InsertSplit):
+            if split.statement_end > limit:
+                raise _too_large(limit)
+            statement = head[:split.statement_end].decode(errors="replace")
+            await self.blocking(guard, statement, role, read_only, self.limits.caps, self.engine)
+            with tempfile.NamedTemporaryFile(prefix="insert-", suffix=".data", dir=self.engine.staging) as staged:
+                staged.write(head[split.data_start:])
+                del head
+                if not ended:
+                    async for chunk in body:      # type: ignore[union-attr]
+                        staged.write(chunk)
+                staged.flush()
+                return await self.blocking(self.engine.insert, split, staged.name, state), statement
+        if not ended or len(head) > limit:
+            raise _too_large(limit)
         try:
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Keep-Alive", f"timeout={KEEP_ALIVE_S}")
-            self._headers_buffer.append(b"\r\n")     # end_headers() without its flush: one write with the body
-            self._headers_buffer.append(body)
-            self.flush_headers()
-        except (ConnectionError, TimeoutError) as exc:
-            log.info("client %s went away before its answer (%s)", self.client_address[0], exc)
-            self.close_connection = True
+            text = bytes(head).decode()
+        except UnicodeDecodeError:
+            raise StoreError.of(36, "BAD_ARGUMENTS", "Query is not valid UTF-8") from None
+        if not text.strip():
+            raise StoreError.of(62, "SYNTAX_ERROR", "Empty query")
+        await self.blocking(guard, text, role, read_only, self.limits.caps, self.engine)
+        bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
+        answer = await self.blocking(self.engine.query, text, state, bound,
+                                     params.get("default_format", "TabSeparated"))
+        return answer, text
+
+    async def _fail(self, send: Callable[[dict[str, Any]], Awaitable[None]], exc: StoreError, query_id: str,
+                    close: bool = False) -> None:
+        body = f"{exc.message} (version {self.engine.version})\n".encode()
+        headers = {"Content-Type": "text/plain; charset=UTF-8", "X-ClickHouse-Exception-Code": str(exc.code)}
+        if query_id:
+            headers["X-ClickHouse-Query-Id"] = query_id
+        if close:
+            headers["Connection"] = "close"
+        await self._send(send, exc.status, body, headers)
+
+    async def _send(self, send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes,
+                    headers: dict[str, str]) -> None:
+        raw = [(k.encode("latin-1"), v.encode("latin-1", "replace")) for k, v in headers.items()]
+        raw.append((b"content-length", str(len(body)).encode()))
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": raw})
+            await send({"type": "http.response.body", "body": body})
+        except OSError as exc:
+            log.info("client went away before its answer (%s)", exc)
+
+
+def _too_large(limit: int) -> StoreError:
+    return StoreError.of(229, "QUERY_IS_TOO_LARGE",
+                         f"The statement is longer than max_query_size ({limit} bytes)", 413)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+# ------------------------------------------------------------------------------------------ connections (uvicorn)
+
+def protocol(store: StoreConfig) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with what it lacks for a server facing hostile local clients: a cap on connections
+    (one over it is closed at once) and a deadline for the request head (uvicorn arms a timer only once a response
+    is sent: a client that never finishes its headers would hold its connection forever)."""
+
+    class StoreProtocol(H11Protocol):
+        _head_deadline: asyncio.TimerHandle | None = None
+        _head_bytes = 0
+        _refused = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if len(self.server_state.connections) >= store.max_connections:
+                self.transport, self._refused = transport, True
+                transport.abort()
+                return
+            super().connection_made(transport)
+            self._arm_head_deadline()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_head_deadline()
+            if self._refused:
+                return
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            waiting = self.conn.their_state is h11.IDLE
+            super().data_received(data)
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self._head_bytes = self._head_bytes + len(data) if waiting else len(data)
+                if self._head_bytes > store.http_max_field_value_size:
+                    self._reject(431, 229, "QUERY_IS_TOO_LARGE", f"The request head exceeds "
+                                 f"{store.http_max_field_value_size} bytes (http_max_field_value_size)")
+                    return
+                self._arm_head_deadline()
+            else:
+                self._head_bytes = 0
+                self._disarm_head_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.conn.their_state is h11.IDLE:     # keep-alive: uvicorn's idle timer runs until the next byte
+                self._disarm_head_deadline()
+
+        def _arm_head_deadline(self) -> None:
+            if self._head_deadline is None:
+                self._head_deadline = self.loop.call_later(store.http_headers_timeout_s, self._head_timed_out)
+
+        def _disarm_head_deadline(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+
+        def _head_timed_out(self) -> None:
+            self._head_deadline = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self._reject(408, 209, "SOCKET_TIMEOUT", f"The request head did not arrive within "
+                             f"{store.http_headers_timeout_s:g} s (http_headers_timeout_s)")
+
+        def send_400_response(self, msg: str) -> None:
+            self._reject(400, 408, "BAD_REQUEST_PARAMETER", f"Invalid HTTP request: {msg}")
+
+        def _reject(self, status: int, code: int, name: str, text: str) -> None:
+            """An answer in ClickHouse's format before any request was parsed, then close."""
+            body = f"Code: {code}. DB::Exception: {text}. ({name})\n".encode()
+            head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain; charset=UTF-8"
+                    f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+            self.transport.write(head + body)
+            self.transport.close()
+
+    return StoreProtocol
+
+
+_REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, but the signals are ours (uvicorn re-raises them on exit: the process would die before
+    chDB is closed) and ``ready`` is set once it listens."""
+
+    def __init__(self, config: uvicorn.Config, ready: threading.Event | None) -> None:
+        super().__init__(config)
+        self._ready = ready
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[Any] | None = None) -> None:
+        await super().startup(sockets)
+        if self._ready is not None and self.started:
+            self._ready.set()
+
+
+def users_of(config: Config) -> dict[str, tuple[str, str]]:
+    """User → (password, role) of the embedded store."""
+    creds = credentials.load(config)
+    if creds.reader_user == credentials.WRITER_USER:
+        raise RuntimeError("store.reader_user cannot be 'default' (the writer)")
+    return {credentials.WRITER_USER: (creds.writer_password, WRITER),
+            creds.reader_user: (creds.reader_password, READER)}
 
 
 def serve(config: Config, ready: threading.Event | None = None) -> int:
@@ -470,34 +902,38 @@ def serve(config: Config, ready: threading.Event | None = None) -> int:
     if not config.store.embedded:
         print(f"store.url is set ({config.store_url}): nothing to serve here", file=sys.stderr)
         return 2
+    users = users_of(config)
     engine = Engine(config.store_data_dir)
-    try:
-        server = StoreServer((config.store.host, config.store.port), engine, config.store.password)
-    except OSError:
-        engine.close()
-        raise
-    stopping = threading.Event()
+    store = config.store
+    app = StoreApp(engine, users, Limits.of(store))
+    server = _Server(uvicorn.Config(
+        app, host=store.host, port=store.port, http=protocol(store), lifespan="off", log_config=None,
+        access_log=False, timeout_keep_alive=int(max(1, store.keep_alive_timeout_s)),
+        h11_max_incomplete_event_size=store.http_max_field_value_size + 1024,
+        timeout_graceful_shutdown=int(DRAIN_S), server_header=False, date_header=False,
+        # a listen backlog of ClickHouse's size: a burst of connections queues rather than being refused
+        backlog=4096), ready)
+    logging.getLogger("uvicorn.error").setLevel(logging.ERROR)
 
     def stop(signum: int, _frame: Any) -> None:
-        if not stopping.is_set():
-            stopping.set()
+        if not server.should_exit:
             log.info("signal %d: stopping", signum)
-            threading.Thread(target=server.shutdown, daemon=True).start()   # shutdown() waits for serve_forever
+        server.should_exit = True
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log.info("serving chDB %s (%s) at %s on http://%s:%d (pid %d)", engine.version, engine.path,
-             config.store_data_dir, config.store.host, config.store.port, os.getpid())
-    if ready is not None:
-        ready.set()
+             config.store_data_dir, store.host, store.port, os.getpid())
     try:
-        server.serve_forever(poll_interval=0.5)
+        server.run()
     finally:
-        server.server_close()
-        if not server.drain(DRAIN_S):
-            log.warning("requests still running after %.0f s; closing chDB anyway", DRAIN_S)
+        app.pool.shutdown(wait=False, cancel_futures=True)
+        if not app.drain(DRAIN_S):
+            log.warning("queries still running after %.0f s; closing chDB anyway", DRAIN_S)
         engine.close()
         log.info("stopped; chDB closed")
+    if not server.started:
+        return 1
     return 0
 
 

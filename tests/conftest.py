@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -36,11 +37,21 @@ def served_store(data_dir: Path, password: str = "") -> Iterator[tuple[Config, s
         yield config, proc
 
 
+def writer_url(config: Config) -> str:
+    """``config``'s embedded store as a server URL carrying the writer's credentials (generated on its first start),
+    as a ClickHouse server's URL would: ``http://default:<password>@host:port``."""
+    from store import credentials
+
+    password = credentials.load(config).writer_password
+    return f"http://{credentials.WRITER_USER}:{quote(password, safe='')}@{config.store.host}:{config.store.port}"
+
+
 @pytest.fixture(scope="session")
 def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The test session's store server; every test reaches the store through it (``store={"url": store_url}``)."""
+    """The test session's store server; every test reaches the store through it (``store={"url": store_url}``).
+    The URL carries the writer's password: the store refuses requests without one."""
     with served_store(tmp_path_factory.mktemp("store")) as (config, _):
-        yield config.store_url
+        yield writer_url(config)
 
 
 def own_database(prefix: str) -> str:

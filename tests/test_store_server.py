@@ -6,6 +6,7 @@ Real chDB, real HTTP, real clickhouse-connect; the server runs as its own proces
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
@@ -93,7 +94,7 @@ def test_a_malformed_query_gets_clickhouses_error_text_and_code(client: Client, 
     # The HTTP status is ClickHouse's for the code (exceptionCodeToHTTPStatus), with the code in a header.
     for sql, status, code in (("SELEC 1", 400, "62"), ("SELECT * FROM system.no_such_table", 404, "60"),
                               ("SELECT throwIf(1)", 500, "395")):
-        request = urllib.request.Request(store_url, data=sql.encode(), method="POST")
+        request = _authorized(store_url, sql.encode())
         with pytest.raises(urllib.error.HTTPError) as answer:
             urllib.request.urlopen(request, timeout=10)
         assert (answer.value.code, answer.value.headers["X-ClickHouse-Exception-Code"]) == (status, code)
@@ -101,22 +102,33 @@ def test_a_malformed_query_gets_clickhouses_error_text_and_code(client: Client, 
     assert client.command("SELECT 1") == 1
 
 
-def _half_request(url: str, chunked: bool) -> None:
+def _authorized(url: str, body: bytes) -> urllib.request.Request:
+    """A POST of ``body`` to ``url`` with the credentials the URL carries sent as Basic auth (urllib sends none)."""
+    parsed = urlparse(url)
+    token = base64.b64encode(f"{parsed.username}:{parsed.password}".encode()).decode()
+    return urllib.request.Request(f"http://{parsed.hostname}:{parsed.port}/", data=body, method="POST",
+                                  headers={"Authorization": f"Basic {token}"})
+
+
+def _half_request(url: str, database: str, chunked: bool) -> None:
     """Send the headers and half of the body of an insert, then close the connection."""
     parsed = urlparse(url)
     statement = b"INSERT INTO t (key, batch, sketch) FORMAT TabSeparated\n"
+    head = f"Host: {parsed.hostname}:{parsed.port}\r\nX-ClickHouse-User: {parsed.username}\r\n" \
+           f"X-ClickHouse-Key: {parsed.password}\r\nX-ClickHouse-Database: {database}\r\n"
     with socket.create_connection((parsed.hostname, parsed.port), timeout=10) as sock:
         if chunked:
-            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            sock.sendall(b"POST / HTTP/1.1\r\n" + head.encode() + b"Transfer-Encoding: chunked\r\n\r\n"
                          + f"{len(statement):x}\r\n".encode() + statement + b"\r\n" + b"400\r\n1\t1\tabc\n")
         else:
-            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + statement + b"2\t1\t")
+            sock.sendall(b"POST / HTTP/1.1\r\n" + head.encode() + b"Content-Length: 100000\r\n\r\n" + statement
+                         + b"2\t1\t")
         sock.shutdown(socket.SHUT_WR)
 
 
 def test_a_client_that_disconnects_mid_request_changes_nothing(client: Client, config: Config) -> None:
     for chunked in (False, True):
-        _half_request(config.store_url, chunked)
+        _half_request(config.store_url, config.store.database, chunked)
     time.sleep(0.5)
     assert client.command("SELECT count() FROM t") == 0          # nothing of the half-sent inserts was written
     client.insert("t", [[3, 1, b"ok"]], column_names=["key", "batch", "sketch"])
