@@ -226,11 +226,14 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
 
 
 def undelivered(client: Client, channel: str) -> list[dict[str, Any]]:
-    """Transitions to notify that ``channel`` has not delivered yet, oldest first."""
+    """Transitions to notify that ``channel`` has neither delivered nor given up (``alert_delivery_failures``),
+    oldest first."""
     result = client.query(
         "SELECT transition_key, rule, series, to_state, window_end, value, threshold, severity "
         "FROM alert_transitions FINAL WHERE notify = 1 AND transition_key NOT IN "
         "(SELECT transition_key FROM alert_notifications FINAL WHERE channel = {c:String}) "
+        "AND transition_key NOT IN "
+        "(SELECT transition_key FROM alert_delivery_failures FINAL WHERE channel = {c:String}) "
         "ORDER BY window_end, rule, series", parameters={"c": channel})
     return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 

@@ -1,116 +1,230 @@
-"""Alert notifications: a webhook (retries with exponential backoff) and a Kafka topic.
+"""Alert notifications: what is sent (the payload, strict JSON) and the channels that send it (a webhook, a Kafka
+topic), one attempt at a time.
+
+Scheduling (attempts, backoff, deadlines, recording deliveries and failures) lives in :mod:`alerting.delivery`,
+which runs off the evaluation loop. A channel's :meth:`Channel.attempt` makes exactly one attempt and says how it
+went: delivered, failed for good (:attr:`Outcome.permanent`) or worth retrying (with the receiver's
+``Retry-After`` when it gave one).
 
 Delivery is tracked per (transition, channel) in ``alert_notifications``: a transition is sent until a channel
 confirms it, then never again, also after restarts. (A crash between a confirmed send and its record means one
 repeat: at-least-once, with the transition key in every payload for receivers that deduplicate.)
+
+Webhook requests are always valid HTTP whatever the rule and series names hold: the body is UTF-8 JSON with no
+``NaN``/``Infinity`` (non-finite numbers are sent as ``null``), and the ``Idempotency-Key`` header is
+:func:`idempotency_key` of the transition key: the SHA-256 of its UTF-8 bytes in hex, 64 ASCII characters, the
+same for every attempt and every restart. The readable key is the body's ``key``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import time
+import math
+import threading
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from http.client import HTTPException
 from typing import Any, Protocol
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
-from alerting.evaluator import undelivered
 from eventide.config import Config
-from store.client import connect
 
 log = logging.getLogger("eventide.alerting")
 
+RETRIED_STATUSES = frozenset({408, 429})
+"""4xx answers that mean "try again later" (request timeout, too many requests); every other 4xx is final."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long one notification is tried on one channel."""
+
+    attempts: int
+    backoff_s: float
+    """Delay before the second attempt; doubles for each further one (a longer ``Retry-After`` wins)."""
+    attempt_timeout_s: float
+    deadline_s: float
+    """From the first attempt: no attempt starts after it, and no attempt runs past it."""
+
+    @classmethod
+    def of(cls, config: Config) -> RetryPolicy:
+        a = config.alerting
+        return cls(a.webhook_attempts, a.webhook_backoff_s, a.webhook_timeout_s, a.delivery_deadline_s)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt went."""
+
+    delivered: bool
+    permanent: bool = False
+    """Not worth retrying: the receiver refused this notification (4xx other than 408/429)."""
+    status: int | None = None
+    """HTTP status of the answer; None when there was none (timeout, reset, refused connection)."""
+    error: str = ""
+    retry_after_s: float | None = None
+
 
 class Channel(Protocol):
-    name: str
+    """A destination of notifications."""
 
-    def send(self, payload: dict[str, Any]) -> int:
-        """Deliver one notification; returns the attempts it took. Raises when it could not be delivered."""
+    name: str
+    policy: RetryPolicy
+
+    def attempt(self, payload: dict[str, Any], body: bytes, timeout_s: float) -> Outcome:
+        """One attempt to deliver ``body`` (the encoded ``payload``), waiting at most ``timeout_s``."""
         ...
 
 
+class EncodingError(ValueError):
+    """A notification that cannot be encoded (a permanent failure: no attempt could ever send it)."""
+
+
+def _finite(value: Any) -> Any:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
 def payload(row: dict[str, Any]) -> dict[str, Any]:
-    """The JSON body of one notification."""
+    """The JSON body of one notification (non-finite numbers become None: strict JSON has no NaN or Infinity)."""
     return {
         "key": row["transition_key"], "rule": row["rule"], "series": row["series"],
         "status": row["to_state"], "severity": row["severity"],
-        "window_end": row["window_end"].replace(tzinfo=UTC).isoformat(), "value": row["value"],
-        "threshold": row["threshold"],
+        "window_end": row["window_end"].replace(tzinfo=UTC).isoformat(), "value": _finite(row["value"]),
+        "threshold": _finite(row["threshold"]),
     }
 
 
+def encode(body: dict[str, Any]) -> bytes:
+    """Strict JSON in UTF-8; raises :class:`EncodingError` for what strict JSON cannot carry (NaN, Infinity, lone
+    surrogates) instead of sending something a receiver may reject or misread."""
+    try:
+        return json.dumps(body, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except (ValueError, TypeError) as exc:      # UnicodeEncodeError is a ValueError
+        raise EncodingError(f"payload cannot be encoded as strict JSON: {exc}") from exc
+
+
+def idempotency_key(transition_key: str) -> str:
+    """The ``Idempotency-Key`` header of a transition: hex SHA-256 of its UTF-8 bytes. Always a valid header
+    value (whatever the names hold: non-Latin-1 letters, CR, LF), of fixed length, stable across attempts and
+    restarts. ``surrogatepass`` so that even a lone surrogate hashes instead of raising."""
+    return hashlib.sha256(transition_key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def retry_after_s(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (delay-seconds or an HTTP date); None when absent or invalid."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as it is: following it would turn the POST into a GET without its body."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 class WebhookChannel:
+    """POSTs each notification as JSON to ``url``."""
+
     name = "webhook"
 
-    def __init__(self, url: str, attempts: int, backoff_s: float, timeout_s: float = 5.0) -> None:
-        self.url, self.attempts, self.backoff_s, self.timeout_s = url, attempts, backoff_s, timeout_s
+    def __init__(self, url: str, attempts: int, backoff_s: float, timeout_s: float = 5.0,
+                 deadline_s: float = 120.0) -> None:
+        self.url = url
+        self.policy = RetryPolicy(attempts, backoff_s, timeout_s, deadline_s)
+        self._opener = urllib.request.build_opener(_NoRedirects)
 
-    def send(self, payload: dict[str, Any]) -> int:
-        body = json.dumps(payload).encode()
-        delay = self.backoff_s
-        for attempt in range(1, self.attempts + 1):
-            request = urllib.request.Request(self.url, data=body, method="POST",
-                                             headers={"Content-Type": "application/json",
-                                                      "Idempotency-Key": payload["key"]})
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    if 200 <= response.status < 300:
-                        return attempt
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-                if isinstance(exc, urllib.error.HTTPError) and 400 <= exc.code < 500 and exc.code != 429:
-                    raise RuntimeError(f"webhook {self.url} refused the notification: {exc}") from exc
-                log.warning("webhook %s attempt %d/%d failed: %s", self.url, attempt, self.attempts, exc)
-            if attempt < self.attempts:
-                time.sleep(delay)
-                delay *= 2
-        raise RuntimeError(f"webhook {self.url} failed {self.attempts} times")
+    def attempt(self, payload: dict[str, Any], body: bytes, timeout_s: float) -> Outcome:
+        request = urllib.request.Request(self.url, data=body, method="POST", headers={
+            "Content-Type": "application/json; charset=utf-8", "Idempotency-Key": idempotency_key(payload["key"]),
+            "User-Agent": "eventide-alerting"})
+        try:
+            with self._opener.open(request, timeout=timeout_s) as response:
+                status = response.status
+                retry_after = response.headers.get("Retry-After")
+                reason = response.reason
+        except urllib.error.HTTPError as exc:
+            status, retry_after, reason = exc.code, exc.headers.get("Retry-After") if exc.headers else None, exc.reason
+            exc.close()
+        except (OSError, HTTPException) as exc:   # timeouts, resets, refused connections, garbled answers
+            cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            return Outcome(False, error=f"webhook {self.url}: {type(cause).__name__} {cause}".strip())
+        if 200 <= status < 300:
+            return Outcome(True, status=status)
+        error = f"webhook answered {status} {reason}".strip()
+        if status >= 500 or status in RETRIED_STATUSES:
+            return Outcome(False, status=status, error=error, retry_after_s=retry_after_s(retry_after))
+        return Outcome(False, permanent=True, status=status, error=error)
 
 
 class KafkaChannel:
+    """Produces each notification to ``alerting.alerts_topic`` (key: rule name), acknowledged by all replicas."""
+
     name = "kafka"
 
     def __init__(self, config: Config) -> None:
         self.topic = config.alerting.alerts_topic
+        self.policy = RetryPolicy.of(config)
         self._producer = Producer({"bootstrap.servers": config.kafka.bootstrap, "acks": "all",
                                    "enable.idempotence": True})
+        # One attempt at a time: flush() waits for every queued message, and a delivery report may be served by
+        # another thread's flush, so concurrent attempts could not tell whose message failed.
+        self._lock = threading.Lock()
 
-    def send(self, payload: dict[str, Any]) -> int:
-        failures: list[str] = []
-        self._producer.produce(self.topic, json.dumps(payload).encode(), payload["rule"].encode(),
-                               on_delivery=lambda err, _msg: failures.append(str(err)) if err else None)
-        if self._producer.flush(10) or failures:
-            raise RuntimeError(f"Kafka topic {self.topic} did not take the notification: {failures}")
-        return 1
+    def attempt(self, payload: dict[str, Any], body: bytes, timeout_s: float) -> Outcome:
+        failures: list[KafkaError] = []
+        with self._lock:
+            try:
+                self._producer.produce(self.topic, body, payload["rule"].encode("utf-8", "surrogatepass"),
+                                       on_delivery=lambda err, _msg: failures.append(err) if err else None)
+            except BufferError as exc:
+                return Outcome(False, error=f"Kafka producer queue full: {exc}")
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                return Outcome(False, permanent=err is not None and not err.retriable(), error=f"Kafka: {exc}")
+            left = self._producer.flush(timeout_s)
+        if failures:
+            err = failures[0]
+            return Outcome(False, permanent=not err.retriable(), error=f"Kafka topic {self.topic}: {err}")
+        if left:
+            return Outcome(False, error=f"Kafka topic {self.topic} did not acknowledge within {timeout_s:.1f} s")
+        return Outcome(True)
 
 
 def channels(config: Config) -> list[Channel]:
+    """The configured channels: the Kafka topic always, the webhook when ``alerting.webhook_url`` is set."""
     found: list[Channel] = [KafkaChannel(config)]
-    if config.alerting.webhook_url:
-        found.append(WebhookChannel(config.alerting.webhook_url, config.alerting.webhook_attempts,
-                                    config.alerting.webhook_backoff_s))
+    a = config.alerting
+    if a.webhook_url:
+        found.append(WebhookChannel(a.webhook_url, a.webhook_attempts, a.webhook_backoff_s, a.webhook_timeout_s,
+                                    a.delivery_deadline_s))
     return found
 
 
 def deliver(config: Config, targets: list[Channel]) -> dict[str, int]:
-    """Send every undelivered firing/resolved transition on every channel; returns deliveries per channel.
-    A channel that fails keeps its remaining notifications for the next call (order is kept)."""
+    """Send every pending firing/resolved transition on every channel, and return when each has been delivered or
+    recorded as failed; returns deliveries per channel (``eventide alerts --once`` and tests). The service runs the
+    same delivery continuously in threads of its own (:class:`alerting.delivery.Delivery`)."""
+    from alerting.delivery import ChannelDelivery
+
     delivered: dict[str, int] = {}
     for channel in targets:
-        with connect(config) as client:
-            pending = undelivered(client, channel.name)
-        delivered[channel.name] = 0
-        for row in pending:
-            try:
-                attempts = channel.send(payload(row))
-            except Exception as exc:
-                log.error("alert notification %s via %s failed: %s", row["transition_key"], channel.name, exc)
-                break
-            with connect(config) as client:
-                client.insert("alert_notifications", [[row["transition_key"], channel.name, attempts,
-                                                       datetime.now(UTC)]],
-                              column_names=["transition_key", "channel", "attempts", "delivered_at"])
-            delivered[channel.name] += 1
+        with ChannelDelivery(config, channel) as sender:
+            delivered[channel.name] = sender.drain()
     return delivered

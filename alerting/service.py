@@ -1,4 +1,6 @@
-"""The alerting service: load and check the rules at startup, then evaluate and notify every interval.
+"""The alerting service: load and check the rules at startup, then evaluate every interval; notifications are
+delivered by threads of their own (:mod:`alerting.delivery`), so a slow or broken receiver never delays an
+evaluation.
 
     python -m alerting.service        (or: eventide alerts)
 """
@@ -8,8 +10,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
+from collections.abc import Callable
 
+from alerting.delivery import Delivery
 from alerting.evaluator import evaluate
 from alerting.notify import channels, deliver
 from alerting.rules import load_rules
@@ -19,23 +24,39 @@ from store.migrations import apply_migrations
 log = logging.getLogger("eventide.alerting")
 
 
-def run(config: Config, once: bool = False) -> int:
-    """Evaluate and notify until stopped (or once). Invalid rules stop startup with a message naming them."""
+def run(config: Config, once: bool = False, stop: threading.Event | None = None,
+        on_tick: Callable[[float, float], None] | None = None) -> int:
+    """Evaluate and notify until ``stop`` is set (or once: one evaluation, then deliver what is pending and
+    return). Invalid rules stop startup with a message naming them. ``on_tick(started, seconds)`` is called after
+    each evaluation with its monotonic start and duration (for monitoring and tests)."""
     rules = load_rules(config.alert_rules_file)
     apply_migrations(config)          # idempotent: the alert tables exist before the first pass
     log.info("alerting: %d rules from %s, every %ss", len(rules.rule), config.alert_rules_file,
              config.alerting.evaluation_interval_s)
     targets = channels(config)
-    while True:
-        started = time.monotonic()
+    if once:
         try:
             evaluate(config, rules)
             deliver(config, targets)
-        except Exception:  # a store or broker hiccup: log it, try again next interval
-            log.exception("alert evaluation failed; retrying next interval")
-        if once:
-            return 0
-        time.sleep(max(0.0, config.alerting.evaluation_interval_s - (time.monotonic() - started)))
+        except Exception:  # a store or broker hiccup: logged, as a long-running service would
+            log.exception("alert evaluation failed")
+        return 0
+    stop = stop or threading.Event()
+    delivery = Delivery(config, targets).start()
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                evaluate(config, rules)
+            except Exception:  # a store hiccup: log it, try again next interval
+                log.exception("alert evaluation failed; retrying next interval")
+            delivery.wake()       # never waits for a delivery
+            if on_tick is not None:
+                on_tick(started, time.monotonic() - started)
+            stop.wait(max(0.0, config.alerting.evaluation_interval_s - (time.monotonic() - started)))
+    finally:
+        delivery.stop()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

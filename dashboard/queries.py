@@ -140,6 +140,17 @@ def alert_history(client: Client, since: datetime, until: datetime) -> pd.DataFr
     return pd.DataFrame(result.result_rows, columns=result.column_names)
 
 
+def failed_deliveries(client: Client, since: datetime, until: datetime) -> pd.DataFrame:
+    """Alert notifications given up (``alert_delivery_failures``) in ``[since, until)``, newest first: the rule,
+    series, channel, reason, attempts and when."""
+    result = client.query(
+        "SELECT failed_at, rule, series, to_state, channel, reason, attempts, last_status, window_end "
+        "FROM alert_delivery_failures FINAL "
+        "WHERE failed_at >= {lo:DateTime64(3)} AND failed_at < {hi:DateTime64(3)} ORDER BY failed_at DESC",
+        parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None)})
+    return pd.DataFrame(result.result_rows, columns=result.column_names)
+
+
 def overview_resolution_s(lengths_ms: list[int], minutes: int) -> int:
     """About 60–150 points per chart: a whole multiple of the finest stored window length."""
     finest = max(1, (min(lengths_ms) if lengths_ms else 60_000) // 1000)

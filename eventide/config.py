@@ -405,10 +405,28 @@ class AlertingConfig(_Section):
     webhook_url: str = ""
     """POSTed a JSON body per firing/resolved transition; empty: no webhook."""
     webhook_attempts: int = Field(5, ge=1)
+    """Attempts per notification and channel (webhook and Kafka) before it is recorded as a failed delivery."""
     webhook_backoff_s: float = Field(1.0, gt=0)
-    """First retry delay; doubles on each further attempt."""
+    """First retry delay; doubles on each further attempt (a longer ``Retry-After`` answer wins)."""
+    webhook_timeout_s: float = Field(5.0, gt=0)
+    """Longest wait for one attempt (connect, send, answer); then the attempt counts as failed and is retried."""
+    delivery_deadline_s: float = Field(120.0, gt=0)
+    """Longest time one notification is tried, from its first attempt: past it, it is recorded as failed and the
+    channel goes on. Each notification has its own attempts and deadline."""
+    delivery_concurrency: int = Field(4, ge=1, le=64)
+    """Notifications a channel sends at once, so one that hangs does not hold up the others."""
     alerts_topic: str = "eventide.alerts"
     """Kafka topic that receives every firing/resolved transition (key: rule name)."""
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, url: str) -> str:
+        # The URL goes into the request line as it is: printable ASCII only, so no request can be malformed by it.
+        if url and not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        if any(not (32 < ord(c) < 127) for c in url):
+            raise ValueError("must be printable ASCII without spaces (percent-encode other characters)")
+        return url
 
 
 class DashboardConfig(_Section):

@@ -26,7 +26,8 @@ from store.range_query import SeriesKey
 from tests.conftest import fresh_stack
 from tests.window_rows import Event, insert, window_row
 
-T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+# An hour boundary a day ago: within every table's retention (TTL), so the windows written are kept.
+T0 = (datetime.now(UTC) - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
 MINUTE = timedelta(minutes=1)
 LATENCY = SeriesKey("checkout", "metric", "latency_ms")
 

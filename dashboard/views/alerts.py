@@ -25,8 +25,9 @@ def page() -> None:
     def live() -> None:
         since, until = common.last(minutes)
         data = common.fetch(config, states=queries.alert_states,
-                            history=lambda c: queries.alert_history(c, since, until))
-        states, history = data["states"], data["history"]
+                            history=lambda c: queries.alert_history(c, since, until),
+                            failures=lambda c: queries.failed_deliveries(c, since, until))
+        states, history, failures = data["states"], data["history"], data["failures"]
         firing = states[states["state"] == "firing"] if not states.empty else states
         left, middle, right = st.columns(3)
         left.metric("firing", len(firing))
@@ -45,6 +46,13 @@ def page() -> None:
             st.info("No rule has been evaluated yet (the evaluator runs with `./run demo` or `./run alerts`).")
         else:
             st.dataframe(states, hide_index=True, width="stretch")
+        st.subheader("Failed deliveries")
+        if failures.empty:
+            st.info("No notification was given up in the chosen range.")
+        else:
+            st.caption("Notifications a channel gave up (a 4xx answer, attempts or deadline exhausted, or a payload "
+                       "that cannot be encoded); they are not tried again.")
+            st.dataframe(failures, hide_index=True, width="stretch")
 
     live()
     st.subheader(f"Rules ({config.alert_rules_file})")
