@@ -226,13 +226,14 @@ class Client:
                         dropped_newest=b.dropped_newest, dropped_spool_full=spool.dropped_full,
                         send_errors=s.send_errors, produced=s.produced, acknowledged=s.acknowledged(),
                         spooled=s.spooled, replayed=s.replayed, spool_bytes=spool.size_bytes, online=s.online,
-                        blocked_puts=b.blocked_puts)
+                        blocked_puts=b.blocked_puts, dropped_spool_error=spool.dropped_error,
+                        spool_torn_lines=spool.torn_lines)
 
     def _health_counts(self) -> dict[str, int]:
         b, spool = self._buffer, self._spool
         sender = getattr(self, "_sender", None)
         return {"overflow": b.dropped_oldest + b.dropped_newest, "spool_full": spool.dropped_full,
-                "send_error": sender.send_errors if sender else 0}
+                "spool_error": spool.dropped_error, "send_error": sender.send_errors if sender else 0}
 
     def _health_events(self) -> list[tuple[Any, ...]]:
         """Buffer items for the SDK's own metrics: gauges now, drops since the previous report."""

@@ -66,6 +66,8 @@ class SdkStats:
     dropped_oldest: int
     dropped_newest: int
     dropped_spool_full: int
+    """Events the spool refused: it reached ``sdk.spool_max_bytes``, or the disk was full (``ENOSPC``, a quota,
+    the file-size limit); such a write is taken back whole, never left as a torn line."""
     send_errors: int
     """Events Kafka rejected for good (e.g. too large for the broker); dropped."""
     produced: int
@@ -76,10 +78,16 @@ class SdkStats:
     spool_bytes: int
     online: bool
     blocked_puts: int
+    dropped_spool_error: int = 0
+    """Events whose spool write failed otherwise (an I/O error, a read-only file system); taken back whole."""
+    spool_torn_lines: int = 0
+    """Torn or damaged spool lines skipped on replay, left by a process killed mid-write or a power loss. Not
+    part of ``dropped``: they were counted as ``spooled`` by the process that wrote them."""
 
     @property
     def dropped(self) -> int:
-        return self.dropped_oldest + self.dropped_newest + self.dropped_spool_full + self.send_errors
+        return self.dropped_oldest + self.dropped_newest + self.dropped_spool_full + self.dropped_spool_error + \
+            self.send_errors
 
 
 class Sender:
