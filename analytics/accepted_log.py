@@ -4,7 +4,9 @@ The ``accept`` query writes one Parquet file per micro-batch, ``<dir>/<batch id:
 queries read the directory with Spark's file source, one file per micro-batch, so their batches are the accept
 query's batches. A file is published atomically: written aside (``_tmp/``), its metadata saved
 (``_meta/<batch id>.json``: the Kafka offsets the batch read, its broker-clock span, its size), then renamed into
-place; names starting with ``_`` are invisible to the file source. A replayed accept batch whose file exists
+place; names starting with ``_`` are invisible to the file source. Before that rename the file and the metadata
+are synced to disk (and the metadata's directory), and after it the directory the file was renamed into, so after
+a power loss a published file is whole or absent, never empty or cut. A replayed accept batch whose file exists
 writes nothing: the hand-over is exactly-once without Kafka transactions, and a downstream query that read the
 file before a crash reads the very same events again.
 
@@ -29,6 +31,7 @@ not HDFS or an object store (docs/operations.md).
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -105,27 +108,64 @@ def publish_partials(config: Config, batch_id: int, rows: Callable[[], pa.Table]
 
 
 def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> None:
+    """Write the batch's metadata and sync it and its directory: it must be on disk before the events file that
+    publishes it is renamed into place (until then no reader looks at it, so a plain overwrite is safe)."""
     path = _meta_file(config, batch_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(meta))
+    _make_directory(path.parent)
+    with path.open("w") as f:
+        f.write(json.dumps(meta))
+        f.flush()
+        os.fsync(f.fileno())
+    _sync_directory(path.parent)
 
 
 def _write_atomically(row_groups: Sequence[pa.Table], target: Path,
                       before_rename: Callable[[int], None] | None = None) -> None:
     """Write ``row_groups`` (one schema; each table its own row groups) aside (``_tmp/``, invisible to Spark's
-    file source), then rename the file to ``target``."""
+    file source), sync it, then rename the file to ``target`` and sync ``target``'s directory: once this returns
+    the file is published, and a power loss at any moment leaves it whole or absent."""
     staging = target.parent / _TMP / f"{target.stem}-{uuid.uuid4().hex}.parquet"
-    staging.parent.mkdir(parents=True, exist_ok=True)
+    _make_directory(staging.parent)
     try:
         with pq.ParquetWriter(staging, row_groups[0].schema) as writer:
             for rows in row_groups:
                 if rows.num_rows:
                     writer.write_table(rows)
+        _sync_file(staging)       # data before name: a rename can reach the disk before unsynced data
+        _sync_directory(staging.parent)
         if before_rename is not None:
             before_rename(staging.stat().st_size)
         staging.rename(target)
+        _sync_directory(target.parent)
     finally:
         staging.unlink(missing_ok=True)
+
+
+def _sync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_directory(directory: Path) -> None:
+    """fsync a directory: the names created, renamed or removed in it survive a power loss."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_directory(directory: Path) -> None:
+    """``mkdir -p``, syncing the parent of each directory it creates (once per directory, not per batch)."""
+    if directory.is_dir():
+        return
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    for created in reversed(missing):
+        _sync_directory(created.parent)
 
 
 def meta(config: Config, batch_id: int) -> BatchMeta:
