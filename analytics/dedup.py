@@ -1,15 +1,20 @@
-"""Deduplication by event id (docs/time-semantics.md, "Duplicates"), before any window sees an event.
+"""Deduplication by event id within its app (docs/time-semantics.md, "Duplicates"), before any window sees an event.
 
-The first copy of an id is accepted: earliest on the broker's clock (Kafka timestamp), ties broken by Kafka
-position, so every replay of a micro-batch picks the same copy. A later copy is a duplicate when its id is among
-the batch's earlier copies or among the events accepted within the horizon before it; the accepted-events log
-(``analytics.accepted_log``) is that memory, so it survives restarts with nothing else to checkpoint.
+An id is unique within its ``app`` (BRIEF §1), so the duplicate key is (app, id): two apps that happen to use the
+same id never suppress each other's events. The first copy of a key is accepted: earliest on the broker's clock
+(Kafka timestamp), ties broken by Kafka position, so every replay of a micro-batch picks the same copy. A later copy
+is a duplicate when its key is among the batch's earlier copies or among the events accepted within the horizon
+before it; the accepted-events log (``analytics.accepted_log``, which stores ``app`` and ``id``) is that memory, so
+it survives restarts with nothing else to checkpoint.
 
-The choice is made in the driver, where the accept query brings each batch as Arrow, on three columns (id, broker
-time, position), vectorised: a micro-batch is at most ``stream.max_offsets_per_trigger`` records and the horizon's
-ids (rate x horizon, ~40 bytes each) fit in the driver's memory, which keeps them between batches
+The choice is made in the driver, where the accept query brings each batch as Arrow, on its copy columns (app, id,
+broker time, position), vectorised: a micro-batch is at most ``stream.max_offsets_per_trigger`` records and the
+horizon's keys (rate x horizon, ~50 bytes each) fit in the driver's memory, which keeps them between batches
 (``AcceptedIds``). Doing it in Spark cost a shuffle of whole events and a re-read of the horizon's files in every
 batch: a quarter of the job's throughput.
+
+A key is one string, ``<length of app>:<app>:<id>`` (the length makes it unambiguous whatever the app or id holds),
+so the batch's keys are hashed once and the horizon's are probed against them as plain strings, as ids were.
 """
 
 from __future__ import annotations
@@ -24,8 +29,23 @@ from analytics.accepted_log import BatchMeta
 from eventide.config import Config
 
 POSITION = ("partition", "offset")
-# The columns ``first_copies`` reads: the id and what orders its copies.
-COPY_COLUMNS = ("id", "kafka_timestamp", *POSITION)
+KEY_COLUMNS = ("app", "id")
+"""An event's duplicate key: its id within its app."""
+ORDER = ("kafka_timestamp", *POSITION)
+"""What orders a key's copies: broker time, then Kafka position."""
+# The columns ``first_copies`` reads: the key and what orders its copies.
+COPY_COLUMNS = (*KEY_COLUMNS, *ORDER)
+
+
+def keys(events: pa.Table) -> pa.Array:
+    """The duplicate keys of ``events`` (columns ``app`` and ``id``), one string per row.
+
+    A table without an ``app`` column is taken as one app's events: its keys are the ids (pure-logic tests)."""
+    ids = events["id"].combine_chunks() if isinstance(events["id"], pa.ChunkedArray) else events["id"]
+    if "app" not in events.column_names:
+        return ids
+    apps = events["app"].combine_chunks() if isinstance(events["app"], pa.ChunkedArray) else events["app"]
+    return pc.binary_join_element_wise(pc.cast(pc.utf8_length(apps), pa.string()), apps, ids, ":")
 
 
 def horizon(config: Config, batch_id: int, earliest_ms: int) -> list[BatchMeta]:
@@ -36,51 +56,55 @@ def horizon(config: Config, batch_id: int, earliest_ms: int) -> list[BatchMeta]:
 
 
 class AcceptedIds:
-    """The ids each published batch accepted, held in memory for as long as a batch is within the horizon.
+    """The keys (app, id: :func:`keys`) each published batch accepted, held in memory for as long as a batch is
+    within the horizon.
 
-    After a restart (or for a batch evicted and needed again) the ids are read back from the batch's file, so the
-    memory is a cache of the accepted-events log and needs no checkpoint of its own."""
+    After a restart (or for a batch evicted and needed again) the keys are read back from the batch's file (its
+    ``app`` and ``id`` columns), so the memory is a cache of the accepted-events log and needs no checkpoint of its
+    own."""
 
     def __init__(self, config: Config) -> None:
         self._config = config
         self._ids: dict[int, pa.Array] = {}
 
-    def remember(self, batch_id: int, ids: pa.Array | pa.ChunkedArray) -> None:
-        self._ids[batch_id] = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    def remember(self, batch_id: int, accepted: pa.Table) -> None:
+        """Keep the keys of the events ``batch_id`` accepted (a table with ``app`` and ``id``)."""
+        self._ids[batch_id] = keys(accepted.select(list(KEY_COLUMNS)))
 
     def of(self, batches: list[BatchMeta]) -> pa.ChunkedArray:
-        """The ids accepted by ``batches``; ids of batches not among them are forgotten."""
+        """The keys accepted by ``batches``; keys of batches not among them are forgotten."""
         wanted = {m.batch_id for m in batches}
         for batch_id in set(self._ids) - wanted:
             del self._ids[batch_id]
         for batch_id in wanted - set(self._ids):
             file = accepted_log.events_file(self._config, batch_id)
-            self._ids[batch_id] = pq.read_table(file, columns=["id"])["id"].combine_chunks()
+            self._ids[batch_id] = keys(pq.read_table(file, columns=list(KEY_COLUMNS)))
         return pa.chunked_array([self._ids[b] for b in sorted(wanted)], type=pa.string())
 
     def nbytes(self, batches: list[BatchMeta]) -> int:
-        """Driver memory held by the ids of ``batches``."""
+        """Driver memory held by the keys of ``batches``."""
         return sum(self._ids[m.batch_id].nbytes for m in batches if m.batch_id in self._ids)
 
 
 def first_copies(batch: pa.Table, remembered: pa.ChunkedArray) -> pa.BooleanArray:
-    """Which rows of ``batch`` (``COPY_COLUMNS``) are the first copy of their id: the earliest of the batch's
-    copies (broker time, then position), and only if no batch within the horizon accepted the id before."""
+    """Which rows of ``batch`` (``COPY_COLUMNS``) are the first copy of their key (app, id): the earliest of the
+    batch's copies (broker time, then position), and only if no batch within the horizon accepted the key before
+    (``remembered``: keys as :func:`keys` makes them)."""
     if batch.num_rows == 0:
         return pa.array([], pa.bool_())
-    encoded = pc.dictionary_encode(batch["id"].combine_chunks())
+    encoded = pc.dictionary_encode(keys(batch))
     codes = encoded.indices.to_numpy()
     keep = np.ones(batch.num_rows, dtype=bool)
-    # Only ids with several copies in the batch need ordering (a few %): sorting every row was most of the cost.
+    # Only keys with several copies in the batch need ordering (a few %): sorting every row was most of the cost.
     repeated = np.flatnonzero(np.bincount(codes)[codes] > 1)
     if len(repeated):
         order = pc.sort_indices(batch.take(pa.array(repeated)),
-                                sort_keys=[(c, "ascending") for c in COPY_COLUMNS[1:]]).to_numpy()
+                                sort_keys=[(c, "ascending") for c in ORDER]).to_numpy()
         earliest = np.zeros(len(repeated), dtype=bool)
-        earliest[order[np.unique(codes[repeated][order], return_index=True)[1]]] = True   # each id's first
+        earliest[order[np.unique(codes[repeated][order], return_index=True)[1]]] = True   # each key's first
         keep[repeated] = earliest
     if len(remembered):
-        # The horizon's ids (rate x horizon, millions at 15k ev/s) are probed against the batch's distinct ids, not
+        # The horizon's keys (rate x horizon, millions at 15k ev/s) are probed against the batch's distinct keys, not
         # hashed into a set of their own in every batch (~10x the time, docs/benchmarks.md).
         seen = pc.drop_null(pc.index_in(remembered, value_set=encoded.dictionary))
         if len(seen):

@@ -276,7 +276,7 @@ def accept_writer(config: Config) -> BatchWriter:
                     accepted_log.publish(config, published, accepted_log.BatchMeta(
                         batch_id, info.start_offsets, info.end_offsets, earliest, latest))
                 if config.stream.deduplicate:
-                    accepted_ids.remember(batch_id, accepted["id"])
+                    accepted_ids.remember(batch_id, accepted)
             # After the events file: the windows writer reads the events of the partials it merged.
             with _timed(ACCEPT_QUERY, "window_partials"):
                 window_partials.publish(config, batch_id, accepted)

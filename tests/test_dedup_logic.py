@@ -9,7 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analytics.dedup import first_copies, published_copies
+from analytics import accepted_log
+from analytics.accepted_log import BatchMeta
+from analytics.dedup import AcceptedIds, first_copies, keys, published_copies
+from eventide.config import load_config
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -69,3 +72,46 @@ def test_first_copies_match_a_plain_reference_on_random_batches_and_horizons(see
             earliest[id_] = ((time, partition, offset), row)
     expected = [earliest[id_][1] == row and id_ not in before for row, (id_, *_) in enumerate(records)]
     assert first_copies(copies(*records), remembered).to_pylist() == expected
+
+
+# Per app: an id is unique within its app (BRIEF §1), so the duplicate key is (app, id).
+
+
+def app_copies(*records: tuple[str, str, float, int, int]) -> pa.Table:
+    """(app, id, broker time in seconds after T0, partition, offset) per record, in the batch's row order."""
+    return copies(*[r[1:] for r in records]).add_column(0, "app", pa.array([r[0] for r in records], pa.string()))
+
+
+def test_two_apps_using_the_same_id_both_count_and_each_apps_copy_counts_once():
+    batch = app_copies(("checkout", "a", 1.0, 0, 1), ("search", "a", 2.0, 0, 2),
+                       ("checkout", "a", 3.0, 0, 3), ("search", "a", 0.5, 1, 9))
+    assert first_copies(batch, nothing_remembered()).to_pylist() == [True, False, False, True]
+
+
+def test_an_id_another_app_accepted_before_does_not_make_a_duplicate():
+    earlier = app_copies(("checkout", "a", 1.0, 0, 1), ("checkout", "b", 1.0, 0, 2))
+    remembered = pa.chunked_array([keys(earlier)])
+    batch = app_copies(("search", "a", 5.0, 0, 10), ("checkout", "a", 5.0, 0, 11), ("search", "b", 5.0, 0, 12))
+    assert first_copies(batch, remembered).to_pylist() == [True, False, True]
+
+
+@pytest.mark.parametrize(("first", "second"), [(("a:b", "c"), ("a", "b:c")), (("1:x", "y"), ("1", ":x:y")),
+                                                (("", "ab"), ("a", "b"))])
+def test_keys_of_different_app_and_id_pairs_never_collide(first: tuple[str, str], second: tuple[str, str]):
+    batch = app_copies((*first, 1.0, 0, 1), (*second, 2.0, 0, 2))
+    assert keys(batch)[0] != keys(batch)[1]
+    assert first_copies(batch, nothing_remembered()).to_pylist() == [True, True]
+
+
+def test_after_a_restart_the_horizon_remembers_from_the_log_exactly_the_keys_it_held_in_memory(tmp_path):
+    config = load_config(environ={}, root=str(tmp_path), paths={"data_dir": str(tmp_path / "var")})
+    accepted = app_copies(("checkout", "a", 1.0, 0, 1), ("search", "a", 2.0, 0, 2), ("search", "b", 3.0, 0, 3))
+    meta = BatchMeta(4, {"t": {"0": 0}}, {"t": {"0": 3}}, 0, 0)
+    accepted_log.events_file(config, 4).parent.mkdir(parents=True)
+    pq.write_table(accepted, accepted_log.events_file(config, 4))   # what the accepted-events log stores
+    running = AcceptedIds(config)
+    running.remember(4, accepted)
+    restarted = AcceptedIds(config)   # a new driver: nothing in memory, read back from the file
+    assert restarted.of([meta]).to_pylist() == running.of([meta]).to_pylist()
+    batch = app_copies(("search", "a", 9.0, 0, 7), ("mobile", "a", 9.0, 0, 8))
+    assert first_copies(batch, restarted.of([meta])).to_pylist() == [False, True]
