@@ -9,6 +9,8 @@ Spark session of its own:
 - ``broker_kills``: the broker SIGKILLed ``--broker-kills`` times while the SDK (``--sdk-events``) and a gateway
   client (``--gateway-batches`` of 20) produce; every acknowledged event counted by id;
 - ``store_outage``: the store stopped for ``--outage-s`` while the job writes, compared with an uninterrupted run.
+- ``spool_full``: an SDK app with no broker records ``--spool-events`` events into a spool on a 256 KiB file system;
+  every event spooled whole or counted as dropped, then the spool replayed to the broker, each spooled event once.
 
 Prints one JSON summary (and writes it to ``--out``):
 
@@ -39,6 +41,7 @@ from tests import fault_injection as faults  # noqa: E402
 from tests.conftest import fresh_stack  # noqa: E402
 
 SCENARIOS = ("fuzz", "job_kills", "broker_kills", "store_outage")
+SCENARIOS += ("spool_full",)
 
 
 def comparison_figures(c: faults.Comparison, seconds: float) -> dict[str, Any]:
@@ -49,6 +52,23 @@ def comparison_figures(c: faults.Comparison, seconds: float) -> dict[str, Any]:
             "identical": c.identical, "seconds": round(seconds, 1),
             **{k: v for k, v in c.extra.items() if k != "waits"},
             **({"store_wait_log_lines": len(c.extra["waits"])} if "waits" in c.extra else {})}
+
+
+def spool_full_figures(config: Any, parent: Path, events: int) -> dict[str, Any]:
+    """The SDK's spool on a full file system (tests/fault_injection.py ``spool_on_a_full_disk``), as figures."""
+    from tests.sdk_support import fresh_topic
+
+    t = time.perf_counter()
+    outcome = faults.spool_on_a_full_disk(fresh_topic(config, "spool-full", parent), parent, events=events)
+    s, delivered = outcome.stats, outcome.delivered_values
+    uncounted = s["enqueued"] - s["spooled"] - s["dropped"]
+    return report("spool_full", {
+        "faults": 1, "how": outcome.how, "events_recorded": s["enqueued"], "spooled": s["spooled"],
+        "dropped_spool_full": s["dropped_spool_full"], "dropped_spool_error": s["dropped_spool_error"],
+        "uncounted": uncounted, "torn_segments": outcome.torn_segments, "unparsable_lines": outcome.unparsable_lines,
+        "replayed": outcome.replay_stats["replayed"], "delivered": len(delivered),
+        "lost": abs(uncounted) + len(set(outcome.spooled_values) - set(delivered)),
+        "double_counted": len(delivered) - len(set(delivered)), "seconds": round(time.perf_counter() - t, 1)})
 
 
 def main() -> None:
@@ -62,6 +82,7 @@ def main() -> None:
     parser.add_argument("--sdk-events", type=int, default=20_000)
     parser.add_argument("--gateway-batches", type=int, default=500)
     parser.add_argument("--outage-s", type=float, default=60)
+    parser.add_argument("--spool-events", type=int, default=20_000, help="events of the full-disk spool scenario")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     chosen = set(args.scenarios.split(","))
@@ -121,6 +142,8 @@ def main() -> None:
                                                   log_dir=store_dir, events=args.events)
                 summary["store_outage"] = report("store_outage",
                                                  comparison_figures(outcome_c, time.perf_counter() - t))
+            if "spool_full" in chosen:
+                summary["spool_full"] = spool_full_figures(config, data / "spool-full", args.spool_events)
             spark.stop()
     finally:
         broker.stop(config)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -401,3 +402,283 @@ def kill_the_broker(config: Config, spark: Any, sdk_events: int, gateway_batches
         kills, sdk_events, stats.spooled, stats.dropped_oldest + stats.dropped_newest + stats.dropped_spool_full,
         acknowledged, dict(answers), on_topic,
         pq.read_table(config.accepted_events_dir, columns=["id"])["id"].to_pylist(), stored, dups["n"])
+
+
+# The SDK's spool on a full disk ---------------------------------------------------------------------------------
+@contextmanager
+def size_limited_directory(parent: Path, size_bytes: int, mount: bool = True) -> Iterator[tuple[Path, int | None]]:
+    """A directory where writing fails once ``size_bytes`` are used: a tmpfs of that size (this needs root, as the
+    tests have here), unmounted afterwards. Where mounting is refused (or ``mount`` is False), the writing process
+    must limit itself instead: the second value is then the ``RLIMIT_FSIZE`` it sets (a file's writes past it fail
+    with ``EFBIG``, short first), so the scenario runs everywhere; otherwise None."""
+    directory = parent / "size-limited"
+    directory.mkdir(parents=True)
+    mounted = mount and shutil.which("mount") is not None and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(directory)],
+        capture_output=True).returncode == 0
+    try:
+        yield directory, None if mounted else size_bytes
+    finally:
+        if mounted and subprocess.run(["umount", str(directory)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(directory)], capture_output=True)    # still busy: detach it
+
+
+def limit_file_size(limit: int | None) -> None:
+    """In the process that writes to a ``size_limited_directory``: apply its file-size limit, if it has one."""
+    if limit:
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a failed write, not a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+_FULL_DISK_APP = """
+import json, sys, time
+from dataclasses import asdict
+from eventide.config import load_config
+from ingest.sdk import Client
+from tests.fault_injection import limit_file_size
+overrides, n, limit = json.loads(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+limit_file_size(limit)
+events = Client("full-disk-app", "phone-3", config=load_config(environ={}, **overrides))
+seq = events.gauge("seq")
+for i in range(n):
+    seq.set(i)
+    if i % 250 == 249:
+        time.sleep(0.02)        # batches of several sizes: some fit in what is left, some do not
+flushed = events.flush(60)
+events.close(10)
+stats = events.stats()
+print(json.dumps({"flushed": flushed, "dropped": stats.dropped, **asdict(stats)}), flush=True)
+"""
+
+
+@dataclass
+class FullDiskOutcome:
+    """An SDK app spooling to a full file system, then its spool replayed to a reachable broker."""
+
+    how: str                      # "tmpfs" or "RLIMIT_FSIZE"
+    recorded: int
+    stats: dict[str, Any]         # the offline app's SdkStats when it closed
+    segments: int
+    torn_segments: int            # segments whose last byte is not a newline
+    unparsable_lines: int
+    spooled_values: list[float]   # the events in the spool, in file order
+    replay_stats: dict[str, Any]
+    delivered_values: list[float]  # the app's events on the topic after the replay, in order
+    segments_left: int
+
+
+def spool_on_a_full_disk(config: Config, parent: Path, events: int, size_bytes: int = 256 * 1024) -> FullDiskOutcome:
+    """An app records ``events`` gauge values with no broker reachable while its spool lies on a file system of
+    ``size_bytes``; then a client of the same app and device, with the broker reachable, replays the spool.
+    ``config``: a running broker and a fresh events topic."""
+    from dataclasses import asdict
+
+    with size_limited_directory(parent, size_bytes) as (directory, limit):
+        spool_dir = directory / "spool"
+        offline = {"root": str(config.root),
+                   "paths": {"data_dir": str(config.data_dir), "cache_dir": str(config.cache_dir)},
+                   "kafka": {"bootstrap_servers": f"127.0.0.1:{free_port()}",       # nothing listens there
+                             "events_topic": config.kafka.events_topic},
+                   "sdk": {"reconnect_probe_s": 0.3, "health_interval_s": 0, "spool_dir": str(spool_dir)}}
+        app = subprocess.run([sys.executable, "-c", _FULL_DISK_APP, json.dumps(offline), str(events),
+                              json.dumps(limit)], cwd=Path(__file__).resolve().parent.parent,
+                             capture_output=True, text=True, timeout=300)
+        assert app.returncode == 0, app.stderr[-3000:]
+        stats = json.loads(app.stdout.strip().splitlines()[-1])
+
+        segments = sorted(spool_dir.rglob("*.spool"))
+        torn = unparsable = 0
+        spooled: list[float] = []
+        for segment in segments:
+            data = segment.read_bytes()
+            torn += bool(data) and not data.endswith(b"\n")
+            for line in data.split(b"\n")[:-1]:
+                try:
+                    spooled.append(json.loads(line + b"}")["value"])
+                except ValueError:
+                    unparsable += 1
+
+        back = config.model_copy(update={"sdk": config.sdk.model_copy(
+            update={"spool_dir": spool_dir, "reconnect_probe_s": 0.3, "health_interval_s": 0})})
+        replayer = Client("full-disk-app", "phone-3", config=back)
+        try:
+            assert replayer.flush(120), "the spool was not replayed"
+        finally:
+            replayer.close()
+        replay_stats = asdict(replayer.stats())
+        left = len(list(spool_dir.rglob("*.spool")))
+    records = [json.loads(m.value()) for m in broker.read_committed(config, timeout_s=30)]
+    delivered = [r["value"] for r in records if r.get("app") == "full-disk-app"]
+    return FullDiskOutcome("tmpfs" if limit is None else "RLIMIT_FSIZE", events, stats, len(segments), torn,
+                           unparsable, spooled, replay_stats, delivered, left)
+
+
+# Alert webhooks that refuse, hang or reset --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Received:
+    """One request a :class:`WebhookReceiver` got."""
+
+    at: float
+    """``time.monotonic()`` when it arrived."""
+    headers: dict[str, str]
+    raw: bytes
+    body: dict[str, Any] | None
+    """The parsed body; None when it was not strict JSON (NaN, Infinity, invalid UTF-8)."""
+    answer: str
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"not strict JSON: {name}")
+
+
+class WebhookReceiver:
+    """A real local webhook receiver (``http.server`` in a thread) that records every request and answers each as
+    ``answer(body)`` says: ``"ok"`` (204), a status such as ``"400"`` or ``"503:2"`` (with ``Retry-After: 2``),
+    ``"hang"`` (reads the request and never answers, until :meth:`close`) or ``"reset"`` (closes the connection
+    with a TCP reset instead of answering). A body that is not strict JSON is answered 400."""
+
+    def __init__(self, answer: Any = None) -> None:
+        import contextlib
+        import socket
+        import struct
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.answer = answer or (lambda _body: "ok")
+        self.received: list[Received] = []
+        self.released = threading.Event()
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body: dict[str, Any] | None
+                try:
+                    body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+                    action = hook.answer(body)
+                except ValueError:
+                    body, action = None, "400"
+                hook.received.append(Received(time.monotonic(), dict(self.headers.items()), raw, body, action))
+                self.close_connection = True
+                if action == "hang":
+                    hook.released.wait(120)
+                    return
+                if action == "reset":       # SO_LINGER 0: close() sends RST, the client sees a reset connection
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    return
+                status, _, retry_after = ("204" if action == "ok" else action).partition(":")
+                self.send_response(int(status))
+                if retry_after:
+                    self.send_header("Retry-After", retry_after)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def finish(self) -> None:
+                with contextlib.suppress(OSError):      # the connection was reset on purpose
+                    super().finish()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass                                     # resets and hangs are the point
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def of(self, series: str) -> list[Received]:
+        """Requests whose notification is about ``series``."""
+        return [r for r in self.received if r.body is not None and r.body["series"] == series]
+
+    def delivered(self) -> list[Received]:
+        return [r for r in self.received if r.answer == "ok"]
+
+    def close(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> WebhookReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def store_transitions(config: Config, transitions: list[Any]) -> None:
+    """Store ``alerting.state.Transition`` objects as the evaluator does (``alert_transitions``)."""
+    from datetime import UTC, datetime
+
+    from store.client import connect
+
+    now = datetime.now(UTC)
+    with connect(config) as client:
+        client.insert("alert_transitions", [
+            [t.key, t.rule, t.series, t.to, datetime.fromtimestamp(t.window_end_ms / 1000, UTC), t.value,
+             t.threshold, t.severity, int(t.notify), now] for t in transitions],
+            column_names=["transition_key", "rule", "series", "to_state", "window_end", "value", "threshold",
+                          "severity", "notify", "recorded_at"])
+
+
+def delivery_failures(config: Config) -> dict[str, tuple[str, int, int | None, float]]:
+    """Failed deliveries by series: (reason, attempts, last HTTP status, ``failed_at`` as epoch seconds)."""
+    from store.client import connect
+
+    with connect(config) as client:
+        rows = client.query("SELECT series, reason, attempts, last_status, toUnixTimestamp64Milli(failed_at) "
+                            "FROM alert_delivery_failures FINAL").result_rows
+    return {r[0]: (r[1], r[2], r[3], r[4] / 1000) for r in rows}
+
+
+@dataclass
+class WebhookFaultsOutcome:
+    deadline_s: float
+    bad: dict[str, str]
+    """Series -> how the receiver treated its notification (400, hang, reset)."""
+    delivered_after_s: dict[str, float]
+    """Series of each later notification -> seconds from the start until the receiver had it."""
+    failures: dict[str, tuple[str, int, int | None, float]]
+    """Series -> (reason, attempts, last status, seconds from the start until the failure was recorded)."""
+    requests: dict[str, int]
+    """Series -> requests the receiver got for it."""
+
+
+def webhook_faults(config: Config, later: int = 6, deadline_s: float = 1.5, timeout_s: float = 0.5,
+                   attempts: int = 3, concurrency: int = 2) -> WebhookFaultsOutcome:
+    """Given a receiver that answers 400 to one notification, hangs on another and resets the connection of a
+    third (each the oldest of its series), and ``later`` notifications of other series stored after them, when the
+    alerting service's delivery threads deliver them, then: how soon each later notification arrived and what was
+    recorded for the three. ``config``: a migrated store; the webhook settings come from the arguments."""
+    from alerting.delivery import Delivery
+    from alerting.notify import WebhookChannel
+    from alerting.state import Transition
+
+    bad = {"refused": "400", "hung": "hang", "reset": "reset"}
+    config = config.model_copy(update={"alerting": config.alerting.model_copy(update={
+        "delivery_concurrency": concurrency, "delivery_deadline_s": deadline_s, "webhook_timeout_s": timeout_s})})
+    window_end = now_ms() // 60_000 * 60_000
+    transitions = [Transition("webhook faults", series, "firing", window_end - 60_000, 900.0, 500.0, "critical")
+                   for series in bad]
+    transitions += [Transition("webhook faults", f"later-{i}", "firing", window_end, 900.0, 500.0, "critical")
+                    for i in range(later)]
+    with WebhookReceiver(lambda body: bad.get(body["series"], "ok")) as receiver:
+        channel = WebhookChannel(receiver.url, attempts, backoff_s=0.1, timeout_s=timeout_s, deadline_s=deadline_s)
+        store_transitions(config, transitions)
+        delivery = Delivery(config, [channel], refresh_every_s=0.5)
+        started, wall = time.monotonic(), time.time()
+        delivery.start()
+        delivery.wake()
+        try:
+            wait_until(lambda: len(receiver.delivered()) >= later and len(delivery_failures(config)) >= len(bad),
+                       timeout_s=4 * deadline_s + 10, interval_s=0.05)
+        finally:
+            delivery.stop()
+        arrived = {r.body["series"]: r.at - started for r in receiver.delivered() if r.body is not None}
+        requests = Counter(r.body["series"] for r in receiver.received if r.body is not None)
+    failures = {s: (reason, n, status, at - wall) for s, (reason, n, status, at) in delivery_failures(config).items()}
+    return WebhookFaultsOutcome(deadline_s, bad, arrived, failures, dict(requests))

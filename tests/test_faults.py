@@ -122,3 +122,27 @@ def test_store_away_for_a_minute_the_job_waits_retries_and_loses_nothing(kafka, 
     assert "the micro-batch waits and retries" in outcome.extra["waits"][0]
     assert outcome.differing == dict.fromkeys(faults.RESULT_QUERIES, 0), outcome.explain()
     assert outcome.window_events[0] == outcome.window_events[1] > 0
+
+
+@pytest.mark.timeout(600)
+def test_sdk_spool_on_a_full_file_system_counts_every_drop_tears_no_line_and_replays_what_it_kept_once(
+        kafka, tmp_path):
+    """Given an SDK app with no broker reachable whose spool lies on a 256 KiB file system (a tmpfs; a file-size
+    limit where mounting is refused), when it records far more events than fit, then every event is either in the
+    spool as a whole line or counted as dropped (``enqueued == spooled + dropped``), no segment holds a torn line,
+    and once a broker is reachable every spooled event reaches Kafka exactly once, in the order it was spooled."""
+    from tests.sdk_support import fresh_topic
+
+    config = fresh_topic(kafka, "spool-full-disk", tmp_path / "unused", partitions=1)
+    outcome = faults.spool_on_a_full_disk(config, tmp_path, events=6_000)
+    recorded = outcome.stats
+
+    assert recorded["enqueued"] == 6_000 and recorded["flushed"] is False
+    assert recorded["dropped_spool_full"] > 0, f"the disk never filled ({outcome.how}): nothing was tested"
+    assert recorded["enqueued"] == recorded["spooled"] + recorded["dropped"]
+    assert recorded["dropped"] == recorded["dropped_spool_full"] + recorded["dropped_spool_error"]
+    assert (outcome.torn_segments, outcome.unparsable_lines) == (0, 0)
+    assert len(outcome.spooled_values) == recorded["spooled"] > 0
+    assert outcome.replay_stats["replayed"] == recorded["spooled"] and outcome.replay_stats["spool_torn_lines"] == 0
+    assert outcome.delivered_values == outcome.spooled_values     # each once, in order
+    assert outcome.segments_left == 0

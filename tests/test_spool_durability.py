@@ -111,13 +111,15 @@ print(json.dumps({"sent": sent, "kept": kept, "dropped_full": spool.dropped_full
 """
 
 
-@pytest.mark.parametrize("segment_bytes", [1 << 20, 16 * 1024], ids=["one-segment", "segments-roll"])
+@pytest.mark.parametrize(("mount", "segment_bytes"), [(True, 1 << 20), (True, 16 * 1024), (False, 1 << 20)],
+                         ids=["tmpfs-one-segment", "tmpfs-segments-roll", "file-size-limit"])
 def test_on_a_full_file_system_an_append_lands_whole_or_not_at_all_and_every_refused_line_is_counted(
-        tmp_path, segment_bytes):
-    """Given a spool on a 64 KiB file system (a tmpfs; where mounting is refused, a 64 KiB file-size limit) and far
-    more lines than fit, in batches of several sizes, then every batch is written whole or refused and counted
-    (``dropped_full``), no segment ends in a torn line, and replay gives back exactly the lines written."""
-    with size_limited_directory(tmp_path, 64 * 1024) as (directory, limit):
+        tmp_path, mount, segment_bytes):
+    """Given a spool on a 64 KiB file system (a tmpfs; where mounting is refused, and in the last case always, a
+    64 KiB file-size limit: ``EFBIG`` after a short write) and far more lines than fit, in batches of several sizes,
+    then every batch is written whole or refused and counted (``dropped_full``), no segment ends in a torn line, and
+    replay gives back exactly the lines written."""
+    with size_limited_directory(tmp_path, 64 * 1024, mount=mount) as (directory, limit):
         done = subprocess.run([sys.executable, "-c", _FILL % _BODY, str(directory / "spool"), json.dumps(limit),
                                str(segment_bytes)], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
