@@ -70,14 +70,27 @@ def url_select(label: str, key: str, options: Sequence[T], format_func: Callable
     return chosen
 
 
+MAX_RANGE_MINUTES = 24 * 60
+
+
+def longest_range_minutes(config: Config) -> int:
+    """The longest range the picker offers: a day, and never more than the shortest retention of the tables the
+    pages read (``[retention]``), so no range asks for rows the store has already deleted."""
+    return max(1, min(MAX_RANGE_MINUTES, int(config.retention.shortest_days * 24 * 60)))
+
+
 def range_minutes(config: Config) -> int:
-    """The sidebar's "last N minutes" slider (``?minutes=N`` in the URL)."""
+    """The sidebar's "last N minutes" slider (``?minutes=N`` in the URL, held within ``longest_range_minutes``)."""
+    longest = longest_range_minutes(config)
     try:
         default = int(st.query_params.get("minutes", config.dashboard.default_range_minutes))
     except ValueError:
         default = config.dashboard.default_range_minutes
-    minutes = st.sidebar.slider("Last minutes", 1, 24 * 60, min(max(default, 1), 24 * 60), key="url_minutes")
+    minutes = st.sidebar.slider("Last minutes", 1, longest, min(max(default, 1), longest), key="url_minutes")
     st.query_params["minutes"] = str(minutes)
+    if longest < MAX_RANGE_MINUTES:
+        st.sidebar.caption(f"Ranges up to {longest} min: the store keeps some of this data only "
+                           f"{config.retention.shortest_days:g} days (`[retention]`).")
     return minutes
 
 

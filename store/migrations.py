@@ -107,9 +107,10 @@ def migration_files() -> list[tuple[str, str]]:
 
 
 def statements(sql: str) -> list[str]:
-    """Split a migration into statements (``;`` at a line end); ``--`` comment lines are dropped."""
+    """Split a migration into statements (``;`` at a line end, or before a ``--`` comment ending the line);
+    ``--`` comment lines are dropped. Each is sent alone: a ClickHouse server runs one statement per request."""
     body = "\n".join(line for line in sql.splitlines() if not line.strip().startswith("--"))
-    return [s.strip() for s in re.split(r";\s*(?:\n|$)", body) if s.strip()]
+    return [s.strip() for s in re.split(r";[ \t]*(?:--[^\n]*)?(?:\n|$)", body) if s.strip()]
 
 
 def apply_migrations(config: Config, url: str | None = None) -> list[str]:

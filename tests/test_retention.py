@@ -4,6 +4,8 @@ next run, and running again changes nothing."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from eventide.config import Config, load_config
@@ -76,8 +78,11 @@ def test_given_rows_past_their_retention_then_a_merge_deletes_them_and_keeps_rec
     config = configured(own_database("ret"), rejected_days=1)
     apply_migrations(config)
     with connect(config) as client:
-        client.command("INSERT INTO dead_letters VALUES ('t', 0, 1, now64(3) - INTERVAL 2 DAY, 'old', '', 0, now64(3)),"
-                       " ('t', 0, 2, now64(3) - INTERVAL 1 HOUR, 'recent', '', 0, now64(3))")
+        now = datetime.now(UTC)
+        client.insert("dead_letters", [["t", 0, 1, now - timedelta(days=2), "old", "", 0, now],
+                                       ["t", 0, 2, now - timedelta(hours=1), "recent", "", 0, now]],
+                      column_names=["source_topic", "source_partition", "source_offset", "kafka_timestamp",
+                                    "reason", "raw", "raw_bytes", "detected_at"])
         client.command("OPTIMIZE TABLE dead_letters FINAL")
         reasons = [r[0] for r in client.query("SELECT reason FROM dead_letters ORDER BY source_offset").result_rows]
     assert reasons == ["recent"]
@@ -88,3 +93,25 @@ def test_ttl_expression_counts_whole_days_as_days_and_fractions_as_seconds(tmp_p
     assert ttl_expression(retention, "clocks", "minute") == "toDateTime(minute) + toIntervalSecond(129600)"
     assert ttl_expression(retention, "window_results", "window_start") == \
         "toDateTime(window_start) + toIntervalDay(90)"
+
+
+def test_given_a_retention_shorter_than_a_day_then_the_dashboard_range_cannot_ask_for_more(
+        tmp_path, monkeypatch, store_url):
+    from streamlit.testing.v1 import AppTest
+
+    from eventide.config import to_environ
+    from tests.conftest import REPO
+
+    config = load_config(environ={}, root=str(tmp_path), store={"url": store_url, "database": own_database("ret")},
+                         retention={"rejected_days": 0.25})            # 6 hours: the shortest family
+    apply_migrations(config)
+    for key, value in to_environ(config).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("EVENTIDE_CONFIG", raising=False)
+    at = AppTest.from_file(str(REPO / "dashboard" / "views" / "alerts.py"), default_timeout=30)
+    at.query_params["minutes"] = "1440"                                   # a shared link asking for a whole day
+    at.run()
+    assert not at.exception
+    slider = at.sidebar.slider[0]
+    assert slider.max == 360 and slider.value == 360 and at.query_params["minutes"] == "360"
+    assert any("Ranges up to 360 min" in c.value and "0.25 days" in c.value for c in at.sidebar.caption)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from eventide.config import load_config
 from store.client import connect
 from store.migrations import apply_migrations, migration_files, statements
@@ -26,3 +28,10 @@ def test_apply_twice_applies_once_on_a_fresh_database(tmp_path, store_url):
     with connect(config) as client:
         tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
     assert {"window_aggregates", "dead_letters", "schema_migrations"} <= tables
+
+
+def test_a_statement_ending_in_a_comment_is_split_from_the_next():
+    sql = "CREATE TABLE a (x UInt8) TTL x;   -- keep a month; or so\nCREATE VIEW v AS SELECT 1;\n"
+    assert statements(sql) == ["CREATE TABLE a (x UInt8) TTL x", "CREATE VIEW v AS SELECT 1"]
+    for name, text in migration_files():               # every statement of every file alone, none with two
+        assert not any(re.search(r";[ \t]*(--[^\n]*)?\n", s) for s in statements(text)), name
