@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from alerting.delivery import Delivery
 from alerting.evaluator import evaluate
-from alerting.notify import channels, deliver
+from alerting.notify import Channel, channels, deliver
 from alerting.rules import load_rules
 from eventide.config import Config, ConfigError, load_config
 from store.migrations import apply_migrations
@@ -25,15 +25,16 @@ log = logging.getLogger("eventide.alerting")
 
 
 def run(config: Config, once: bool = False, stop: threading.Event | None = None,
-        on_tick: Callable[[float, float], None] | None = None) -> int:
+        on_tick: Callable[[float, float], None] | None = None, targets: list[Channel] | None = None) -> int:
     """Evaluate and notify until ``stop`` is set (or once: one evaluation, then deliver what is pending and
     return). Invalid rules stop startup with a message naming them. ``on_tick(started, seconds)`` is called after
-    each evaluation with its monotonic start and duration (for monitoring and tests)."""
+    each evaluation with its monotonic start and duration (for monitoring and tests); ``targets``: the channels
+    (default: the configured ones, :func:`alerting.notify.channels`)."""
     rules = load_rules(config.alert_rules_file)
     apply_migrations(config)          # idempotent: the alert tables exist before the first pass
     log.info("alerting: %d rules from %s, every %ss", len(rules.rule), config.alert_rules_file,
              config.alerting.evaluation_interval_s)
-    targets = channels(config)
+    targets = channels(config) if targets is None else targets
     if once:
         try:
             evaluate(config, rules)
