@@ -38,9 +38,11 @@ counts as above every cap).
 
 Three statement kinds the JSON form does not cover (DESCRIBE, EXISTS, SHOW CREATE) are read from a second call,
 ``EXPLAIN AST``, line by line: only a table name may follow them. An INSERT with inline data (``VALUES (...)``)
-is parsed through ``formatQuery``, which keeps the statement and drops the data: the data is not SQL to ClickHouse
-— except that the ``Values`` format evaluates expressions in its data (``VALUES (file('/etc/passwd'))`` reads
-the file, as does ``format(Values, ...)``); :data:`ENFORCED_SETTINGS` turn that off and must be applied by the
+is parsed through ``formatQuery`` (which keeps the statement and drops the data) to name what it is, then refused:
+chDB runs a text as a script, the ``Values`` data ends at a ``;`` and what follows would run as a second statement
+that no parse of the first sees. The data goes in the request body, after ``INSERT ... FORMAT <name>``, and never
+into SQL text. The ``Values`` format also evaluates expressions in its data (``(file('/etc/passwd'))`` reads the
+file, in a body as in ``format(Values, ...)``): :data:`ENFORCED_SETTINGS` turn that off and must be applied by the
 server to every query.
 
 Cost: one chDB call per statement (two for DESCRIBE/EXISTS/SHOW CREATE and inline-data inserts, or a refusal
@@ -52,7 +54,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["reader", "writer"]
@@ -108,8 +110,7 @@ class Verdict:
     writes into ``insert_table``; ``ddl`` is any other writer statement, answered without a result (CREATE, ALTER,
     DROP, TRUNCATE, RENAME, OPTIMIZE, DELETE, UPDATE). ``read_only``: the statement changes nothing.
     ``format``: the FORMAT clause (for an insert, the format of its data; for a select, of its result), or None.
-    ``expects_data``: an insert whose data is the request body (no SELECT, no inline data, or ``input()``).
-    ``inline_data``: an insert whose data followed the statement in the text that was checked.
+    ``expects_data``: an insert whose data is the request body (no SELECT, or a SELECT from ``input()``).
     ``settings``: the query-level SETTINGS clauses found in the statement (subqueries and views included), name →
     literal value, already checked against the caps and the denied settings.
     """
@@ -121,7 +122,6 @@ class Verdict:
     insert_table: str | None = None
     format: str | None = None
     expects_data: bool = False
-    inline_data: bool = False
     settings: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -305,7 +305,7 @@ def check(statement: str, *, role: Role, parse: Callable[[str], str], caps: Mapp
     """Decide whether ``role`` may run ``statement``; raise :class:`Refused` if not.
 
     ``statement``: the SQL text as the client sent it; for an insert whose data is the request body, the text up
-    to and including ``FORMAT <name>`` (an insert with inline ``VALUES`` data may be passed whole).
+    to and including ``FORMAT <name>`` (or ``VALUES``). An insert with its data in the text is refused.
     ``parse(sql)`` runs ``sql`` on chDB and returns its TabSeparatedRaw text, raising the ClickHouse error
     (``Code: N. DB::Exception: ... (NAME)``) otherwise; other exceptions pass through unchanged.
     ``caps``: setting name → the highest value a statement's SETTINGS may give it (0, unlimited, is above every
@@ -318,13 +318,14 @@ def check(statement: str, *, role: Role, parse: Callable[[str], str], caps: Mapp
     limit = f" SETTINGS max_query_size = {2 * max_query_size + 4096}"
     inline = False
     try:
-        tree = _load(_call(parse, f"SELECT parseQueryToJSON({literal}){limit}"))
+        # toValidUTF8: a literal such as '\xFF' is a byte the JSON would carry raw; the parse returns text.
+        tree = _load(_call(parse, f"SELECT toValidUTF8(parseQueryToJSON({literal})){limit}"))
     except Refused as error:
         if error.code != BAD_ARGUMENTS[0]:
             raise
         if "inline data" in error.message:
             # formatQuery keeps the statement and drops the data that followed it.
-            tree = _load(_call(parse, f"SELECT parseQueryToJSON(formatQuery({literal})){limit}"))
+            tree = _load(_call(parse, f"SELECT toValidUTF8(parseQueryToJSON(formatQuery({literal}))){limit}"))
             inline = True
         elif "does not support JSON serialization" in error.message:
             return _check_explained(_call(parse, f"EXPLAIN AST {statement}"), error.message)
@@ -332,7 +333,11 @@ def check(statement: str, *, role: Role, parse: Callable[[str], str], caps: Mapp
             raise
     verdict = _Walk(role, caps or {}).statement(tree)
     if inline:
-        return replace(verdict, inline_data=True, expects_data=False)
+        # chDB runs the text as a script: the Values format's data ends at a `;`, and whatever follows runs as
+        # the next statement (`VALUES (1); DROP TABLE t`), which no parse of the statement sees.
+        raise Refused(*BAD_ARGUMENTS, "INSERT with its data inside the statement is not allowed: send "
+                                      "`INSERT INTO t FORMAT Values` (or another format) and the rows after it, "
+                                      "as the request body")
     return verdict
 
 
@@ -388,6 +393,9 @@ def _call(parse: Callable[[str], str], sql: str) -> str:
     """``parse(sql)``, a ClickHouse error raised as :class:`Refused` with its own code and name."""
     try:
         return parse(sql)
+    except UnicodeDecodeError:
+        # EXPLAIN AST prints names as they are: a name that is not UTF-8 cannot be read back as text.
+        raise Refused(*BAD_ARGUMENTS, "the statement names something in bytes that are not UTF-8") from None
     except Exception as error:
         refused = _clickhouse_error(str(error))
         if refused is None:
@@ -445,6 +453,8 @@ class _Walk:
     def statement(self, root: dict[str, Any]) -> Verdict:
         kind, read_only, name = self._root(root)
         uses_input = self._walk(root)
+        # After the walk, so that a statement refused for everyone says why, whichever the role.
+        self._role(root)
         verdict = Verdict(kind=kind, statement=name, read_only=read_only, settings=dict(self.settings))
         if name == "InsertQuery":
             fmt = root.get("format") or None
@@ -471,10 +481,15 @@ class _Walk:
         if name not in _STATEMENTS:
             raise _refuse(_statement_refusal(root))
         kind, read_only = _STATEMENTS[name]
-        if not read_only and self.role != "writer":
+        return kind, read_only, name
+
+    def _role(self, root: dict[str, Any]) -> None:
+        name = str(root.get("type"))
+        if name == "ExplainQuery" and isinstance(root.get("query"), dict):
+            self._role(root["query"])
+        elif not _STATEMENTS[name][1] and self.role != "writer":
             raise Refused(*READONLY, f"Cannot execute {_label(name)} in readonly mode: the reader credential "
                                      "may only read")
-        return kind, read_only, name
 
     def _walk(self, root: dict[str, Any]) -> bool:
         """Check every node; return whether the statement reads ``input()``."""
@@ -561,6 +576,8 @@ class _Walk:
                 why = "it reaches the host" if lower.startswith(_HOST_TABLE_FUNCTIONS) else "not on the allow-list"
                 raise _refuse(f"table function {name} is not allowed: {why} "
                               f"(allowed: {', '.join(sorted(_TABLE_FUNCTIONS))})")
+            if lower == "format":
+                _check_format_argument(node)
             return
         if lower.startswith("__"):
             raise _refuse(f"function {name} is not allowed: it is internal")
@@ -601,6 +618,19 @@ class _Walk:
                 if flag in ("has_uuid", "has_uuid_clause", "has_inner_uuid_clause"):
                     continue
                 raise _refuse(f"CREATE with {flag} is not allowed")
+
+
+def _check_format_argument(node: dict[str, Any]) -> None:
+    """``format(Protobuf, ...)``: the format named by the table function's first argument is allow-listed too."""
+    arguments = node.get("arguments")
+    children = arguments.get("children") if isinstance(arguments, dict) else None
+    if not children or not isinstance(children[0], dict):
+        return
+    first = children[0]
+    if first.get("type") == "Identifier" and isinstance(first.get("name"), str):
+        check_format(first["name"])
+    elif first.get("type") == "Literal" and isinstance(_field(first.get("value")), str):
+        check_format(_field(first.get("value")))
 
 
 class _Custom(str):
