@@ -61,7 +61,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eventide.config import Config, StoreConfig, load_config_or_exit
-from store import credentials
+from store import credentials, sql_guard
 
 log = logging.getLogger("eventide.store.server")
 
@@ -84,7 +84,6 @@ TRANSPORT_PARAMS = frozenset({
 # Every regex here is anchored or matched at a given position, with possessive/atomic repetition: its time is
 # linear in the text it reads (a quadratic one let a 40 KB request stall the server for seconds).
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*+")
-_NUMBER = re.compile(r"[0-9]++(?:\.[0-9]++)?+")
 _TOKEN = re.compile(rb"""
     (?P<ws>\s++)
   | (?P<comment>--[^\n]*+|\#[^\n]*+)
@@ -180,6 +179,10 @@ class HandleState:
 
     database: str
     settings: tuple[tuple[str, str], ...]
+
+
+PARSER = HandleState("", (("readonly", "2"),))
+"""The handles the statement guard parses on: nothing they run can change anything."""
 
 
 def _quote(value: str) -> str:
@@ -364,16 +367,14 @@ class Engine:
         self._anchor.close()
         self._owner.close()
 
-    def explain_ast(self, statement: str) -> str:
-        """ClickHouse's parse of ``statement`` (``EXPLAIN AST``), for the statement guard; nothing is executed."""
-        with self.handles.lease(HandleState("", ())) as conn:
-            try:
-                return conn.query(f"EXPLAIN AST {statement}", "TabSeparatedRaw").bytes().decode()
-            except Exception as exc:
-                raise StoreError.from_chdb(exc) from None
+    def parse(self, sql: str) -> str:
+        """The statement guard's parser calls (``parseQueryToJSON``, ``EXPLAIN AST``): their TabSeparatedRaw text;
+        chDB's error (``Code: N. …``) is raised as it is."""
+        with self.handles.lease(PARSER) as conn:
+            return conn.query(sql, "TabSeparatedRaw").bytes().decode()
 
-    def query(self, text: str, state: HandleState, params: dict[str, str], default_format: str) -> Answer:
-        explicit = explicit_format(text)
+    def query(self, text: str, state: HandleState, params: dict[str, str], default_format: str,
+              explicit: str | None) -> Answer:
         # Without a FORMAT clause ClickHouse answers in default_format and names it in X-ClickHouse-Format only
         # when the statement has a result set; asking chDB for the names line tells the two apart.
         with_names = not explicit and default_format == "TabSeparated"
@@ -414,17 +415,14 @@ def _summary(result: Any, written: bool) -> dict[str, str]:
 
 # -------------------------------------------------------------------------------------------------- the statement guard
 
-def guard(statement: str, role: str, read_only: bool, caps: dict[str, float], engine: Engine) -> None:
-    """The one place every statement is checked before chDB runs it (``store.sql_guard``, ClickHouse's parser):
-    refused statements raise a :class:`StoreError` with ClickHouse's code and a clear message."""
+def guard(statement: str, role: str, read_only: bool, limits: Limits, engine: Engine) -> sql_guard.Verdict:
+    """The one place every statement is checked before chDB runs it (``store.sql_guard``, from ClickHouse's own
+    parser): a refused statement raises a :class:`StoreError` with the guard's code, name and message."""
     try:
-        from store import sql_guard
-    except ImportError:     # not there yet: chDB's readonly settings still hold for readers and GET
-        return
-    try:
-        sql_guard.check(statement, role=READER if read_only else role, parse=engine.explain_ast, caps=caps)
+        return sql_guard.check(statement, role=READER if read_only else role, parse=engine.parse,  # type: ignore[arg-type]
+                               caps=limits.caps, max_query_size=limits.max_query_size)
     except sql_guard.Refused as exc:
-        raise StoreError.of(exc.code, exc.name, exc.message) from None
+        raise StoreError.of(exc.code, exc.name, exc.message, exc.http_status) from None
 
 
 # -------------------------------------------------------------------------------------------------- request bodies
@@ -511,6 +509,7 @@ class Limits:
     receive_timeout_s: float
     caps: dict[str, float]
     allowed_hosts: frozenset[str]
+    max_head_size: int
 
     @classmethod
     def of(cls, store: StoreConfig) -> Limits:
@@ -522,7 +521,8 @@ class Limits:
         return cls(store.max_query_size, store.max_insert_bytes, store.max_concurrent_queries,
                    store.http_receive_timeout_s,
                    {"max_execution_time": store.max_execution_time, "max_memory_usage": store.max_memory_usage,
-                    "max_result_bytes": store.max_result_bytes}, frozenset(h.lower() for h in hosts))
+                    "max_result_bytes": store.max_result_bytes}, frozenset(h.lower() for h in hosts),
+                   store.http_max_field_value_size)
 
 
 class ClientGone(Exception):
@@ -564,8 +564,15 @@ class StoreApp:
             return
         query_id = ""
         headers: dict[str, str] = {}
+        head_size = len(scope["raw_path"]) + len(scope["query_string"])
         for name, value in scope["headers"]:
             headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+            head_size += len(name) + len(value) + 4
+        if head_size > self.limits.max_head_size:    # a head that arrived whole in one read (h11 bounds the rest)
+            await self._fail(send, StoreError.of(229, "QUERY_IS_TOO_LARGE", f"The request head exceeds "
+                                                 f"{self.limits.max_head_size} bytes (http_max_field_value_size)",
+                                                 431), "", close=True)
+            return
         try:
             params = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True,
                                     errors="strict"))
@@ -602,7 +609,9 @@ class StoreApp:
             log.info("client %s went away mid-request (%s)", scope.get("client"), exc)
             return
         except StoreError as exc:
-            await self._fail(send, exc, query_id, close=exc.status in (408, 413))
+            # An over-long statement: the rest of its body is read and dropped (uvicorn does), so the client sees
+            # the answer; a body over its size or deadline: the connection is closed.
+            await self._fail(send, exc, query_id, close=exc.status == 408 or exc.name == "LIMIT_EXCEEDED")
             return
         except Exception as exc:  # a bug of ours: answered like ClickHouse's std::exception, the server goes on
             log.exception("request failed")
@@ -664,20 +673,15 @@ class StoreApp:
                 continue
             if not _SETTING_NAME.fullmatch(name):
                 raise StoreError.of(115, "UNKNOWN_SETTING", f"Unknown setting '{name[:64]}'")
-            if name in self.limits.caps:
-                cap = self.limits.caps[name]
-                if not _NUMBER.fullmatch(value) or not 0 < float(value) <= cap:
-                    raise _refused(403, f"Setting {name} = {value[:32]} is refused: it must be above 0 and at "
-                                        f"most {_num(cap)} (this store's cap)")
-            elif name == "result_overflow_mode" and value != "throw":
-                raise _refused(403, "Setting result_overflow_mode can only be 'throw' here")
-            elif name == "readonly":
-                if not value.isdigit() or (readonly and int(value) < readonly) or int(value) > 2:
-                    raise StoreError.of(164, "READONLY", f"Cannot modify 'readonly' setting to {value[:8]} "
-                                        f"(this request runs with readonly = {readonly})")
-                readonly = max(readonly, int(value))
-                continue
+            if name == "result_overflow_mode" and value != "throw":
+                raise StoreError.of(452, "SETTING_CONSTRAINT_VIOLATION",
+                                    "Setting result_overflow_mode can only be 'throw' here", 403)
+            try:     # the caps, readonly, and the settings that name files, URLs or dialects
+                sql_guard.check_settings({name: value}, self.limits.caps)
+            except sql_guard.Refused as exc:
+                raise StoreError.of(exc.code, exc.name, exc.message, 403) from None
             settings[name] = value
+        settings.update(sql_guard.ENFORCED_SETTINGS)     # after the client's: they cannot be undone
         ordered = tuple(sorted(settings.items()))
         if readonly:     # applied last: once it is set, the handle cannot change it
             ordered += (("readonly", str(readonly)),)
@@ -716,6 +720,11 @@ class StoreApp:
         deadline = loop.time() + self.limits.receive_timeout_s
         read_only = scope["method"] == "GET"
         state = self._state(params, headers, role, read_only)
+        default_format = params.get("default_format", "TabSeparated")
+        try:
+            sql_guard.check_format(default_format)
+        except sql_guard.Refused as exc:
+            raise StoreError.of(exc.code, exc.name, exc.message, 400) from None
         limit = self.limits.max_query_size
         query = params.get("query", "").encode()
         if len(query) > limit:
@@ -740,7 +749,9 @@ class StoreApp:
             if split.statement_end > limit:
                 raise _too_large(limit)
             statement = head[:split.statement_end].decode(errors="replace")
-            await self.blocking(guard, statement, role, read_only, self.limits.caps, self.engine)
+            verdict = await self.blocking(guard, statement, role, read_only, self.limits, self.engine)
+            if verdict.kind != "insert" or not verdict.expects_data:
+                raise StoreError.of(62, "SYNTAX_ERROR", "Data follows a statement that takes none", 400)
             with tempfile.NamedTemporaryFile(prefix="insert-", suffix=".data", dir=self.engine.staging) as staged:
                 staged.write(head[split.data_start:])
                 del head
@@ -757,10 +768,10 @@ class StoreApp:
             raise StoreError.of(36, "BAD_ARGUMENTS", "Query is not valid UTF-8") from None
         if not text.strip():
             raise StoreError.of(62, "SYNTAX_ERROR", "Empty query")
-        await self.blocking(guard, text, role, read_only, self.limits.caps, self.engine)
+        verdict = await self.blocking(guard, text, role, read_only, self.limits, self.engine)
         bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
-        answer = await self.blocking(self.engine.query, text, state, bound,
-                                     params.get("default_format", "TabSeparated"))
+        explicit = (verdict.format or explicit_format(text)) if verdict.kind == "select" else None
+        answer = await self.blocking(self.engine.query, text, state, bound, default_format, explicit)
         return answer, text
 
     async def _fail(self, send: Callable[[dict[str, Any]], Awaitable[None]], exc: StoreError, query_id: str,

@@ -26,13 +26,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def served_store(data_dir: Path, password: str = "") -> Iterator[tuple[Config, subprocess.Popen[bytes]]]:
+def served_store(data_dir: Path, password: str = "", **store: object) \
+        -> Iterator[tuple[Config, subprocess.Popen[bytes]]]:
     """``python -m store.server`` (what ``eventide store serve`` runs) over ``data_dir`` on a free port, as a child
-    process; yields a config whose ``store_url`` is that server, and the process. Stopped with SIGTERM."""
+    process; yields a config whose ``store_url`` is that server, and the process. Stopped with SIGTERM. ``store``:
+    more store settings (e.g. lower limits)."""
     from store import server
 
     config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data_dir)},
-                         store={"port": free_port(), "password": password})
+                         store={"port": free_port(), "password": password, **store})
     with server.child(config, log=data_dir / "store.log") as proc:
         yield config, proc
 

@@ -78,7 +78,9 @@ def test_settings_apply_to_their_request_only(client: Client) -> None:
     default = client.command("SELECT getSetting('max_threads')")
     assert client.command("SELECT getSetting('max_threads')", settings={"max_threads": 3}) == 3
     assert client.command("SELECT getSetting('max_threads')") == default
-    client.command("SET max_threads = 2")       # a session-less SET, as over HTTP: it changes no later request
+    with pytest.raises(DatabaseError) as refused:   # SET would change a pooled handle for later requests: refused
+        client.command("SET max_threads = 2")
+    assert refused.value.code == 497
     assert client.command("SELECT getSetting('max_threads')") == default
 
 
