@@ -11,6 +11,9 @@ Spark session of its own:
 - ``store_outage``: the store stopped for ``--outage-s`` while the job writes, compared with an uninterrupted run.
 - ``spool_full``: an SDK app with no broker records ``--spool-events`` events into a spool on a 256 KiB file system;
   every event spooled whole or counted as dropped, then the spool replayed to the broker, each spooled event once.
+- ``webhook``: the alert delivery threads against a local webhook that answers 400 to one notification, hangs on
+  another and resets the connection of a third; ``--webhook-later`` later notifications must arrive within the
+  deadline (and the three be recorded as failed deliveries).
 
 Prints one JSON summary (and writes it to ``--out``):
 
@@ -42,6 +45,7 @@ from tests.conftest import fresh_stack  # noqa: E402
 
 SCENARIOS = ("fuzz", "job_kills", "broker_kills", "store_outage")
 SCENARIOS += ("spool_full",)
+SCENARIOS += ("webhook",)
 
 
 def comparison_figures(c: faults.Comparison, seconds: float) -> dict[str, Any]:
@@ -71,6 +75,22 @@ def spool_full_figures(config: Any, parent: Path, events: int) -> dict[str, Any]
         "double_counted": len(delivered) - len(set(delivered)), "seconds": round(time.perf_counter() - t, 1)})
 
 
+def webhook_figures(config: Any, later: int) -> dict[str, Any]:
+    """Alert webhooks that refuse, hang or reset one notification each (tests/fault_injection.py
+    ``webhook_faults``), as figures: how late the later notifications arrived against the deadline."""
+    t = time.perf_counter()
+    outcome = faults.webhook_faults(config, later=later)
+    late = [s for s, after in outcome.delivered_after_s.items() if after > outcome.deadline_s + 0.5]
+    arrivals = sorted(outcome.delivered_after_s.values())
+    return report("webhook", {
+        "faults": len(outcome.bad), "later_notifications": later, "delivered": len(arrivals),
+        "deadline_s": outcome.deadline_s, "latest_arrival_s": round(arrivals[-1], 3) if arrivals else None,
+        "late": len(late), "failures_recorded": {s: f[0] for s, f in outcome.failures.items()},
+        "lost": later - len(arrivals) + len(set(outcome.bad) - set(outcome.failures)),
+        "double_counted": sum(n - 1 for s, n in outcome.requests.items() if s not in outcome.bad),
+        "seconds": round(time.perf_counter() - t, 1)})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}")
@@ -83,6 +103,7 @@ def main() -> None:
     parser.add_argument("--gateway-batches", type=int, default=500)
     parser.add_argument("--outage-s", type=float, default=60)
     parser.add_argument("--spool-events", type=int, default=20_000, help="events of the full-disk spool scenario")
+    parser.add_argument("--webhook-later", type=int, default=50, help="later notifications of the webhook run")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     chosen = set(args.scenarios.split(","))
@@ -144,6 +165,8 @@ def main() -> None:
                                                  comparison_figures(outcome_c, time.perf_counter() - t))
             if "spool_full" in chosen:
                 summary["spool_full"] = spool_full_figures(config, data / "spool-full", args.spool_events)
+            if "webhook" in chosen:
+                summary["webhook"] = webhook_figures(fresh_stack(config, "webhook"), args.webhook_later)
             spark.stop()
     finally:
         broker.stop(config)

@@ -146,3 +146,17 @@ def test_sdk_spool_on_a_full_file_system_counts_every_drop_tears_no_line_and_rep
     assert outcome.replay_stats["replayed"] == recorded["spooled"] and outcome.replay_stats["spool_torn_lines"] == 0
     assert outcome.delivered_values == outcome.spooled_values     # each once, in order
     assert outcome.segments_left == 0
+
+
+def test_a_webhook_that_refuses_hangs_or_resets_one_notification_delivers_every_later_one_on_time(stack):
+    """Given the alert delivery threads and a webhook that answers 400 to one notification, hangs on another and
+    resets the connection of a third (each the oldest of its series), when six later notifications of other series
+    are due, then each arrives within the deadline (1.5 s, +0.5 s), once, and the three are recorded as failed
+    deliveries (the refused one after one attempt) by their deadline."""
+    outcome = faults.webhook_faults(stack, later=6, deadline_s=1.5, timeout_s=0.5, attempts=3, concurrency=2)
+    assert sorted(outcome.delivered_after_s) == [f"later-{i}" for i in range(6)]
+    assert max(outcome.delivered_after_s.values()) <= outcome.deadline_s + 0.5, outcome.delivered_after_s
+    assert all(outcome.requests[f"later-{i}"] == 1 for i in range(6))
+    assert sorted(outcome.failures) == ["hung", "refused", "reset"]
+    assert outcome.failures["refused"][:3] == ("webhook answered 400 Bad Request", 1, 400)
+    assert all(at <= outcome.deadline_s + 1.0 for _, _, _, at in outcome.failures.values()), outcome.failures
