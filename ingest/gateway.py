@@ -10,9 +10,15 @@ Status codes:
 - ``200`` every event accepted and written; ``207`` some accepted and written, the others listed in
   ``rejected`` with their index, id and reason; ``422`` every event invalid, nothing written.
   (207 rather than 200 for a partial batch, so a client that only checks for 200 notices the rejects.)
+  Besides the stream job's rules, an event is rejected for nesting deeper than ``gateway.max_depth`` (not even
+  parsed), a duplicate key, a lone surrogate (``"\\ud800"``) in any string, or an app its token may not write.
 - ``400`` the body is not JSON / NDJSON (parse error with line and column); nothing written.
 - ``401`` missing or unknown bearer token (``WWW-Authenticate: Bearer``).
-- ``413`` body larger than ``gateway.max_body_bytes`` or more events than ``gateway.max_batch_events``.
+- ``408`` headers not received within ``gateway.header_timeout_s``, or the body not within
+  ``gateway.receive_timeout_s``; the connection is closed.
+- ``413`` body larger than ``gateway.max_body_bytes``, more events than ``gateway.max_batch_events`` or than the
+  token's burst.
+- ``429`` the token is over its rate (``Retry-After``, whole seconds); nothing written.
 - ``503`` Kafka unreachable, busy or not acknowledging within ``gateway.ack_timeout_s`` (``Retry-After``). The
   transaction was aborted: nothing from the batch was written (``"written": "nothing"``), so retrying the
   whole batch is safe. Only when the commit itself was sent and neither its outcome nor an abort could be
@@ -27,9 +33,11 @@ Run it with ``eventide gateway`` (``./run gateway``) or ``python -m ingest.gatew
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import json
 import logging
+import math
 import os
 import queue
 import socket
@@ -44,6 +52,7 @@ from typing import Annotated, Any, Final, Literal
 
 import anyio
 import anyio.to_thread
+import h11
 import uvicorn
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -54,10 +63,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from eventide.config import Config, ConfigError, load_config_or_exit
+from eventide.config import Config, ConfigError, GatewayToken, load_config_or_exit
 from ingest.envelope import KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS, now_ms
-from ingest.validation import encoded_size, loads, validation_error
+from ingest.validation import (
+    RecordDecoder,
+    Refused,
+    depth_reason,
+    duplicate_key,
+    encoded_size,
+    line_depths,
+    may_hold_surrogates,
+    printable,
+    unicode_error,
+    validation_error,
+    without_deep_elements,
+)
 
 log = logging.getLogger("eventide.gateway")
 
@@ -95,7 +117,8 @@ class BatchResult(BaseModel):
 class Problem(BaseModel):
     """A request refused as a whole; nothing from it was written."""
 
-    error: Literal["unauthorized", "body_too_large", "too_many_events", "malformed_json"]
+    error: Literal["unauthorized", "body_too_large", "too_many_events", "malformed_json", "rate_limited",
+                   "request_timeout"]
     detail: str
     line: int | None = Field(None, description="malformed_json: 1-based line of the parse error")
     column: int | None = Field(None, description="malformed_json: 1-based column of the parse error")
@@ -175,13 +198,18 @@ def _malformed(detail: str, line: int | None = None, column: int | None = None) 
     return RequestProblem(400, Problem(error="malformed_json", detail=f"{detail}{where}", line=line, column=column))
 
 
-def parse_batch(body: bytes, content_type: str, max_events: int) -> list[Any]:
+def parse_batch(body: bytes, content_type: str, max_events: int, max_depth: int = 32) -> list[Any]:
     """The events of a request body: a JSON array, or NDJSON (one JSON value per line, blank lines skipped).
 
     NDJSON is read when the Content-Type says so (``application/x-ndjson``) or, whatever it says, when the
     body does not start with ``[`` (so ``curl --data-binary @events.ndjson`` works without a header). A body
     that does not parse is refused whole (400): a syntax error means a broken client or a truncated body, and
     refusing all of it keeps a retry simple. Raises :class:`RequestProblem`.
+
+    A record that parses but cannot be taken is a :class:`~ingest.validation.Refused` in the list (rejected with
+    its reason): one nested deeper than ``max_depth`` (found by a linear scan of the bytes and never given to the
+    parser, whose recursion it would exhaust) or holding an object with a duplicate key (ambiguous: the
+    stream job's parser and this one need not keep the same value).
     """
     try:
         text = body.decode("utf-8")
@@ -189,27 +217,49 @@ def parse_batch(body: bytes, content_type: str, max_events: int) -> list[Any]:
         raise _malformed(f"body is not UTF-8: invalid byte at offset {exc.start}") from None
     text = text.removeprefix("\ufeff")
     media = content_type.split(";", 1)[0].strip().lower()
+    decoder = RecordDecoder()
+    parsed: list[Any]
     if media not in NDJSON_TYPES and text.lstrip().startswith("["):
+        shallow, deep = without_deep_elements(body, max_depth)
+        if deep:
+            text = shallow.decode("utf-8").removeprefix("\ufeff")
         try:
-            events = loads(text)
+            events = decoder.decode(text)
         except json.JSONDecodeError as exc:
             raise _malformed(exc.msg, exc.lineno, exc.colno) from None
+        except RecursionError:  # not an array of records (the scan found none to take out): nothing to split
+            raise _malformed(f"nested deeper than {max_depth} levels (gateway.max_depth)") from None
         except ValueError as exc:
             raise _malformed(str(exc)) from None
         if len(events) > max_events:
             raise _too_many(len(events), max_events)
-        return list(events)
-    lines = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
-    if len(lines) > max_events:  # before parsing: counting is cheap, parsing is not
-        raise _too_many(len(lines), max_events)
-    parsed: list[Any] = []
-    for number, line in lines:
-        try:
-            parsed.append(loads(line))
-        except json.JSONDecodeError as exc:
-            raise _malformed(exc.msg, number, exc.colno) from None
-        except ValueError as exc:
-            raise _malformed(str(exc), number) from None
+        parsed = list(events)
+        for index in deep:
+            parsed[index] = Refused(depth_reason(max_depth))
+    else:
+        lines = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+        if len(lines) > max_events:  # before parsing: counting is cheap, parsing is not
+            raise _too_many(len(lines), max_events)
+        depths = line_depths(body) if lines else None
+        parsed = []
+        for number, line in lines:
+            if depths is not None and depths[number - 1] > max_depth:
+                parsed.append(Refused(depth_reason(max_depth)))
+                continue
+            try:
+                parsed.append(decoder.decode(line))
+            except json.JSONDecodeError as exc:
+                raise _malformed(exc.msg, number, exc.colno) from None
+            except RecursionError:  # after a broken line the scan's string boundaries may be off
+                parsed.append(Refused(depth_reason(max_depth)))
+            except ValueError as exc:
+                raise _malformed(str(exc), number) from None
+    if decoder.duplicates:
+        for index, event in enumerate(parsed):
+            if (key := duplicate_key(event)) is not None:
+                event_id = event.get("id") if isinstance(event, dict) else None
+                parsed[index] = Refused(f"invalid JSON: duplicate key: {key}",
+                                        event_id if isinstance(event_id, str) else None)
     return parsed
 
 
@@ -225,15 +275,31 @@ _COMPACT: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 """``ingest.envelope.encode``'s format; one encoder, as ``json.dumps`` builds a new one per call with options."""
 
 
-def prepare_batch(events: Sequence[object], received_time: int, max_record_bytes: int) -> PreparedBatch:
+def prepare_batch(events: Sequence[object], received_time: int, max_record_bytes: int, *,
+                  apps: frozenset[str] | None = None, check_unicode: bool = True) -> PreparedBatch:
     """Stamp ``received_time`` on every event object, encode it as compact JSON and validate it.
 
     The stamp goes on before validation and measuring, so the size checked is the size written, and a
-    client's own ``received_time`` (whatever its type) is replaced rather than judged.
+    client's own ``received_time`` (whatever its type) is replaced rather than judged. ``apps``: the apps the
+    request's token may write (None: any). ``check_unicode=False`` skips the lone-surrogate check, for a body
+    known to hold none (:func:`~ingest.validation.may_hold_surrogates`).
     """
     records: list[tuple[bytes, bytes]] = []
     rejected: list[Rejection] = []
+
+    def reject(index: int, event_id: object, reason: str) -> None:
+        # Reasons and ids may quote the client's text, lone surrogates included: escaped, so the answer encodes.
+        rejected.append(Rejection(index=index, id=printable(event_id) if isinstance(event_id, str) else None,
+                                  reason=printable(reason)))
+
     for index, raw in enumerate(events):
+        if isinstance(raw, Refused):
+            reject(index, raw.id, raw.reason)
+            continue
+        if check_unicode and (reason := unicode_error(raw)) is not None:
+            # First: nothing of such an event can be encoded for Kafka, nor quoted in a reason.
+            reject(index, raw.get("id") if isinstance(raw, dict) else None, reason)
+            continue
         event = {**raw, "received_time": received_time} if isinstance(raw, dict) else raw
         value: bytes | None
         try:
@@ -244,10 +310,10 @@ def prepare_batch(events: Sequence[object], received_time: int, max_record_bytes
         reason = validation_error(event, max_record_bytes, record_bytes=size)
         if reason is None and value is None:  # e.g. 1e999 in a field the envelope does not define
             reason = "invalid field: numbers must be finite"
+        if reason is None and apps is not None and event["app"] not in apps:  # type: ignore[index]
+            reason = f"token not allowed to write app {event['app']}"  # type: ignore[index]
         if reason is not None:
-            event_id = raw.get("id") if isinstance(raw, dict) else None
-            rejected.append(Rejection(index=index, id=event_id if isinstance(event_id, str) else None,
-                                      reason=reason))
+            reject(index, raw.get("id") if isinstance(raw, dict) else None, reason)
             continue
         assert isinstance(event, dict) and value is not None  # a valid envelope is an encodable object
         records.append((event["device"].encode(), value))
@@ -506,40 +572,120 @@ class BrokerProbe:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Rate limits
+
+
+class TokenBucket:
+    """``rate`` events per second on average, at most ``size`` at once: a request takes as many units as it has
+    events, all of them or none. Used from the event loop only (no lock: nothing awaits between look and take)."""
+
+    def __init__(self, rate: float, size: int, clock: Any = time.monotonic) -> None:
+        self.rate, self.size, self._clock = rate, size, clock
+        self._level = float(size)
+        self._stamp = clock()
+
+    def _refill(self) -> float:
+        now = self._clock()
+        self._level = min(float(self.size), self._level + (now - self._stamp) * self.rate)
+        self._stamp = now
+        return self._level
+
+    def wait_s(self, events: int) -> float:
+        """Seconds until ``events`` could be taken (0: now); nothing is taken."""
+        return max(0.0, (events - self._refill()) / self.rate)
+
+    def take(self, events: int) -> float:
+        """Take ``events`` and return 0, or take nothing and return the seconds until they could be taken."""
+        wait = self.wait_s(events)
+        if wait == 0:
+            self._level -= events
+        return wait
+
+    def give_back(self, events: int) -> None:
+        """Return units taken for a batch that was not written (Kafka unavailable)."""
+        self._level = min(float(self.size), self._refill() + events)
+
+
+def _rate_limited(token: GatewayToken, wait_s: float, events: int | None) -> RequestProblem:
+    what = f"{events} events need" if events is not None else "the next request needs"
+    retry = max(1, math.ceil(wait_s))
+    return RequestProblem(429, Problem(
+        error="rate_limited", detail=f"this token may send {token.rate:g} events/s (burst {token.bucket_size}): "
+                                     f"{what} {wait_s:.2f}s more; nothing written"),
+        headers={"Retry-After": str(retry)})
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The app
 
 
 class Gateway:
-    """What the routes share: limits, tokens, the producer pool and the broker probe."""
+    """What the routes share: limits, tokens (with their app scopes and rate limits), the producer pool and the
+    broker probe."""
 
     def __init__(self, config: Config) -> None:
-        tokens = [t for t in config.gateway.tokens if t]
+        # A plain string: a config built without validation (model_copy), as tests do.
+        tokens = [GatewayToken(token=t) if isinstance(t, str) else t for t in config.gateway.tokens
+                  if (t if isinstance(t, str) else t.token)]
         if not tokens:
             raise ConfigError("gateway.tokens is empty: the gateway accepts only bearer tokens listed there, so "
                               "it does not start without one (set gateway.tokens in eventide.toml or "
                               "EVENTIDE_GATEWAY__TOKENS='[\"...\"]')")
         self.config = config
-        self._tokens = [t.encode() for t in tokens]
+        self._tokens = [(t.token.encode(), t) for t in tokens]
+        self._apps = {t.token: None if t.apps is None else frozenset(t.apps) for t in tokens}
+        self._buckets = {t.token: TokenBucket(t.rate, t.bucket_size) for t in tokens
+                         if t.rate is not None and t.bucket_size is not None}
         self.producers = TransactionalProducers(config)
         self.probe = BrokerProbe(config)
         # Requests wait for a producer here, in the event loop, so waiting ties up no worker thread (the
         # thread pool is shared with health checks and decoding). Made in start(), inside the event loop.
         self._permits: anyio.Semaphore | None = None
 
-    def authorized(self, credentials: HTTPAuthorizationCredentials | None) -> bool:
-        """Constant-time comparison against every configured token (no early exit on the first match)."""
+    def authorized(self, credentials: HTTPAuthorizationCredentials | None) -> GatewayToken | None:
+        """The configured token presented, or None. Constant-time comparison against every configured token (no
+        early exit on the first match)."""
         if credentials is None:
-            return False
-        presented = credentials.credentials.encode()
-        matched = False
-        for token in self._tokens:
-            matched |= hmac.compare_digest(presented, token)
+            return None
+        presented = credentials.credentials.encode("utf-8", "surrogateescape")
+        matched: GatewayToken | None = None
+        for secret, token in self._tokens:
+            if hmac.compare_digest(presented, secret):
+                matched = token
         return matched
 
-    def decode(self, body: bytes, content_type: str, received_time: int) -> PreparedBatch:
+    def decode(self, body: bytes, content_type: str, received_time: int, token: GatewayToken) -> PreparedBatch:
         gw = self.config.gateway
-        events = parse_batch(body, content_type, gw.max_batch_events)
-        return prepare_batch(events, received_time, self.config.envelope.max_record_bytes)
+        events = parse_batch(body, content_type, gw.max_batch_events, gw.max_depth)
+        return prepare_batch(events, received_time, self.config.envelope.max_record_bytes,
+                             apps=self._apps.get(token.token), check_unicode=may_hold_surrogates(body))
+
+    def over_rate(self, token: GatewayToken) -> RequestProblem | None:
+        """A 429 when the token's bucket is empty (checked before the body is read), else None."""
+        bucket = self._buckets.get(token.token)
+        if bucket is not None and (wait := bucket.wait_s(1)) > 0:
+            problem = _rate_limited(token, wait, None)
+            problem.headers["Connection"] = "close"   # the body is not read
+            return problem
+        return None
+
+    def charge(self, token: GatewayToken, events: int) -> RequestProblem | None:
+        """Take ``events`` from the token's bucket: None when taken, else the 413 (never fits) or 429 to answer."""
+        bucket = self._buckets.get(token.token)
+        if bucket is None or events == 0:
+            return None
+        if events > bucket.size:
+            return RequestProblem(413, Problem(
+                error="too_many_events",
+                detail=f"{events} events > this token's burst ({bucket.size}, gateway.tokens): send smaller batches"))
+        wait = bucket.take(events)
+        return None if wait == 0 else _rate_limited(token, wait, events)
+
+    def refund(self, token: GatewayToken, events: int) -> None:
+        """Give back what :meth:`charge` took for a batch that was not written."""
+        bucket = self._buckets.get(token.token)
+        if bucket is not None:
+            bucket.give_back(events)
 
     async def write(self, records: Sequence[tuple[bytes, bytes]]) -> None:
         """Write ``records`` in one transaction, within ``ack_timeout_s`` counted from now (waiting for a free
@@ -585,20 +731,28 @@ class Gateway:
         self.producers.close()
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes.
+async def read_body(request: Request, limit: int, timeout_s: float = 30.0) -> bytes:
+    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes, and (408) when it has not
+    all come within ``timeout_s``.
 
     The declared Content-Length is checked first, then the bytes actually received are counted, so a chunked
-    or lying client is cut off after ``limit`` bytes instead of being buffered.
+    or lying client is cut off after ``limit`` bytes instead of being buffered. The deadline covers the whole
+    body, not each read: a client trickling a byte a second holds its connection ``timeout_s`` at most.
     """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _body_too_large(int(declared), limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _body_too_large(len(body), limit, at_least=True)
+    with anyio.move_on_after(timeout_s) as scope:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _body_too_large(len(body), limit, at_least=True)
+    if scope.cancelled_caught:
+        raise RequestProblem(408, Problem(
+            error="request_timeout", detail=f"the body did not arrive within {timeout_s:g}s "
+                                            f"(gateway.receive_timeout_s); {len(body)} bytes received"),
+            headers={"Connection": "close"})
     return bytes(body)
 
 
@@ -661,8 +815,10 @@ def create_app(config: Config) -> FastAPI:
             207: {"model": BatchResult, "description": "the valid events written, the others listed"},
             400: {"model": Problem, "description": "body is not a JSON array or NDJSON; nothing written"},
             401: {"model": Problem, "description": "missing or unknown bearer token"},
+            408: {"model": Problem, "description": "headers or body not received in time; connection closed"},
             413: {"model": Problem, "description": "body or batch larger than the configured limit"},
             422: {"model": BatchResult, "description": "every event invalid; nothing written"},
+            429: {"model": Problem, "description": "token over its rate; see Retry-After; nothing written"},
             503: {"model": Unavailable, "description": "Kafka unavailable; see Retry-After and `written`"},
         },
         openapi_extra=_request_body_doc(config),
@@ -670,23 +826,32 @@ def create_app(config: Config) -> FastAPI:
     async def post_events(request: Request,
                           credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
                           ) -> JSONResponse:
-        if not gateway.authorized(credentials):
+        token = gateway.authorized(credentials)
+        if token is None:
             return RequestProblem(401, Problem(error="unauthorized", detail="missing or unknown bearer token"),
                                   headers={"WWW-Authenticate": 'Bearer realm="eventide"'}).response()
+        if (refused := gateway.over_rate(token)) is not None:
+            return refused.response()
         try:
-            body = await read_body(request, config.gateway.max_body_bytes)
+            body = await read_body(request, config.gateway.max_body_bytes, config.gateway.receive_timeout_s)
             # One stamp per request: the moment the gateway had the whole batch.
             prepared = await run_in_threadpool(gateway.decode, body, request.headers.get("content-type", ""),
-                                               now_ms())
+                                               now_ms(), token)
         except RequestProblem as problem:
             return problem.response()
         except ClientDisconnect:  # gone before the whole body came: nothing to do, nobody to tell
             return Response(status_code=400)
+        # Every event of the batch counts against the rate, the rejected ones too (they cost the same to read).
+        events = len(prepared.records) + len(prepared.rejected)
+        if (refused := gateway.charge(token, events)) is not None:
+            return refused.response()
         if not prepared.records:
             return batch_response(prepared, 422 if prepared.rejected else 200)
         try:
             await gateway.write(prepared.records)
         except KafkaUnavailable as exc:
+            if exc.written == "nothing":
+                gateway.refund(token, events)
             return exc.response()
         return batch_response(prepared, 207 if prepared.rejected else 200)
 
@@ -701,6 +866,65 @@ def create_app(config: Config) -> FastAPI:
     return app
 
 
+class _HeaderDeadline(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on a request's headers, which uvicorn does not have (its keep-alive
+    timeout only runs between requests, and stops at the first byte of the next): a client that sends its headers
+    a byte at a time, or connects and sends nothing, would hold its connection for ever.
+
+    The deadline runs while the connection waits for a request's headers, from the connection (or from the first
+    byte of a keep-alive connection's next request); then the client gets a 408 and the connection is closed. The
+    body has its own deadline (:func:`read_body`)."""
+
+    header_timeout_s: float = 10.0
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._arm()        # the (next) request's headers are incomplete
+        else:
+            self._disarm()     # headers in (the body has read_body's deadline), or closing
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.header_timeout_s, self._late)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _late(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return   # a response is still being written; its end restarts the wait (keep-alive timeout)
+        if self.conn.our_state is h11.IDLE:   # nothing sent on this request: answer before closing
+            body = json.dumps({"error": "request_timeout", "detail": f"request headers not received within "
+                               f"{self.header_timeout_s:g}s (gateway.header_timeout_s)"}).encode()
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+
+
+def server_config(app: FastAPI, config: Config, **options: Any) -> uvicorn.Config:
+    """How the gateway's uvicorn server is set up: h11 with a header deadline, the keep-alive timeout, and h11's
+    own limit on the size of a request's headers (``h11_max_incomplete_event_size``, its default 16 KB)."""
+    protocol = type("GatewayHttp", (_HeaderDeadline,), {"header_timeout_s": config.gateway.header_timeout_s})
+    settings: dict[str, Any] = {"host": config.gateway.host, "port": config.gateway.port, "log_level": "info",
+                                "timeout_keep_alive": config.gateway.keep_alive_s, **options}
+    return uvicorn.Config(app, http=protocol, **settings)
+
+
 def serve(config: Config) -> int:
     """Run the gateway in the foreground with uvicorn on ``gateway.host:gateway.port`` until interrupted."""
     try:
@@ -710,7 +934,7 @@ def serve(config: Config) -> int:
         return 2
     print(f"eventide gateway on http://{config.gateway.host}:{config.gateway.port} -> Kafka "
           f"{config.kafka.bootstrap} topic {config.kafka.events_topic}", flush=True)
-    uvicorn.run(app, host=config.gateway.host, port=config.gateway.port, log_level="info")
+    uvicorn.Server(server_config(app, config)).run()
     return 0
 
 

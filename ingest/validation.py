@@ -22,6 +22,8 @@ from collections.abc import Callable
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any, Final
 
+import numpy as np
+
 from ingest.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS
 
 _INT64_MIN: Final = -(1 << 63)
@@ -278,3 +280,193 @@ def validation_error(event: object, max_record_bytes: int, *, record_bytes: int 
     if reason is None and event["event_time"] > event["sent_time"]:
         return "event_time is after sent_time"
     return reason
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Hostile JSON (the gateway's input): what a parser or encoder would choke on is found before it is parsed, or
+# named per record after, so a bad record is a rejection with a reason and never an error for the whole batch.
+
+_OPEN: Final = (0x5B, 0x7B)      # [ {
+_CLOSE: Final = (0x5D, 0x7D)     # ] }
+_MAYBE_SURROGATE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
+"""The only way a lone surrogate gets into a string parsed from UTF-8: a ``\\uD800``-``\\uDFFF`` escape."""
+_HUGE_INTEGER: Final = "integer string conversion"
+"""Python refuses integers of more than ``sys.get_int_max_str_digits()`` digits with a ValueError saying this."""
+
+
+class Refused:
+    """A record of a batch taken out before validation, with the reason it is rejected (and its id, if known)."""
+
+    __slots__ = ("id", "reason")
+
+    def __init__(self, reason: str, event_id: str | None = None) -> None:
+        self.reason, self.id = reason, event_id
+
+    def __repr__(self) -> str:
+        return f"Refused({self.reason!r})"
+
+
+def depth_reason(limit: int) -> str:
+    return f"invalid JSON: nested deeper than {limit} levels (gateway.max_depth)"
+
+
+def _depth_profile(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(nesting depth after each byte, whether the byte is inside a string) of a JSON text, vectorised.
+
+    Structural bytes are ASCII and never part of a UTF-8 multi-byte sequence, so bytes can be scanned as they are.
+    A quote is a string's delimiter unless an odd number of backslashes precedes it. Memory: about 10 bytes per
+    byte of input, the time linear (a few ms per MB), whatever the nesting."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    quote = b == 0x22
+    backslash = b == 0x5C
+    if backslash.any():
+        index = np.arange(len(b), dtype=np.int64)
+        last_other = np.maximum.accumulate(np.where(backslash, -1, index))
+        escapes_before = np.zeros(len(b), dtype=np.int64)
+        escapes_before[1:] = index[:-1] - last_other[:-1]
+        quote &= escapes_before % 2 == 0
+    inside = np.bitwise_xor.accumulate(quote.view(np.uint8)).view(bool)
+    delta = ((b == _OPEN[0]) | (b == _OPEN[1])).view(np.int8) - ((b == _CLOSE[0]) | (b == _CLOSE[1])).view(np.int8)
+    delta[inside] = 0
+    return np.cumsum(delta, dtype=np.int32), inside
+
+
+def line_depths(data: bytes) -> np.ndarray:
+    """The deepest nesting of each line of ``data`` (lines split at ``\\n``, as ``str.split("\\n")`` does)."""
+    if not data:
+        return np.zeros(1, dtype=np.int32)
+    depth, _ = _depth_profile(data)
+    starts = np.concatenate(([0], np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A) + 1))
+    starts = starts[starts < len(data)]
+    before = np.concatenate(([0], depth[:-1]))[starts]       # depth when each line begins
+    deepest = np.maximum.reduceat(depth, starts) - before
+    lines = data.count(b"\n") + 1                              # a trailing newline leaves an empty last line
+    return np.concatenate((deepest, np.zeros(lines - len(starts), dtype=np.int32)))
+
+
+def without_deep_elements(data: bytes, limit: int) -> tuple[bytes, list[int]]:
+    """A JSON array text whose elements nested deeper than ``limit`` are replaced by ``null``, and their indices.
+
+    The array's elements are the spans between its top-level commas; an element's depth is counted from inside
+    the array. Returns ``data`` unchanged (and no indices) when nothing is deeper than ``limit``."""
+    depth, inside = _depth_profile(data)
+    if not len(depth) or int(depth.max()) <= limit + 1:
+        return data, []
+    b = np.frombuffer(data, dtype=np.uint8)
+    opened = np.flatnonzero(depth == 1)
+    if not len(opened) or b[opened[0]] != _OPEN[0]:
+        return data, []   # not an array (the parser says why)
+    start = int(opened[0])
+    closed = np.flatnonzero(depth[start:] == 0)
+    end = start + int(closed[0]) if len(closed) else len(b)
+    commas = start + np.flatnonzero((b[start:end] == 0x2C) & ~inside[start:end] & (depth[start:end] == 1))
+    bounds = np.concatenate(([start + 1], commas + 1))
+    deepest = np.maximum.reduceat(depth[:end], bounds) - 1 if end > start + 1 else np.zeros(0, dtype=np.int32)
+    deep = [int(i) for i in np.flatnonzero(deepest > limit)]
+    if not deep:
+        return data, []
+    stops = np.concatenate((commas, [end]))
+    parts, at = [], 0
+    for i in deep:
+        parts += [data[at:int(bounds[i])], b"null"]
+        at = int(stops[i])
+    parts.append(data[at:])
+    return b"".join(parts), deep
+
+
+class _Duplicated(dict):  # type: ignore[type-arg]
+    """An object that had a key twice (the last value kept, as json.loads does), and which key."""
+
+    key: str
+
+
+class RecordDecoder:
+    """``loads`` for the gateway's records: also notes objects with a duplicate key and reads integers longer than
+    Python converts as an infinite number (what Spark makes of them), so each can be a rejection of one record.
+
+    One per request (it keeps state); ``duplicates`` says whether any object had a duplicate key."""
+
+    def __init__(self) -> None:
+        self.duplicates = False
+        self._decoder = json.JSONDecoder(parse_float=JsonFloat, parse_constant=_reject_constant,
+                                         object_pairs_hook=self._object)
+        self._huge = json.JSONDecoder(parse_float=JsonFloat, parse_constant=_reject_constant,
+                                      object_pairs_hook=self._object, parse_int=_int_or_infinite)
+
+    def _object(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) == len(pairs):
+            return obj
+        self.duplicates = True
+        seen: set[str] = set()
+        duplicated = _Duplicated(obj)
+        duplicated.key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        return duplicated
+
+    def decode(self, text: str) -> Any:
+        """The JSON value of ``text``. Raises ``json.JSONDecodeError`` / ``ValueError`` as ``loads`` does."""
+        try:
+            return self._decoder.decode(text)
+        except ValueError as exc:
+            if _HUGE_INTEGER not in str(exc):
+                raise
+            return self._huge.decode(text)
+
+
+def _int_or_infinite(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:   # more digits than Python converts: far beyond any integer or double anyway
+        return JsonFloat(text)
+
+
+def duplicate_key(value: object, field: str = "") -> str | None:
+    """Where an object of ``value`` (parsed by :class:`RecordDecoder`) had a duplicate key, e.g. ``tags.a``."""
+    if isinstance(value, _Duplicated):
+        return f"{field}{value.key}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if (found := duplicate_key(item, f"{field}{key}.")) is not None:
+                return found
+    elif isinstance(value, list):
+        for item in value:
+            if (found := duplicate_key(item, field)) is not None:
+                return found
+    return None
+
+
+def may_hold_surrogates(body: bytes) -> bool:
+    """False when no string parsed from ``body`` can hold a lone surrogate (the usual case: no check needed)."""
+    return _MAYBE_SURROGATE.search(body) is not None
+
+
+_STRICT: Final = json.JSONEncoder(ensure_ascii=False, check_circular=False)
+
+
+def _encodable(value: object) -> bool:
+    try:
+        _STRICT.encode(value).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    except ValueError:   # a non-finite number: validation names it
+        return True
+    return True
+
+
+def unicode_error(event: object) -> str | None:
+    """Why ``event`` holds text that is not Unicode (a lone surrogate from a ``\\uD800`` escape, which cannot be
+    written as UTF-8), naming the field; None when it has none."""
+    if _encodable(event):
+        return None
+    if isinstance(event, dict):
+        for key, value in event.items():
+            if not _encodable(key):
+                return "invalid field name: not valid Unicode (a lone surrogate)"
+            if not _encodable(value):
+                return f"invalid field: {key} is not valid Unicode (a lone surrogate)"
+    return "invalid JSON: not valid Unicode (a lone surrogate)"
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates written as ``\\udXXX`` escapes, so it can go into a UTF-8 response."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
