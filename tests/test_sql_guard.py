@@ -332,6 +332,57 @@ def test_given_every_migration_statement_then_the_writer_may_run_it(
         assert refused(statement, parse, role="reader").code == 164
 
 
+@pytest.mark.parametrize("statement", [
+    "CREATE TABLE t (a Int8 CODEC(Delta, ZSTD(1)), b Tuple(x Int8, y String), c Enum8('a' = 1), "
+    "d Nested(k String, v Int8), e JSON, f DateTime DEFAULT now(), g String MATERIALIZED toString(a), "
+    "h String ALIAS toString(a), i Int8 EPHEMERAL, j Map(String, Int8), k Int8 STATISTICS(tdigest), "
+    "l AggregateFunction(argMax, Float64, DateTime64(3, 'UTC')), m SimpleAggregateFunction(max, UInt64), "
+    "INDEX bf b.y TYPE bloom_filter(0.01) GRANULARITY 4, PROJECTION p (SELECT a, count() GROUP BY a), "
+    "CONSTRAINT c1 CHECK a > 0) ENGINE = ReplacingMergeTree ORDER BY a "
+    "TTL f + INTERVAL 1 DAY DELETE WHERE a = 1, f + INTERVAL 3 DAY GROUP BY a SET b = any(b) "
+    "SETTINGS index_granularity = 8192 COMMENT 'c'",
+    "CREATE TABLE IF NOT EXISTS s (x UInt64) ENGINE = SummingMergeTree PARTITION BY x % 10 ORDER BY x",
+    "CREATE TABLE m AS numbers(10)",
+    "CREATE TABLE c CLONE AS s",
+    "CREATE OR REPLACE TABLE r ENGINE = Memory AS SELECT * FROM numbers(3)",
+    "CREATE DATABASE IF NOT EXISTS other ENGINE = Atomic",
+    "CREATE MATERIALIZED VIEW mv REFRESH EVERY 1 HOUR ENGINE = MergeTree ORDER BY x AS SELECT 1 AS x",
+    "ALTER TABLE t ADD COLUMN x Int8 DEFAULT 1 FIRST, DROP COLUMN IF EXISTS y, MODIFY COLUMN z String CODEC(ZSTD), "
+    "RENAME COLUMN a TO b, DROP PARTITION 202401, REPLACE PARTITION 1 FROM s, REMOVE TTL, MATERIALIZE TTL",
+    "ALTER TABLE t MODIFY TTL toDateTime(x) + toIntervalDay(30)", "ALTER TABLE t MODIFY SETTING ttl_only_drop_parts = 1",
+    "ALTER TABLE t ADD PROJECTION p2 (SELECT a ORDER BY a), MATERIALIZE PROJECTION p2",
+    "CREATE INDEX i ON t (x) TYPE minmax", "DROP INDEX i ON t",
+    "UPDATE t SET a = 1 WHERE b = 2", "EXCHANGE TABLES a AND b", "DROP DATABASE IF EXISTS other SYNC",
+    "INSERT INTO t (* EXCEPT (a)) SELECT * FROM numbers(1)",
+])
+def test_given_ordinary_ddl_then_the_writer_may_run_it(parse: Callable[[str], str], statement: str) -> None:
+    assert check(statement, role="writer", parse=parse, caps=CAPS).kind in ("ddl", "insert")
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT a, sum(x) OVER (PARTITION BY a ORDER BY b ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS w, "
+    "arrayMap(x -> x + 1, [1, 2]), map('a', 1)['a'], (1, 'b'), x::String, INTERVAL 1 DAY, COLUMNS('^a') APPLY(sum), "
+    "* EXCEPT (b) REPLACE (1 AS c) FROM t FINAL SAMPLE 0.1 ARRAY JOIN arr AS e PREWHERE 1 WHERE x IN (SELECT 1) "
+    "GROUP BY GROUPING SETS ((a), (b)) WITH TOTALS HAVING 1 WINDOW ww AS (ORDER BY a) QUALIFY w > 0 "
+    "ORDER BY a WITH FILL STEP 1 INTERPOLATE (b AS b + 1) LIMIT 1 BY a LIMIT 10 OFFSET 5",
+    "SELECT * FROM a LEFT JOIN b USING (x) GLOBAL ANY JOIN c ON a.x = c.x CROSS JOIN d PASTE JOIN e",
+    "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 3) SELECT * FROM r",
+    "SELECT count(DISTINCT a, b) FILTER (WHERE 1), quantileTDigest(0.5)(x), quantilesIf(0.5, 0.9)(x, x > 1), "
+    "CASE WHEN 1 THEN 2 ELSE 3 END, x ? 1 : 2, t.1, t.*, dictGet('d', 'v', 1), x ILIKE '%a', now() - INTERVAL 1 HOUR",
+    "SELECT 1 EXCEPT SELECT 2 INTERSECT SELECT 3",
+    "SELECT * FROM numbers(10) AS n, zeros(3), values('x Int8', 1, 2), generateRandom('a Int8') LIMIT 1",
+    "SELECT * FROM view(SELECT 1) UNION ALL SELECT * FROM merge('system', '^one$')",
+    "SELECT * FROM format(JSONEachRow, '{\"a\": 1}')",
+    "SELECT * FROM {t:Identifier} WHERE x = {x:UInt64} FORMAT JSONCompact",
+    "SELECT now() SETTINGS session_timezone = 'UTC', max_threads = 2",
+    "SHOW DATABASES", "SHOW COLUMNS FROM t", "SHOW SETTINGS LIKE 'max_%'", "CHECK TABLE t", "EXISTS t",
+    "EXPLAIN PIPELINE header = 1 SELECT 1", "EXPLAIN SYNTAX SELECT 1", "EXPLAIN AST SELECT 1",
+])
+def test_given_ordinary_reads_then_the_reader_may_run_them(parse: Callable[[str], str], statement: str) -> None:
+    verdict = check(statement, role="reader", parse=parse, caps=CAPS)
+    assert (verdict.kind, verdict.read_only) == ("select", True)
+
+
 def test_given_the_migration_runner_and_clickhouse_connect_then_their_own_statements_are_allowed(
         parse: Callable[[str], str]) -> None:
     retention = Config().retention
