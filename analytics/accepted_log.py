@@ -107,23 +107,22 @@ def publish_partials(config: Config, batch_id: int, rows: Callable[[], pa.Table]
         _write_atomically([rows()], partials_file(config, batch_id))
 
 
-def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> None:
-    """Write the batch's metadata and sync it and its directory: it must be on disk before the events file that
-    publishes it is renamed into place (until then no reader looks at it, so a plain overwrite is safe)."""
+def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> Path:
+    """Write the batch's metadata (until its events file is renamed into place no reader looks at it, so a plain
+    overwrite is safe); returns its path, for ``_write_atomically`` to sync with the events file."""
     path = _meta_file(config, batch_id)
     _make_directory(path.parent)
-    with path.open("w") as f:
-        f.write(json.dumps(meta))
-        f.flush()
-        os.fsync(f.fileno())
-    _sync_directory(path.parent)
+    path.write_text(json.dumps(meta))
+    return path
 
 
 def _write_atomically(row_groups: Sequence[pa.Table], target: Path,
-                      before_rename: Callable[[int], None] | None = None) -> None:
+                      before_rename: Callable[[int], Path | None] | None = None) -> None:
     """Write ``row_groups`` (one schema; each table its own row groups) aside (``_tmp/``, invisible to Spark's
     file source), sync it, then rename the file to ``target`` and sync ``target``'s directory: once this returns
-    the file is published, and a power loss at any moment leaves it whole or absent."""
+    the file is published, and a power loss at any moment leaves it whole or absent. ``before_rename`` gets the
+    file's size and may write a file of its own that must be on disk before the rename (synced with its directory).
+    """
     staging = target.parent / _TMP / f"{target.stem}-{uuid.uuid4().hex}.parquet"
     _make_directory(staging.parent)
     try:
@@ -131,10 +130,14 @@ def _write_atomically(row_groups: Sequence[pa.Table], target: Path,
             for rows in row_groups:
                 if rows.num_rows:
                     writer.write_table(rows)
-        _sync_file(staging)       # data before name: a rename can reach the disk before unsynced data
-        _sync_directory(staging.parent)
-        if before_rename is not None:
-            before_rename(staging.stat().st_size)
+        companion = before_rename(staging.stat().st_size) if before_rename is not None else None
+        # Data before name: without these syncs the rename can reach the disk before the data (an empty or cut
+        # file published). Every write is done first, so the first sync's journal commit carries them all and
+        # the later ones find little left to do. The staging name itself need not be durable: the rename's is.
+        _sync_file(staging)
+        if companion is not None:
+            _sync_file(companion)
+            _sync_directory(companion.parent)
         staging.rename(target)
         _sync_directory(target.parent)
     finally:
