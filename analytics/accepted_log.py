@@ -85,6 +85,8 @@ def events_file_of(config: Config, log_file: str) -> Path:
 
 
 def published(config: Config, batch_id: int) -> bool:
+    """The batch's events file exists: it is renamed into place only once it and its metadata are on disk, so an
+    existing file is whole, even after a power loss."""
     return events_file(config, batch_id).exists()
 
 
