@@ -154,3 +154,28 @@ def test_skewed_clock_and_hours_offline_still_give_the_true_event_time(spark, ka
     windows = window_rows(config, 60, "app = 'mobile'")
     assert [(w["window_start"].replace(tzinfo=UTC), w["event_count"], w["sum"]) for w in windows] == [
         (datetime.fromtimestamp(minute / 1000, UTC), 5, 150.0)]
+
+
+def test_a_torn_spool_line_left_by_a_crash_is_skipped_counted_and_the_lines_before_it_reach_kafka(
+        own_broker: Config) -> None:
+    """Given a spool segment whose writer died mid-line (no newline at its end), then the next client of that app
+    and device sends every whole line, skips the torn one and says so in ``stats().spool_torn_lines``."""
+    from ingest.sender import envelope_head
+    from ingest.spool import spool_directory
+
+    at = now_ms() - 60_000
+    bodies = [b'{"v":1,"id":"%s",%s,"value":%d.0,"event_time":%d' % (
+        f"0190a1b2-c3d4-7e5f-8a9b-{i:012d}".encode(), envelope_head("metric", "torn-app", "phone-5", "seq").encode(),
+        i, at + i) for i in range(4)]
+    directory = spool_directory(own_broker.spool_dir, "torn-app", "phone-5")
+    directory.mkdir(parents=True)
+    (directory / f"{at:013d}-1-000001.spool").write_bytes(b"".join(b + b"\n" for b in bodies[:3]) + bodies[3][:50])
+
+    restarted = Client("torn-app", "phone-5", config=own_broker)
+    assert restarted.flush(60)
+    stats = restarted.stats()
+    restarted.close()
+
+    assert (stats.replayed, stats.spool_torn_lines, stats.dropped) == (3, 1, 0)
+    assert _seq_of(own_broker, "torn-app") == [0.0, 1.0, 2.0]
+    assert not list(directory.glob("*.spool"))
