@@ -468,13 +468,14 @@ class FullDiskOutcome:
     segments_left: int
 
 
-def spool_on_a_full_disk(config: Config, parent: Path, events: int, size_bytes: int = 256 * 1024) -> FullDiskOutcome:
+def spool_on_a_full_disk(config: Config, parent: Path, events: int, size_bytes: int = 256 * 1024,
+                         mount: bool = True) -> FullDiskOutcome:
     """An app records ``events`` gauge values with no broker reachable while its spool lies on a file system of
-    ``size_bytes``; then a client of the same app and device, with the broker reachable, replays the spool.
-    ``config``: a running broker and a fresh events topic."""
+    ``size_bytes`` (``mount``: see ``size_limited_directory``); then a client of the same app and device, with the
+    broker reachable, replays the spool. ``config``: a running broker and a fresh events topic."""
     from dataclasses import asdict
 
-    with size_limited_directory(parent, size_bytes) as (directory, limit):
+    with size_limited_directory(parent, size_bytes, mount) as (directory, limit):
         spool_dir = directory / "spool"
         offline = {"root": str(config.root),
                    "paths": {"data_dir": str(config.data_dir), "cache_dir": str(config.cache_dir)},
