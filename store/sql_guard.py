@@ -508,12 +508,14 @@ class _Walk:
                         raise _refuse("table function input is only allowed in INSERT ... SELECT")
                     uses_input = True
                 node_type = node["type"]
-                for child_key, child in _children(node):
-                    child_root = node_type == "ExplainQuery" and child_key == "query"
-                    stack.append((child, child_key, node_type, child_root))
+                for child_key, child in node.items():
+                    if isinstance(child, dict | list):   # scalars hold nothing to check
+                        child_root = node_type == "ExplainQuery" and child_key == "query"
+                        stack.append((child, child_key, node_type, child_root))
             else:
                 for child_key, child in _children(node):
-                    stack.append((child, child_key or key, parent, False))
+                    if isinstance(child, dict | list):
+                        stack.append((child, child_key or key, parent, False))
         return uses_input
 
     def _node(self, node: dict[str, Any], key: str, parent: str | None, is_root: bool) -> None:
