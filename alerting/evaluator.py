@@ -220,7 +220,8 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
             _save(client, rule, new_states, transitions)
             found += transitions
     for t in found:
-        log.info("alert %s [%s] %s at %s (value %s, threshold %s)", t.rule, t.series, t.to,
+        # %r: rule and series names may hold line breaks, which would forge log lines
+        log.info("alert %r [%r] %s at %s (value %s, threshold %s)", t.rule, t.series, t.to,
                  _dt(t.window_end_ms).isoformat(), t.value, t.threshold)
     return found
 

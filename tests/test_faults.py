@@ -8,7 +8,9 @@
   next file and before the batch reading it was planned (the rare kill that once made the results differ);
 - the broker SIGKILLed and restarted while the SDK and the gateway produce: every acknowledged event is stored
   exactly once (counted by id), however many copies the clients' retries and replays wrote;
-- the store stopped while the job writes and started again 60 s later: the job waits, retries, loses nothing.
+- the store stopped while the job writes and started again 60 s later: the job waits, retries, loses nothing;
+- an alert webhook that answers 400, hangs or resets for one notification each: every later notification is
+  delivered within the deadline, the three are recorded as failed deliveries (issue 36).
 
 The scenarios live in tests/fault_injection.py; ``bench/faults.py`` runs them longer and prints figures.
 """
