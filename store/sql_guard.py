@@ -45,6 +45,12 @@ into SQL text. The ``Values`` format also evaluates expressions in its data (``(
 file, in a body as in ``format(Values, ...)``): :data:`ENFORCED_SETTINGS` turn that off and must be applied by the
 server to every query.
 
+What the server does with a :class:`Verdict`: run the statement text it checked, on a handle with its caps and
+:data:`ENFORCED_SETTINGS` set after the client's settings (URL parameters pass :func:`check_settings` and
+``default_format`` :func:`check_format` first); ``kind == "insert"`` with ``expects_data``: the request body is the
+data, in ``format``; ``select``: answer the result set (``format``, when the statement names one); ``ddl``: answer
+empty. Tables of the ``system`` database stay readable, as for a ClickHouse user (clients read ``system.settings``).
+
 Cost: one chDB call per statement (two for DESCRIBE/EXISTS/SHOW CREATE and inline-data inserts, or a refusal
 that names its node); no regular expression reads the user's text; the walk is linear in the AST.
 """
