@@ -30,6 +30,7 @@ not HDFS or an object store (docs/operations.md).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -134,8 +135,8 @@ def _write_atomically(row_groups: Sequence[pa.Table], target: Path,
                     writer.write_table(rows)
         companion = before_rename(staging.stat().st_size) if before_rename is not None else None
         # Data before name: without these syncs the rename can reach the disk before the data (an empty or cut
-        # file published). Every write is done first, so the first sync's journal commit carries them all and
-        # the later ones find little left to do. The staging name itself need not be durable: the rename's is.
+        # file published). Every write comes before the first sync, so one journal commit can carry them all.
+        # The staging name itself need not be durable, only the rename's (the target directory's sync).
         _sync_file(staging)
         if companion is not None:
             _sync_file(companion)
@@ -155,10 +156,14 @@ def _sync_file(path: Path) -> None:
 
 
 def _sync_directory(directory: Path) -> None:
-    """fsync a directory: the names created, renamed or removed in it survive a power loss."""
+    """fsync a directory: the names created, renamed or removed in it survive a power loss. A file system that
+    cannot sync a directory (``EINVAL``: some FUSE and network mounts) makes names durable its own way."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 
