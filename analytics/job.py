@@ -10,16 +10,24 @@ at the cluster.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Collection
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from pyspark.errors import StreamingQueryException
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from analytics import (
@@ -96,7 +104,9 @@ def kafka_records(spark: SparkSession, config: Config) -> DataFrame:
         .option("maxOffsetsPerTrigger", config.stream.max_offsets_per_trigger)
         # The HTTP gateway writes in transactions; records of aborted ones must never be counted.
         .option("kafka.isolation.level", "read_committed")
-        # Retention may delete records an idle job never read; report it, keep running.
+        # Retention may delete records a stopped or lagging job never read. They are gone whether the job stops or
+        # not, so it reads on, and the accept writer records each skipped range in kafka_data_loss
+        # (``count_data_loss``) instead of leaving only Spark's log line.
         .option("failOnDataLoss", "false")
         .load()
     )
@@ -140,6 +150,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         if name not in only:
             continue
         checkpoint = config.checkpoint_dir / name
+        writer = stop_on_disk_full(config, name, count_data_loss(config, checkpoint, writer)
+                                   if name == sinks.ACCEPT_QUERY else writer)
         reads_log = name != sinks.ACCEPT_QUERY
         # The readers poll for accept's next file more often than accept reads Kafka: with one common trigger
         # every accepted batch would wait a whole interval before its windows (docs/architecture.md, "Freshness").
@@ -187,9 +199,14 @@ def run_until_idle(spark: SparkSession, config: Config, only: Collection[str] = 
             continue
         started = start_queries(spark, config, {"availableNow": True}, stage)
         for query in started:
-            query.awaitTermination()
+            try:
+                query.awaitTermination()
+            except StreamingQueryException as exc:
+                if _NO_SPACE.search(str(exc)) or DISK_FULL in str(exc):   # one clear line, not Spark's trace
+                    raise RuntimeError(failure_message(config, query.name, str(exc))) from exc
+                raise
             if query.exception() is not None:
-                raise RuntimeError(f"query {query.name} failed: {query.exception()}")
+                raise RuntimeError(failure_message(config, query.name, str(query.exception())))
         queries += started
     # Spark hands progress to listeners asynchronously: wait until the recorder has stored every query's last
     # watermark (the finality clock), since callers read the store next.
@@ -212,7 +229,113 @@ def run(config: Config) -> None:
                 query.stop()
     failed = [q for q in queries if q.exception() is not None]
     if failed:
-        raise SystemExit(f"query {failed[0].name} failed: {failed[0].exception()}")
+        raise SystemExit(failure_message(config, failed[0].name, str(failed[0].exception())))
+
+
+# A full disk ------------------------------------------------------------------------------------------------
+DISK_FULL = "disk full"
+_NO_SPACE = re.compile(r"No space left on device|Disk quota exceeded|ENOSPC|EDQUOT")
+
+
+class DiskFull(OSError):
+    """A write of the job found no space left: the micro-batch stops uncommitted (it runs again on restart)."""
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or bool(
+        _NO_SPACE.search(str(exc)))
+
+
+def stop_on_disk_full(config: Config, query: str, writer: sinks.BatchWriter) -> sinks.BatchWriter:
+    """``writer``, raising :class:`DiskFull` naming the directory when a write of its batch (the accepted-events
+    files, the window partials, their metadata) finds the disk full. The exception fails the micro-batch before
+    Spark commits it, so the query stops there and the batch runs again, whole, once there is space: nothing is
+    skipped. (An ENOSPC of Spark's own checkpoint writes fails the query in the JVM; ``failure_message`` says the
+    same for it.)"""
+    def write(batch: DataFrame, batch_id: int) -> None:
+        try:
+            writer(batch, batch_id)
+        except DiskFull:
+            raise
+        except OSError as exc:
+            if not _is_disk_full(exc):
+                raise
+            directory = Path(exc.filename).parent if getattr(exc, "filename", None) else config.checkpoint_dir
+            raise DiskFull(errno.ENOSPC, f"{DISK_FULL}: no space left in {directory} ({exc}); the {query} query "
+                                         f"stops at micro-batch {batch_id}, uncommitted: free space there and "
+                                         f"restart the job, the batch then runs again (nothing is skipped)") from exc
+    return write
+
+
+def failure_message(config: Config, query: str, error: str) -> str:
+    """What the job says when ``query`` failed with ``error`` (Spark's text of the exception): a full disk in one
+    line naming the directory, anything else as Spark reported it."""
+    if not _NO_SPACE.search(error) and DISK_FULL not in error:
+        return f"query {query} failed: {error}"
+    ours = re.search(rf"{DISK_FULL}: [^\n]*", error)
+    if ours:
+        return f"query {query} stopped, {ours.group(0)}"
+    return (f"query {query} stopped, {DISK_FULL}: no space left writing its checkpoint under {config.checkpoint_dir} "
+            f"(stream.checkpoint_dir); the micro-batch was not committed: free space there and restart the job, it "
+            f"runs again (nothing is skipped). Spark said: {error.splitlines()[0][:500]}")
+
+
+# Records Kafka deleted before the job read them --------------------------------------------------------------
+DATA_LOSS_COLUMNS = ("topic", "partition", "from_offset", "to_offset", "skipped_offsets", "query_name", "batch_id",
+                     "detected_at")
+
+
+def count_data_loss(config: Config, checkpoint: Path, writer: sinks.BatchWriter) -> sinks.BatchWriter:
+    """``writer`` (the ``accept`` query's), first recording in ``kafka_data_loss`` any offsets of the batch's range
+    that Kafka deleted before the batch read them.
+
+    A partition's range [start, end) is from the query's offset log. Only when the partition's earliest offset
+    (asked of the broker, one request per batch) is past ``start`` can records be missing; then the batch's first
+    offset read in that partition (one small Spark job, only then) says where reading resumed: the offsets before
+    it and before the earliest one were never read. Keyed by (topic, partition, start): a replayed batch rewrites
+    its row."""
+    admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap})
+    topic = config.kafka.events_topic
+
+    def write(records: DataFrame, batch_id: int) -> None:
+        info = progress.batch_info(checkpoint, batch_id)
+        starts = {int(p): int(o) for p, o in info.start_offsets.get(topic, {}).items() if int(o) >= 0}
+        ends = info.end_offsets.get(topic, {})
+        if starts:
+            earliest = _earliest_offsets(admin, topic, list(starts))
+            behind = [p for p, start in starts.items() if earliest.get(p, start) > start]
+            if behind:
+                first_read = dict(records.where(F.col("partition").isin(behind)).groupBy("partition")
+                                  .agg(F.min("offset")).collect())
+                gaps = []
+                for p in behind:
+                    resumed = min(earliest[p], first_read.get(p, int(ends.get(str(p), earliest[p]))))
+                    if resumed > starts[p]:
+                        gaps.append((p, starts[p], resumed))
+                if gaps:
+                    _record_data_loss(config, topic, batch_id, gaps)
+        writer(records, batch_id)
+    return write
+
+
+def _earliest_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.earliest() for p in partitions},
+                                 request_timeout=30)
+    return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+
+def _record_data_loss(config: Config, topic: str, batch_id: int, gaps: list[tuple[int, int, int]]) -> None:
+    for partition, start, resumed in gaps:
+        log.error("accept batch %d: %d offsets of %s partition %d (%d to %d) were deleted by Kafka's retention "
+                  "before the job read them; recorded in kafka_data_loss", batch_id, resumed - start, topic,
+                  partition, start, resumed - 1)
+    now = datetime.now(UTC)
+    sinks.insert_tables(config, [("kafka_data_loss", pa.table({
+        "topic": [topic] * len(gaps), "partition": pa.array([g[0] for g in gaps], pa.int32()),
+        "from_offset": [g[1] for g in gaps], "to_offset": [g[2] for g in gaps],
+        "skipped_offsets": pa.array([g[2] - g[1] for g in gaps], pa.uint64()),
+        "query_name": [sinks.ACCEPT_QUERY] * len(gaps), "batch_id": pa.array([batch_id] * len(gaps), pa.uint64()),
+        "detected_at": pa.array([now] * len(gaps), pa.timestamp("ms", tz="UTC"))}))], sinks.ACCEPT_QUERY)
 
 
 def main(argv: list[str] | None = None) -> None:

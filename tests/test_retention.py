@@ -115,3 +115,70 @@ def test_given_a_retention_shorter_than_a_day_then_the_dashboard_range_cannot_as
     slider = at.sidebar.slider[0]
     assert slider.max == 360 and slider.value == 360 and at.query_params["minutes"] == "360"
     assert any("Ranges up to 360 min" in c.value and "0.25 days" in c.value for c in at.sidebar.caption)
+
+
+# The job on a full disk, and records Kafka deleted before the job read them ------------------------------------
+def test_given_a_full_disk_then_a_writer_stops_with_disk_full_naming_the_directory(tmp_path):
+    from analytics.job import DiskFull, failure_message, stop_on_disk_full
+
+    config = load_config(environ={}, root=str(tmp_path))
+    full = config.accepted_events_dir / "_meta"
+    full.mkdir(parents=True)
+    (full / "0.json").symlink_to("/dev/full")          # every write there: ENOSPC, from the kernel
+
+    def writer(batch, batch_id):
+        (full / f"{batch_id}.json").write_text("{}")
+
+    # A failed write() names no file: the message names the directory everything the job writes is under.
+    with pytest.raises(DiskFull, match=rf"disk full: no space left in {config.checkpoint_dir} .*No space left on "
+                                       rf"device.*micro-batch 0, uncommitted"):
+        stop_on_disk_full(config, "accept", writer)(None, 0)
+    # Spark's own checkpoint write failing in the JVM: the same one line, naming the checkpoint directory.
+    jvm = "java.io.IOException: No space left on device\n\tat org.apache.hadoop.fs..."
+    assert failure_message(config, "windows", jvm).startswith(
+        f"query windows stopped, disk full: no space left writing its checkpoint under {config.checkpoint_dir}")
+    assert failure_message(config, "windows", "boom") == "query windows failed: boom"
+
+
+def test_given_the_disk_fills_during_accept_then_the_job_stops_and_the_batch_runs_again_whole(spark, kafka, request):
+    from tests.conftest import fresh_stack
+    from tests.support import Metric, minute_in_past, produce, rows, run_job
+
+    config = fresh_stack(kafka, request.node.name, partitions=1)
+    t0 = minute_in_past(30)
+    produce(config, [Metric(t0 + 100 * i, float(i)) for i in range(20)])
+    meta = config.accepted_events_dir / "_meta"
+    meta.mkdir(parents=True)
+    (meta / "0.json").symlink_to("/dev/full")           # batch 0's metadata write finds the disk full
+    with pytest.raises(RuntimeError) as info:
+        run_job(spark, config)
+    assert str(info.value).startswith(f"query accept stopped, disk full: no space left in {config.checkpoint_dir} ")
+    assert not (config.checkpoint_dir / "accept" / "commits" / "0").exists()     # not committed, not skipped
+    assert rows(config, "SELECT count() AS n FROM dedup_state")[0]["n"] == 0
+
+    (meta / "0.json").unlink()                          # space again: restart
+    run_job(spark, config)
+    assert rows(config, "SELECT sum(accepted) AS n FROM dedup_state FINAL")[0]["n"] == 20
+    assert rows(config, "SELECT sum(event_count) AS n FROM window_aggregates FINAL "
+                        "WHERE window_kind = 'tumbling' AND window_length_ms = 10000")[0]["n"] == 20
+
+
+def test_given_kafka_deleted_records_before_the_job_read_them_then_the_gap_is_recorded(spark, kafka, request):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from tests.conftest import fresh_stack
+    from tests.support import Metric, minute_in_past, produce, rows, run_job
+
+    config = fresh_stack(kafka, request.node.name, partitions=1)
+    t0 = minute_in_past(30)
+    produce(config, [Metric(t0 + 100 * i, float(i)) for i in range(10)])        # offsets 0-9: read
+    run_job(spark, config)
+    produce(config, [Metric(t0 + 100 * i, float(i)) for i in range(10, 20)])   # offsets 10-19
+    admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap})
+    for future in admin.delete_records([TopicPartition(config.kafka.events_topic, 0, 15)]).values():
+        assert future.result().low_watermark == 15     # offsets 10-14 gone, as retention would delete them
+    run_job(spark, config)
+    assert rows(config, "SELECT partition, from_offset, to_offset, skipped_offsets FROM kafka_data_loss FINAL") == [
+        {"partition": 0, "from_offset": 10, "to_offset": 15, "skipped_offsets": 5}]
+    assert rows(config, "SELECT sum(accepted) AS n FROM dedup_state FINAL")[0]["n"] == 15   # 10 + the 5 left
