@@ -288,6 +288,11 @@ def validation_error(event: object, max_record_bytes: int, *, record_bytes: int 
 
 _OPEN: Final = (0x5B, 0x7B)      # [ {
 _CLOSE: Final = (0x5D, 0x7D)     # ] }
+_DELTA: Final = np.zeros(256, dtype=np.int8)
+"""Per byte value: +1 opens a level, -1 closes one."""
+_DELTA[list(_OPEN)], _DELTA[list(_CLOSE)] = 1, -1
+_WITH_COMMAS: Final = _DELTA.copy()
+_WITH_COMMAS[0x2C] = 1   # only a marker: a comma is structural but changes no level
 _MAYBE_SURROGATE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
 """The only way a lone surrogate gets into a string parsed from UTF-8: a ``\\uD800``-``\\uDFFF`` escape."""
 _HUGE_INTEGER: Final = "integer string conversion"
@@ -310,38 +315,39 @@ def depth_reason(limit: int) -> str:
     return f"invalid JSON: nested deeper than {limit} levels (gateway.max_depth)"
 
 
-def _depth_profile(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """(nesting depth after each byte, whether the byte is inside a string) of a JSON text, vectorised.
+def _structure(data: bytes, commas: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The structural bytes of a JSON text outside its strings: (positions, bytes, nesting depth after each),
+    vectorised. Brackets and braces, and with ``commas`` the commas too.
 
     Structural bytes are ASCII and never part of a UTF-8 multi-byte sequence, so bytes can be scanned as they are.
-    A quote is a string's delimiter unless an odd number of backslashes precedes it. Memory: about 10 bytes per
-    byte of input, the time linear (a few ms per MB), whatever the nesting."""
+    A quote is a string's delimiter unless an odd number of backslashes precedes it. Linear in the text whatever
+    its nesting (a few ms per MB), and only the few structural bytes are summed up."""
     b = np.frombuffer(data, dtype=np.uint8)
     quote = b == 0x22
-    backslash = b == 0x5C
-    if backslash.any():
+    if data.find(b"\\") >= 0:
         index = np.arange(len(b), dtype=np.int64)
-        last_other = np.maximum.accumulate(np.where(backslash, -1, index))
+        last_other = np.maximum.accumulate(np.where(b == 0x5C, -1, index))
         escapes_before = np.zeros(len(b), dtype=np.int64)
         escapes_before[1:] = index[:-1] - last_other[:-1]
         quote &= escapes_before % 2 == 0
     inside = np.bitwise_xor.accumulate(quote.view(np.uint8)).view(bool)
-    delta = ((b == _OPEN[0]) | (b == _OPEN[1])).view(np.int8) - ((b == _CLOSE[0]) | (b == _CLOSE[1])).view(np.int8)
-    delta[inside] = 0
-    return np.cumsum(delta, dtype=np.int32), inside
+    positions = np.flatnonzero(((_WITH_COMMAS if commas else _DELTA)[b] != 0) & ~inside)
+    found = b[positions]
+    return positions, found, np.cumsum(_DELTA[found], dtype=np.int32)
 
 
 def line_depths(data: bytes) -> np.ndarray:
     """The deepest nesting of each line of ``data`` (lines split at ``\\n``, as ``str.split("\\n")`` does)."""
-    if not data:
-        return np.zeros(1, dtype=np.int32)
-    depth, _ = _depth_profile(data)
-    starts = np.concatenate(([0], np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A) + 1))
-    starts = starts[starts < len(data)]
-    before = np.concatenate(([0], depth[:-1]))[starts]       # depth when each line begins
-    deepest = np.maximum.reduceat(depth, starts) - before
-    lines = data.count(b"\n") + 1                              # a trailing newline leaves an empty last line
-    return np.concatenate((deepest, np.zeros(lines - len(starts), dtype=np.int32)))
+    newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A)
+    deepest = np.zeros(len(newlines) + 1, dtype=np.int32)
+    positions, found, depth = _structure(data)
+    if not len(positions):
+        return deepest
+    line = np.searchsorted(newlines, positions)
+    firsts = np.flatnonzero(np.concatenate(([True], line[1:] != line[:-1])))   # each line's first structural byte
+    before = depth[firsts] - _DELTA[found[firsts]]                               # the depth its line begins at
+    deepest[line[firsts]] = np.maximum.reduceat(depth, firsts) - before
+    return deepest
 
 
 def without_deep_elements(data: bytes, limit: int) -> tuple[bytes, list[int]]:
@@ -349,27 +355,29 @@ def without_deep_elements(data: bytes, limit: int) -> tuple[bytes, list[int]]:
 
     The array's elements are the spans between its top-level commas; an element's depth is counted from inside
     the array. Returns ``data`` unchanged (and no indices) when nothing is deeper than ``limit``."""
-    depth, inside = _depth_profile(data)
+    _, _, depth = _structure(data)
     if not len(depth) or int(depth.max()) <= limit + 1:
         return data, []
-    b = np.frombuffer(data, dtype=np.uint8)
-    opened = np.flatnonzero(depth == 1)
-    if not len(opened) or b[opened[0]] != _OPEN[0]:
+    positions, found, depth = _structure(data, commas=True)
+    if found[0] != _OPEN[0]:
         return data, []   # not an array (the parser says why)
-    start = int(opened[0])
-    closed = np.flatnonzero(depth[start:] == 0)
-    end = start + int(closed[0]) if len(closed) else len(b)
-    commas = start + np.flatnonzero((b[start:end] == 0x2C) & ~inside[start:end] & (depth[start:end] == 1))
-    bounds = np.concatenate(([start + 1], commas + 1))
-    deepest = np.maximum.reduceat(depth[:end], bounds) - 1 if end > start + 1 else np.zeros(0, dtype=np.int32)
-    deep = [int(i) for i in np.flatnonzero(deepest > limit)]
+    closed = np.flatnonzero(depth == 0)
+    end = int(closed[0]) if len(closed) else len(depth)          # the array's closing bracket (or the text's end)
+    commas = np.flatnonzero((found[:end] == 0x2C) & (depth[:end] == 1))
+    starts = np.concatenate(([0], commas))                       # the '[' or comma before each element
+    stops = np.concatenate((commas, [end]))
+    deepest = np.ones(len(starts), dtype=np.int32)               # an element without brackets: level 1
+    inner = np.flatnonzero(starts + 1 < stops)
+    if len(inner):
+        # Each segment runs on to the next one's start: only commas at level 1 between, which change no maximum.
+        deepest[inner] = np.maximum.reduceat(depth[:end], starts[inner] + 1)
+    deep = [int(i) for i in np.flatnonzero(deepest - 1 > limit)]
     if not deep:
         return data, []
-    stops = np.concatenate((commas, [end]))
     parts, at = [], 0
     for i in deep:
-        parts += [data[at:int(bounds[i])], b"null"]
-        at = int(stops[i])
+        parts += [data[at:int(positions[starts[i]]) + 1], b"null"]
+        at = int(positions[stops[i]]) if stops[i] < len(positions) else len(data)
     parts.append(data[at:])
     return b"".join(parts), deep
 
