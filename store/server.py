@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import collections
 import concurrent.futures
 import contextlib
 import fcntl
@@ -105,7 +106,8 @@ _STATUS_BY_ERROR = {
         "CANNOT_PARSE_INPUT_ASSERTION_FAILED", "CANNOT_PARSE_UUID", "DUPLICATE_COLUMN", "ILLEGAL_COLUMN",
         "UNKNOWN_ELEMENT_IN_AST", "UNKNOWN_TYPE_OF_AST_NODE", "THERE_IS_NO_COLUMN", "TOO_DEEP_AST", "TOO_BIG_AST",
         "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH",
-        "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE", "CANNOT_DECOMPRESS"), 400),
+        "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE", "CANNOT_DECOMPRESS",
+        "SUPPORT_IS_DISABLED", "SETTING_CONSTRAINT_VIOLATION"), 400),   # (these two: bad input, not a fault)
     **dict.fromkeys((
         "UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE", "UNKNOWN_STORAGE",
         "UNKNOWN_DATABASE", "UNKNOWN_SETTING", "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION",
@@ -274,8 +276,8 @@ def _tokens(text: bytes, pos: int = 0) -> Iterator[tuple[str, int, int]]:
 
 def split_insert(head: bytes) -> InsertSplit | bool | None:
     """Where an ``INSERT … FORMAT X`` statement ends and its data begins (ClickHouse's rule: after the format name,
-    spaces, and one newline). None: not an insert with data after it (the text is one statement); False: the head
-    ends before the statement does (more is needed)."""
+    spaces, and one newline; or right after ``VALUES``). None: not an insert with data after it (the text is one
+    statement); False: the head ends before the statement does."""
     words: list[tuple[bytes, int, int]] = []
     depth = 0
     target_start = settings_start = -1
@@ -295,8 +297,13 @@ def split_insert(head: bytes) -> InsertSplit | bool | None:
             if word != b"INTO":
                 return None
             target_start = end
-        elif depth == 0 and word in (b"SELECT", b"WITH", b"VALUES"):
+        elif depth == 0 and word in (b"SELECT", b"WITH"):
             return None
+        elif depth == 0 and word == b"VALUES":      # the data (in the Values format) begins right after it
+            end_of_target = settings_start if settings_start >= 0 else start
+            return InsertSplit(head[target_start:end_of_target].decode().strip(),
+                               head[settings_start:start].decode().strip() if settings_start >= 0 else "",
+                               "Values", end, end)
         elif depth == 0 and word == b"SETTINGS" and settings_start < 0:
             settings_start = start
         elif depth == 0 and word == b"FORMAT":
@@ -415,14 +422,45 @@ def _summary(result: Any, written: bool) -> dict[str, str]:
 
 # -------------------------------------------------------------------------------------------------- the statement guard
 
+VERDICTS_KEPT = 1024
+"""Admitted statements whose verdict is remembered (the job and the dashboard send the same texts again and again;
+a verdict depends only on the text and the role). Only statements up to ``VERDICT_TEXT_MAX`` bytes are kept."""
+VERDICT_TEXT_MAX = 8192
+_verdicts: collections.OrderedDict[tuple[str, str], sql_guard.Verdict] = collections.OrderedDict()
+_verdicts_lock = threading.Lock()
+
+
+def remembered(statement: str, role: str, read_only: bool) -> sql_guard.Verdict | None:
+    """The verdict already given to this statement and role, if it is remembered."""
+    key = (statement, READER if read_only else role)
+    with _verdicts_lock:
+        verdict = _verdicts.get(key)
+        if verdict is not None:
+            _verdicts.move_to_end(key)
+        return verdict
+
+
 def guard(statement: str, role: str, read_only: bool, limits: Limits, engine: Engine) -> sql_guard.Verdict:
     """The one place every statement is checked before chDB runs it (``store.sql_guard``, from ClickHouse's own
     parser): a refused statement raises a :class:`StoreError` with the guard's code, name and message."""
+    role = READER if read_only else role
+    key = (statement, role)
+    with _verdicts_lock:
+        verdict = _verdicts.get(key)
+        if verdict is not None:
+            _verdicts.move_to_end(key)
+            return verdict
     try:
-        return sql_guard.check(statement, role=READER if read_only else role, parse=engine.parse,  # type: ignore[arg-type]
-                               caps=limits.caps, max_query_size=limits.max_query_size)
+        verdict = sql_guard.check(statement, role=role, parse=engine.parse,  # type: ignore[arg-type]
+                                  caps=limits.caps, max_query_size=limits.max_query_size)
     except sql_guard.Refused as exc:
         raise StoreError.of(exc.code, exc.name, exc.message, exc.http_status) from None
+    if len(statement) <= VERDICT_TEXT_MAX:
+        with _verdicts_lock:
+            _verdicts[key] = verdict
+            if len(_verdicts) > VERDICTS_KEPT:
+                _verdicts.popitem(last=False)
+    return verdict
 
 
 # -------------------------------------------------------------------------------------------------- request bodies
@@ -469,6 +507,8 @@ class _Zlib:
         return self._obj.unused_data
 
 
+INLINE_SCAN = 16 * 1024
+"""Heads up to this long are scanned for an insert's split on the event loop (well under a millisecond)."""
 STEP = 1 << 20
 """Decompressed bytes produced per step: a small input cannot make one step allocate much (a zip bomb)."""
 
@@ -744,12 +784,15 @@ class StoreApp:
                 head += b"\n"
             first = False
             head += chunk
-        split = await self.blocking(split_insert, bytes(head[:limit + 1])) if head else None
+        # The scan is linear; a long head is scanned on a pool thread so the event loop never waits on it.
+        split = (None if not head else split_insert(bytes(head)) if len(head) <= INLINE_SCAN
+                 else await self.blocking(split_insert, bytes(head[:limit + 1])))
         if isinstance(split, InsertSplit):
             if split.statement_end > limit:
                 raise _too_large(limit)
             statement = head[:split.statement_end].decode(errors="replace")
-            verdict = await self.blocking(guard, statement, role, read_only, self.limits, self.engine)
+            verdict = (remembered(statement, role, read_only)
+                       or await self.blocking(guard, statement, role, read_only, self.limits, self.engine))
             if verdict.kind != "insert" or not verdict.expects_data:
                 raise StoreError.of(62, "SYNTAX_ERROR", "Data follows a statement that takes none", 400)
             with tempfile.NamedTemporaryFile(prefix="insert-", suffix=".data", dir=self.engine.staging) as staged:
@@ -768,11 +811,16 @@ class StoreApp:
             raise StoreError.of(36, "BAD_ARGUMENTS", "Query is not valid UTF-8") from None
         if not text.strip():
             raise StoreError.of(62, "SYNTAX_ERROR", "Empty query")
-        verdict = await self.blocking(guard, text, role, read_only, self.limits, self.engine)
         bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
-        explicit = (verdict.format or explicit_format(text)) if verdict.kind == "select" else None
-        answer = await self.blocking(self.engine.query, text, state, bound, default_format, explicit)
+        answer = await self.blocking(self._guarded_query, text, role, read_only, state, bound, default_format)
         return answer, text
+
+    def _guarded_query(self, text: str, role: str, read_only: bool, state: HandleState, bound: dict[str, str],
+                       default_format: str) -> Answer:
+        """The guard, then the query, on one pool thread (one hop off the event loop, not two)."""
+        verdict = guard(text, role, read_only, self.limits, self.engine)
+        explicit = (verdict.format or explicit_format(text)) if verdict.kind == "select" else None
+        return self.engine.query(text, state, bound, default_format, explicit)
 
     async def _fail(self, send: Callable[[dict[str, Any]], Awaitable[None]], exc: StoreError, query_id: str,
                     close: bool = False) -> None:

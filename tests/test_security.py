@@ -435,3 +435,16 @@ def test_credentials_are_created_once_and_shared(tmp_path: Path) -> None:
     first = credentials.load(config)
     assert credentials.load(config) == first
     assert stat.S_IMODE(os.stat(credentials.path(config)).st_mode) == 0o600
+
+
+def test_values_data_is_data_not_sql(store: Store) -> None:
+    """An ``INSERT … VALUES`` is split at VALUES: what follows is data in the Values format, read with expressions
+    off, so neither a function in it nor a statement after a ``;`` runs."""
+    assert store.sql("INSERT INTO sec.t VALUES (11), (12)")[0] == 200
+    assert store.sql("SELECT count() FROM sec.t WHERE x IN (11, 12)") == (200, "2\n")
+    status, text = store.sql("INSERT INTO sec.t VALUES (length(file('/etc/hostname')))")
+    assert status == 400 and "(SUPPORT_IS_DISABLED)" in text, text
+    assert store.sql("SELECT count() FROM sec.t WHERE x NOT IN (11, 12)") == (200, "0\n")
+    store.sql("INSERT INTO sec.t VALUES (13); DROP TABLE sec.t")
+    assert store.sql("EXISTS TABLE sec.t") == (200, "1\n")
+    store.sql("ALTER TABLE sec.t DELETE WHERE x IN (11, 12, 13) SETTINGS mutations_sync = 1")
