@@ -4,8 +4,9 @@ Each phase serves a fresh store (``python -m store.server`` over its own chDB di
 ``store.server.child``) and runs, for the whole phase:
 
 - a probe: ``SELECT 1`` in a loop over one clickhouse-connect client (sequential requests, 10 ms apart), every
-  request timed; p50/p99/max over the requests started during the attack (a request still waiting when the phase
-  ends counts with the time it has waited so far, marked ``>=``);
+  request timed; p50/p99/max over the requests started during the attack and the 2 s after it, a window at least
+  as long as the idle phase (a request still waiting when the window ends counts with the time it has waited so
+  far, marked ``>=``);
 - a writer, standing for every other component: one row inserted through clickhouse-connect every 100 ms; inserts
   acknowledged vs expected, errors, and the rows read back at the end;
 - the store's memory from ``/proc/<pid>/status`` (VmRSS every 50 ms, VmHWM) of the server and its children: peak
@@ -71,7 +72,8 @@ PROBE_GAP_S = 0.010
 WRITE_EVERY_S = 0.100
 RSS_EVERY_S = 0.050
 TAIL_S = 2.0
-"""Measured on after the attack ends (what it leaves behind is part of its cost)."""
+"""Measured on after the attack ends (what it leaves behind is part of its cost); the whole window is at least
+as long as the idle phase."""
 PHASES = ("idle", "query_4mb", "slow_500", "body_1g_wrong_password", "body_1g_no_password")
 
 
@@ -485,7 +487,9 @@ def run_phase(name: str, root: Path, plan: Plan, password: str) -> dict[str, Any
         except Exception as exc:  # reported; the other phases still run
             details = {"bench_error": f"{type(exc).__name__}: {exc}"}
         attack_end = time.perf_counter()
-        time.sleep(TAIL_S)
+        # At least as long a window as the idle phase's: an attack refused in milliseconds is still watched for
+        # what it leaves behind, over as many probe requests as the baseline.
+        time.sleep(max(TAIL_S, start + plan.idle_s - attack_end))
         end = time.perf_counter()
         hwm_after = rss.hwm()
         probe_times, probe_censored = probe.window(start, end)
