@@ -223,6 +223,10 @@ def run(config: Config) -> None:
         # Polled, so that Ctrl-C (KeyboardInterrupt) is not held up by a blocking JVM call.
         while not spark.streams.awaitAnyTermination(config.stream.trigger_interval_s):
             pass
+    except StreamingQueryException as exc:
+        if not (_NO_SPACE.search(str(exc)) or DISK_FULL in str(exc)):
+            raise
+        # A full disk: said in one line below (failure_message), not as Spark's trace.
     finally:
         for query in queries:
             if query.isActive:
@@ -281,10 +285,6 @@ def failure_message(config: Config, query: str, error: str) -> str:
 
 
 # Records Kafka deleted before the job read them --------------------------------------------------------------
-DATA_LOSS_COLUMNS = ("topic", "partition", "from_offset", "to_offset", "skipped_offsets", "query_name", "batch_id",
-                     "detected_at")
-
-
 def count_data_loss(config: Config, checkpoint: Path, writer: sinks.BatchWriter) -> sinks.BatchWriter:
     """``writer`` (the ``accept`` query's), first recording in ``kafka_data_loss`` any offsets of the batch's range
     that Kafka deleted before the batch read them.
@@ -301,8 +301,8 @@ def count_data_loss(config: Config, checkpoint: Path, writer: sinks.BatchWriter)
         info = progress.batch_info(checkpoint, batch_id)
         starts = {int(p): int(o) for p, o in info.start_offsets.get(topic, {}).items() if int(o) >= 0}
         ends = info.end_offsets.get(topic, {})
-        if starts:
-            earliest = _earliest_offsets(admin, topic, list(starts))
+        earliest = _earliest_offsets(admin, topic, list(starts), batch_id) if starts else {}
+        if earliest:
             behind = [p for p, start in starts.items() if earliest.get(p, start) > start]
             if behind:
                 first_read = dict(records.where(F.col("partition").isin(behind)).groupBy("partition")
@@ -318,10 +318,17 @@ def count_data_loss(config: Config, checkpoint: Path, writer: sinks.BatchWriter)
     return write
 
 
-def _earliest_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
-    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.earliest() for p in partitions},
-                                 request_timeout=30)
-    return {tp.partition: future.result().offset for tp, future in futures.items()}
+def _earliest_offsets(admin: AdminClient, topic: str, partitions: list[int], batch_id: int) -> dict[int, int]:
+    """Each partition's earliest offset; {} (the check skipped for this batch, with a warning) when the brokers do
+    not answer in time: a broker being replaced must not fail a batch that has already read its records."""
+    try:
+        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.earliest() for p in partitions},
+                                     request_timeout=10)
+        return {tp.partition: future.result(timeout=15).offset for tp, future in futures.items()}
+    except Exception as exc:   # any client error: the batch goes on, unchecked
+        log.warning("accept batch %d: could not ask the brokers for %s's earliest offsets (%s); this batch is not "
+                    "checked for records deleted before it read them", batch_id, topic, exc)
+        return {}
 
 
 def _record_data_loss(config: Config, topic: str, batch_id: int, gaps: list[tuple[int, int, int]]) -> None:
