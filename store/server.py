@@ -168,6 +168,33 @@ def _refused(status: int, text: str) -> StoreError:
     return StoreError.of(497, "ACCESS_DENIED", text, status)
 
 
+class Cancel:
+    """Lets the event loop cancel a query running on a pool thread when its client leaves."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stream: Any = None
+        self.cancelled = False
+
+    @contextlib.contextmanager
+    def running(self, stream: Any) -> Iterator[None]:
+        with self._lock:
+            self._stream = stream
+            if self.cancelled:
+                stream.cancel()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stream = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._stream is not None:
+                self._stream.cancel()     # chDB stops the query after the block it is computing
+
+
 @dataclass(frozen=True)
 class Answer:
     body: bytes
@@ -381,14 +408,22 @@ class Engine:
             return conn.query(sql, "TabSeparatedRaw").bytes().decode()
 
     def query(self, text: str, state: HandleState, params: dict[str, str], default_format: str,
-              explicit: str | None) -> Answer:
+              explicit: str | None, cancel: Cancel | None = None) -> Answer:
         # Without a FORMAT clause ClickHouse answers in default_format and names it in X-ClickHouse-Format only
         # when the statement has a result set; asking chDB for the names line tells the two apart.
         with_names = not explicit and default_format == "TabSeparated"
         fmt = explicit or ("TabSeparatedWithNames" if with_names else default_format)
         with self.handles.lease(state) as conn:
             try:
+                if cancel is not None and fmt == "Native":
+                    try:
+                        return self._streamed(conn, text, params, cancel)
+                    except Exception as exc:     # chDB streams SELECTs only (not DESCRIBE, SHOW, EXISTS, …)
+                        if "Streaming query is not supported" not in str(exc):
+                            raise
                 result = conn.query(text, fmt, params=params)
+            except StoreError:
+                raise
             except Exception as exc:
                 raise StoreError.from_chdb(exc) from None
         body = result.bytes() or b""
@@ -397,6 +432,25 @@ class Engine:
             result_fmt = "TabSeparated" if body else None
             body = body[body.find(b"\n") + 1:] if body else b""
         return Answer(body, result_fmt, _summary(result, written=False))
+
+    @staticmethod
+    def _streamed(conn: Any, text: str, params: dict[str, str], cancel: Cancel) -> Answer:
+        """A Native query read block by block, so a client that leaves can cancel it between blocks (chDB's
+        streaming query; Native blocks concatenate into one Native answer, other formats' blocks would not)."""
+        stream = conn.send_query(text, "Native", params=params)
+        parts: list[bytes] = []
+        rows = size = 0
+        elapsed = 0.0
+        with cancel.running(stream):
+            for block in stream:
+                parts.append(block.bytes() or b"")
+                rows, size, elapsed = rows + block.rows_read(), size + block.bytes_read(), elapsed + block.elapsed()
+        if cancel.cancelled:
+            raise ClientGone("cancelled: the client closed the connection")
+        summary = {"read_rows": str(rows), "read_bytes": str(size), "written_rows": "0", "written_bytes": "0",
+                   "total_rows_to_read": "0", "result_rows": str(rows), "result_bytes": "0",
+                   "elapsed_ns": str(int(elapsed * 1e9))}
+        return Answer(b"".join(parts), "Native", summary)
 
     def insert(self, split: InsertSplit, staged: str, state: HandleState) -> Answer:
         """``INSERT … FORMAT X`` with its data staged in a file: chDB reads it with FROM INFILE (as
@@ -812,15 +866,31 @@ class StoreApp:
         if not text.strip():
             raise StoreError.of(62, "SYNTAX_ERROR", "Empty query")
         bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
-        answer = await self.blocking(self._guarded_query, text, role, read_only, state, bound, default_format)
-        return answer, text
+        cancel = Cancel()
+        work = asyncio.ensure_future(self.blocking(self._guarded_query, text, role, read_only, state, bound,
+                                                   default_format, cancel))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not gone.done():
+                gone.cancel()
+        if not work.done():       # the client left: cancel (Native reads, between blocks), else max_execution_time
+            started = time.perf_counter()
+            cancel.cancel()
+            with contextlib.suppress(Exception):
+                await work
+            raise ClientGone(f"closed the connection while its query ran; the query ended "
+                             f"{time.perf_counter() - started:.2f} s later")
+        return work.result(), text
 
     def _guarded_query(self, text: str, role: str, read_only: bool, state: HandleState, bound: dict[str, str],
-                       default_format: str) -> Answer:
+                       default_format: str, cancel: Cancel) -> Answer:
         """The guard, then the query, on one pool thread (one hop off the event loop, not two)."""
         verdict = guard(text, role, read_only, self.limits, self.engine)
         explicit = (verdict.format or explicit_format(text)) if verdict.kind == "select" else None
-        return self.engine.query(text, state, bound, default_format, explicit)
+        return self.engine.query(text, state, bound, default_format, explicit,
+                                 cancel if verdict.kind == "select" else None)
 
     async def _fail(self, send: Callable[[dict[str, Any]], Awaitable[None]], exc: StoreError, query_id: str,
                     close: bool = False) -> None:
@@ -841,6 +911,12 @@ class StoreApp:
             await send({"type": "http.response.body", "body": body})
         except OSError as exc:
             log.info("client went away before its answer (%s)", exc)
+
+
+async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    """Returns when the client closes the connection (its request body has been read whole already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _too_large(limit: int) -> StoreError:

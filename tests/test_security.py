@@ -448,3 +448,21 @@ def test_values_data_is_data_not_sql(store: Store) -> None:
     store.sql("INSERT INTO sec.t VALUES (13); DROP TABLE sec.t")
     assert store.sql("EXISTS TABLE sec.t") == (200, "1\n")
     store.sql("ALTER TABLE sec.t DELETE WHERE x IN (11, 12, 13) SETTINGS mutations_sync = 1")
+
+
+def test_a_read_is_cancelled_when_its_client_leaves(store: Store) -> None:
+    """A Native read (what clickhouse-connect asks for) whose client closes the connection is cancelled at the next
+    block, not run to its end; other formats run until they end or max_execution_time stops them."""
+    statement = b"SELECT sleepEachRow(0.25) FROM numbers(7) SETTINGS max_block_size = 1 FORMAT Native"
+    head = f"POST / HTTP/1.1\r\n{store.auth_head()}Content-Length: {len(statement)}\r\n\r\n".encode()
+    log = store.config.data_dir / "store.log"
+    seen = log.read_text().count("while its query ran")
+    with store.raw(head + statement):
+        time.sleep(0.4)
+    deadline = time.monotonic() + 5
+    while log.read_text().count("while its query ran") == seen and time.monotonic() < deadline:
+        time.sleep(0.1)
+    line = [x for x in log.read_text().splitlines() if "while its query ran" in x][-1]
+    later = float(line.split("the query ended ")[1].split(" s later")[0])
+    assert later < 0.5, line
+    assert store.sql("SELECT 1") == (200, "1\n")
