@@ -27,11 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 ENV_PREFIX = "EVENTIDE_"
 CONFIG_ENV = "EVENTIDE_CONFIG"
 DEFAULT_CONFIG_FILE = "eventide.toml"
-
 KNOWN_TOKENS = frozenset({"dev-token-change-me"})
 """Gateway tokens published with the project (eventide.toml's dev token): refused off loopback."""
 MIN_TOKEN_LENGTH = 16
 """Shortest gateway token accepted off loopback."""
+
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the offending field."""
