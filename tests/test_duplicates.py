@@ -153,3 +153,24 @@ def test_an_sdk_spool_chunk_replayed_after_a_crash_counts_once(stack, spark):
                            f"AND window_length_ms = 10000 AND toUnixTimestamp64Milli(window_start) = {t0}")
     assert window == {"event_count": 3, "sum": 6.0}
     assert counts(stack, "SELECT count() FROM duplicates FINAL") == [(3,)]
+
+
+def test_two_apps_using_the_same_id_are_two_events_and_each_apps_copy_counts_once(stack, spark):
+    """An id is unique within its app (BRIEF §1): "shop" and "kiosk" both send an event with id "shared"; each is
+    counted, and each app's own copy of it (in the same batch, and in a later one) is a duplicate."""
+    def with_id(event: Event, delay_ms: int = 0) -> bytes:
+        envelope = event.envelope()
+        return encode({**envelope, "id": "shared", "received_time": envelope["received_time"] + delay_ms})
+
+    shop, kiosk = Event(T0 + 1 * S, 1.0, app="shop"), Event(T0 + 2 * S, 2.0, app="kiosk", device="device-2")
+    produce_raw(stack, [with_id(shop), with_id(kiosk), with_id(shop, 3 * S)])
+    run_job(spark, stack)
+    produce_raw(stack, [with_id(kiosk, 4 * S)])
+    produce_events(stack, [Event(T0 + 600 * S, 0.0, app="flush", device="flush")])   # closes every window
+    run_job(spark, stack)
+
+    assert counts(stack, "SELECT app, event_count, sum FROM window_aggregates FINAL WHERE window_kind = 'tumbling' "
+                         "AND window_length_ms = 10000 AND app != 'flush' ORDER BY app") == [("kiosk", 1, 2.0),
+                                                                                            ("shop", 1, 1.0)]
+    assert counts(stack, "SELECT app, event_id, count() FROM duplicates FINAL GROUP BY app, event_id "
+                         "ORDER BY app") == [("kiosk", "shared", 1), ("shop", "shared", 1)]
