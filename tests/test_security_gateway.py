@@ -386,6 +386,18 @@ def test_a_token_over_its_rate_gets_429_with_retry_after_and_nothing_of_the_requ
     assert ids(config) == sorted(e["id"] for e in first + refused)
 
 
+def test_a_token_with_an_empty_bucket_is_refused_before_its_body_is_read(kafka: Config) -> None:
+    config = gateway_config(kafka, "security_rate_empty", tokens=[GatewayToken(token=TOKEN, rate=0.1, burst=2)])
+    with gateway(config) as client:
+        assert client.post("/v1/events", json=[metric(), metric()], headers=AUTH).status_code == 200
+        refused = client.post("/v1/events", json=[metric()], headers=AUTH)
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["Connection"] == "close"       # the body was not read
+    assert 5 <= int(refused.headers["Retry-After"]) <= 10   # one event at 0.1/s
+    assert "the next request needs" in refused.json()["detail"]
+    assert len(committed(config)) == 2
+
+
 def test_a_token_bucket_refills_at_its_rate_up_to_its_size() -> None:
     now = [0.0]
     bucket = TokenBucket(rate=100, size=50, clock=lambda: now[0])
