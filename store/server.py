@@ -88,7 +88,7 @@ _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*+")
 _TOKEN = re.compile(rb"""
     (?P<ws>\s++)
   | (?P<comment>--[^\n]*+|\#[^\n]*+)
-  | (?P<string>'(?:[^'\\]++|\\.)*+'|"(?:[^"\\]++|\\.)*+"|`(?:[^`\\]++|\\.)*+`)
+  | (?P<string>'(?:[^'\\]++|\\.?)*+(?:'|\Z)|"(?:[^"\\]++|\\.?)*+(?:"|\Z)|`(?:[^`\\]++|\\.?)*+(?:`|\Z))
   | (?P<word>[A-Za-z_][A-Za-z0-9_]*+)
   | (?P<block>/\*)
   | (?P<other>.)
@@ -107,7 +107,7 @@ _STATUS_BY_ERROR = {
         "UNKNOWN_ELEMENT_IN_AST", "UNKNOWN_TYPE_OF_AST_NODE", "THERE_IS_NO_COLUMN", "TOO_DEEP_AST", "TOO_BIG_AST",
         "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH",
         "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE", "CANNOT_DECOMPRESS",
-        "SUPPORT_IS_DISABLED", "SETTING_CONSTRAINT_VIOLATION"), 400),   # (these two: bad input, not a fault)
+        "SUPPORT_IS_DISABLED", "SETTING_CONSTRAINT_VIOLATION", "NO_DATA_TO_INSERT"), 400),   # (bad input)
     **dict.fromkeys((
         "UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE", "UNKNOWN_STORAGE",
         "UNKNOWN_DATABASE", "UNKNOWN_SETTING", "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION",
@@ -286,13 +286,18 @@ def _tokens(text: bytes, pos: int = 0) -> Iterator[tuple[str, int, int]]:
         assert match is not None and match.lastgroup is not None   # ``other`` matches any single byte
         kind, end = match.lastgroup, match.end()
         if kind == "block":
-            depth = 1
+            # Each find() resumes only once the scan has passed its last answer: linear however deep the nesting.
+            depth, close, opening = 1, -1, -1
             while depth and end < n:
-                close, opening = text.find(b"*/", end), text.find(b"/*", end)
-                if close < 0:
-                    end = n
-                    break
-                if 0 <= opening < close:
+                if close < end:
+                    close = text.find(b"*/", end)
+                    if close < 0:
+                        end = n         # unterminated: the rest is comment
+                        break
+                if opening != n and opening < end:
+                    opening = text.find(b"/*", end)
+                    opening = n if opening < 0 else opening
+                if opening < close:
                     depth, end = depth + 1, opening + 2
                 else:
                     depth, end = depth - 1, close + 2
@@ -328,8 +333,8 @@ def split_insert(head: bytes) -> InsertSplit | bool | None:
             return None
         elif depth == 0 and word == b"VALUES":      # the data (in the Values format) begins right after it
             end_of_target = settings_start if settings_start >= 0 else start
-            return InsertSplit(head[target_start:end_of_target].decode().strip(),
-                               head[settings_start:start].decode().strip() if settings_start >= 0 else "",
+            return InsertSplit(_utf8(head[target_start:end_of_target]).strip(),
+                               _utf8(head[settings_start:start]).strip() if settings_start >= 0 else "",
                                "Values", end, end)
         elif depth == 0 and word == b"SETTINGS" and settings_start < 0:
             settings_start = start
@@ -359,9 +364,16 @@ def _after_format(head: bytes, pos: int, target_start: int, settings_start: int,
     if head[pos] == 10:
         pos += 1
     end_of_target = settings_start if settings_start >= 0 else format_start
-    return InsertSplit(head[target_start:end_of_target].decode().strip(),
-                       head[settings_start:format_start].decode().strip() if settings_start >= 0 else "",
-                       head[name_start:statement_end].decode(), statement_end, pos)
+    return InsertSplit(_utf8(head[target_start:end_of_target]).strip(),
+                       _utf8(head[settings_start:format_start]).strip() if settings_start >= 0 else "",
+                       _utf8(head[name_start:statement_end]), statement_end, pos)
+
+
+def _utf8(text: bytes) -> str:
+    try:
+        return text.decode()
+    except UnicodeDecodeError:
+        raise StoreError.of(36, "BAD_ARGUMENTS", "Query is not valid UTF-8") from None
 
 
 def explicit_format(text: str) -> str | None:
@@ -1091,7 +1103,7 @@ def child(config: Config, log: Path | None = None) -> Iterator[subprocess.Popen[
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}, **to_environ(config)}
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "store.server"], env=env, stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "store.server"], env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
                                 preexec_fn=_stop_with_parent)
     try:

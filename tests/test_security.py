@@ -466,3 +466,42 @@ def test_a_read_is_cancelled_when_its_client_leaves(store: Store) -> None:
     later = float(line.split("the query ended ")[1].split(" s later")[0])
     assert later < 0.5, line
     assert store.sql("SELECT 1") == (200, "1\n")
+
+
+# ------------------------------------------------------------------------- the statement split (pure, linear)
+
+def test_the_insert_split_follows_clickhouses_rule() -> None:
+    from store.server import InsertSplit, split_insert
+
+    head = b"/* c */ INSERT INTO db.t (a, b) SETTINGS async_insert = 0 FORMAT TabSeparated  \n1\t2\n"
+    split = split_insert(head)
+    assert isinstance(split, InsertSplit)
+    assert (split.target, split.settings, split.fmt) == ("db.t (a, b)", "SETTINGS async_insert = 0", "TabSeparated")
+    assert head[split.data_start:] == b"1\t2\n"
+    values = split_insert(b"insert into t values (1), (2)")
+    assert isinstance(values, InsertSplit) and values.fmt == "Values"
+    assert split_insert(b"INSERT INTO t SELECT 1 FORMAT Native\n") is None
+    assert split_insert(b"SELECT 'INSERT INTO t FORMAT TSV\n'") is None
+    assert split_insert(b"INSERT INTO t (`FORMAT`, 'FORMAT') FORMAT CSV\nx") .fmt == "CSV"   # type: ignore[union-attr]
+    assert split_insert(b"INSERT INTO t FORMAT TSV") is False      # the head ends inside the statement
+
+
+@pytest.mark.parametrize("text", [
+    b"INSERT INTO t" + b" " * 4_000_000 + b"x",
+    b"INSERT INTO t " + b"(" * 300_000,
+    b"INSERT INTO t '" + b"\\'" * 1_000_000,
+    b"INSERT INTO t '\\" * 300_000,
+    b"INSERT INTO t " + b"/*" * 1_000_000 + b"*/",
+    b"INSERT INTO t " + b"/*" * 1_000_000 + b"*/" * 1_000_000,
+    b"INSERT INTO t " + b"a," * 300_000,
+    b"INSERT INTO t " + b"-- x\n" * 300_000,
+])
+def test_the_statement_scan_is_linear(text: bytes) -> None:
+    """Texts well over max_query_size that would make a backtracking scan quadratic take well under a second."""
+    from store.server import _error_code, explicit_format, split_insert
+
+    started = time.perf_counter()
+    split_insert(text)
+    explicit_format(text.decode())
+    _error_code("Code: 62. DB::Exception: " + text.decode() + " (SYNTAX_ERROR)")
+    assert time.perf_counter() - started < 1.5
