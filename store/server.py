@@ -656,6 +656,22 @@ class StoreApp:
                 self._busy -= 1
                 self._idle.notify_all()
 
+    def _check_slot(self) -> None:
+        if self.running >= self.limits.max_concurrent_queries:
+            raise StoreError.of(202, "TOO_MANY_SIMULTANEOUS_QUERIES", "Too many simultaneous queries. Maximum: "
+                                f"{self.limits.max_concurrent_queries}")
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """A query running on chDB, counted against ``max_concurrent_queries``. Only execution counts: a client
+        slow to send its body holds a connection (bounded, with a deadline), never a query slot."""
+        self._check_slot()
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+
     def drain(self, timeout_s: float) -> bool:
         """Wait for queries in progress; True when none is left."""
         with self._idle:
@@ -702,13 +718,10 @@ class StoreApp:
             if headers.get("content-type", "").startswith("multipart/"):
                 raise StoreError.of(48, "NOT_IMPLEMENTED", "multipart requests (external data) are not served")
             make = _decompressor(headers.get("content-encoding", "").strip().lower())
-            if self.running >= self.limits.max_concurrent_queries:
-                raise StoreError.of(202, "TOO_MANY_SIMULTANEOUS_QUERIES", "Too many simultaneous queries. Maximum: "
-                                    f"{self.limits.max_concurrent_queries}")
+            self._check_slot()        # chDB saturated: refused before the body is read
         except StoreError as exc:     # refused on the head alone: the body is never read, the connection closed
             await self._fail(send, exc, query_id, close=True)
             return
-        self.running += 1
         try:
             answer, sql = await self._execute(scope, receive, params, headers, role, make)
         except ClientGone as exc:
@@ -723,8 +736,6 @@ class StoreApp:
             log.exception("request failed")
             await self._fail(send, StoreError.of(1001, "STD_EXCEPTION", f"{type(exc).__name__}: {exc}"), query_id)
             return
-        finally:
-            self.running -= 1
         elapsed = time.perf_counter() - started
         if elapsed > LOG_SLOW_S:
             log.info("slow request (%.1f s): %.200s", elapsed, sql)
@@ -868,7 +879,8 @@ class StoreApp:
                     async for chunk in body:      # type: ignore[union-attr]
                         staged.write(chunk)
                 staged.flush()
-                return await self.blocking(self.engine.insert, split, staged.name, state), statement
+                with self.slot():
+                    return await self.blocking(self.engine.insert, split, staged.name, state), statement
         if not ended or len(head) > limit:
             raise _too_large(limit)
         try:
@@ -879,22 +891,23 @@ class StoreApp:
             raise StoreError.of(62, "SYNTAX_ERROR", "Empty query")
         bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
         cancel = Cancel()
-        work = asyncio.ensure_future(self.blocking(self._guarded_query, text, role, read_only, state, bound,
-                                                   default_format, cancel))
-        gone = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not gone.done():
-                gone.cancel()
-        if not work.done():       # the client left: cancel (Native reads, between blocks), else max_execution_time
-            started = time.perf_counter()
-            cancel.cancel()
-            with contextlib.suppress(Exception):
-                await work
-            raise ClientGone(f"closed the connection while its query ran; the query ended "
-                             f"{time.perf_counter() - started:.2f} s later")
-        return work.result(), text
+        with self.slot():
+            work = asyncio.ensure_future(self.blocking(self._guarded_query, text, role, read_only, state, bound,
+                                                       default_format, cancel))
+            gone = asyncio.ensure_future(_disconnected(receive))
+            try:
+                await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not gone.done():
+                    gone.cancel()
+            if not work.done():   # the client left: cancel (Native reads, between blocks), else max_execution_time
+                started = time.perf_counter()
+                cancel.cancel()
+                with contextlib.suppress(Exception):
+                    await work
+                raise ClientGone(f"closed the connection while its query ran; the query ended "
+                                 f"{time.perf_counter() - started:.2f} s later")
+            return work.result(), text
 
     def _guarded_query(self, text: str, role: str, read_only: bool, state: HandleState, bound: dict[str, str],
                        default_format: str, cancel: Cancel) -> Answer:

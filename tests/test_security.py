@@ -505,3 +505,21 @@ def test_the_statement_scan_is_linear(text: bytes) -> None:
     explicit_format(text.decode())
     _error_code("Code: 62. DB::Exception: " + text.decode() + " (SYNTAX_ERROR)")
     assert time.perf_counter() - started < 1.5
+
+
+def test_slow_bodies_hold_no_query_slot(store: Store) -> None:
+    """More clients than max_concurrent_queries send a head with the right password and then trickle their body:
+    they hold connections until the body deadline (408), never a query slot, so a SELECT 1 still runs at once."""
+    socks = []
+    try:
+        for _ in range(4 * LIMITS["max_concurrent_queries"]):
+            head = f"POST / HTTP/1.1\r\n{store.auth_head()}Content-Length: 1000000\r\n\r\n"
+            socks.append(store.raw(head.encode() + b"INSERT INTO sec.t FORMAT TSV\n"))
+        latencies = _latencies(store, 1.0)
+        assert max(latencies) < 0.5 and sorted(latencies)[len(latencies) // 2] < 0.05
+        for sock in socks:
+            sock.settimeout(LIMITS["http_receive_timeout_s"] + 3)
+        assert {_answer(sock)[0] for sock in socks} == {408}
+    finally:
+        for sock in socks:
+            sock.close()
