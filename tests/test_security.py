@@ -523,3 +523,23 @@ def test_slow_bodies_hold_no_query_slot(store: Store) -> None:
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_each_component_gets_its_roles_credentials(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from store.client import credentials_for
+
+    embedded = load_config(environ={}, root=str(tmp_path), paths={"data_dir": str(tmp_path)})
+    creds = credentials.load(embedded)
+    assert credentials_for(embedded, embedded.store_url, "writer") == ("default", creds.writer_password)
+    assert credentials_for(embedded, embedded.store_url, "reader") == ("reader", creds.reader_password)
+    explicit = load_config(environ={"EVENTIDE_STORE__PASSWORD": '"s3cret"'}, root=str(tmp_path),
+                           paths={"data_dir": str(tmp_path)})
+    assert credentials_for(explicit, explicit.store_url, "writer") == ("default", "s3cret")
+
+    server = load_config(environ={}, root=str(tmp_path), store={"url": "http://w:wpw@127.0.0.1:8123"})
+    assert credentials_for(server, server.store_url, "writer") == (None, "wpw")
+    with caplog.at_level("WARNING"):
+        assert credentials_for(server, server.store_url, "reader") == (None, "wpw")    # no reader configured
+    reader = load_config(environ={}, root=str(tmp_path), store={"url": "http://w:wpw@127.0.0.1:8123",
+                                                                "reader_user": "ro", "reader_password": "rpw"})
+    assert credentials_for(reader, reader.store_url, "reader") == ("ro", "rpw")
