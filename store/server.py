@@ -850,20 +850,20 @@ class StoreApp:
         head = bytearray(query)
         body = self._body(receive, make, deadline) if scope["method"] == "POST" else None
         ended = body is None
-        first = True
-        while not ended and len(head) <= limit:
-            try:
-                chunk = await anext(body)      # type: ignore[arg-type]
-            except StopAsyncIteration:
-                ended = True
-                break
-            if first and query:
-                head += b"\n"
-            first = False
-            head += chunk
-        # The scan is linear; a long head is scanned on a pool thread so the event loop never waits on it.
-        split = (None if not head else split_insert(bytes(head)) if len(head) <= INLINE_SCAN
-                 else await self.blocking(split_insert, bytes(head[:limit + 1])))
+        split: InsertSplit | bool | None = None
+        if query and not ended:
+            # clickhouse-connect's inserts: the statement in ``query``, the data in the body (all of it).
+            head += b"\n"
+            split = await self._split(head)
+        if not isinstance(split, InsertSplit):
+            while not ended and len(head) <= limit:
+                try:
+                    chunk = await anext(body)      # type: ignore[arg-type]
+                except StopAsyncIteration:
+                    ended = True
+                    break
+                head += chunk
+            split = await self._split(head[:limit + 1]) if head else None
         if isinstance(split, InsertSplit):
             if split.statement_end > limit:
                 raise _too_large(limit)
@@ -908,6 +908,10 @@ class StoreApp:
                 raise ClientGone(f"closed the connection while its query ran; the query ended "
                                  f"{time.perf_counter() - started:.2f} s later")
             return work.result(), text
+
+    async def _split(self, head: bytearray) -> InsertSplit | bool | None:
+        """:func:`split_insert` of ``head``; a long one is scanned on a pool thread (linear, but not on the loop)."""
+        return split_insert(bytes(head)) if len(head) <= INLINE_SCAN else await self.blocking(split_insert, bytes(head))
 
     def _guarded_query(self, text: str, role: str, read_only: bool, state: HandleState, bound: dict[str, str],
                        default_format: str, cancel: Cancel) -> Answer:
