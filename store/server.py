@@ -72,6 +72,8 @@ DRAIN_S = 20.0
 """On SIGTERM: longest wait for requests in progress before chDB is closed."""
 LOG_SLOW_S = 5.0
 """Requests slower than this are logged."""
+ERRORS_LOGGED_PER_S = 20
+"""Error answers logged per second at most (the rest are only counted by their clients)."""
 WRITER, READER = "writer", "reader"
 
 # URL parameters that belong to the HTTP transport, not to the query's settings (ClickHouse's HTTP handler
@@ -619,11 +621,13 @@ class Limits:
 
     @classmethod
     def of(cls, store: StoreConfig) -> Limits:
+        # Host with the port (what every HTTP client sends), or a loopback name alone: a DNS-rebound page's Host
+        # is its own domain name, never one of these.
         hosts = {f"{store.host}:{store.port}"}
         if store.host in ("127.0.0.1", "localhost"):
-            hosts |= {f"127.0.0.1:{store.port}", f"localhost:{store.port}"}
+            hosts |= {f"127.0.0.1:{store.port}", f"localhost:{store.port}", "127.0.0.1", "localhost"}
         if store.host in ("::1", "[::1]"):
-            hosts |= {f"[::1]:{store.port}", f"localhost:{store.port}"}
+            hosts |= {f"[::1]:{store.port}", f"localhost:{store.port}", "[::1]", "localhost"}
         return cls(store.max_query_size, store.max_insert_bytes, store.max_concurrent_queries,
                    store.http_receive_timeout_s,
                    {"max_execution_time": store.max_execution_time, "max_memory_usage": store.max_memory_usage,
@@ -642,6 +646,7 @@ class StoreApp:
         self.engine, self.users, self.limits = engine, users, limits
         self.pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent_queries, "chdb")
         self.running = 0
+        self._logged_at, self._logged = 0.0, 0
         self._busy = 0
         self._idle = threading.Condition()
 
@@ -924,6 +929,12 @@ class StoreApp:
     async def _fail(self, send: Callable[[dict[str, Any]], Awaitable[None]], exc: StoreError, query_id: str,
                     close: bool = False) -> None:
         body = f"{exc.message} (version {self.engine.version})\n".encode()
+        now = time.monotonic()
+        if now - self._logged_at > 1.0:
+            self._logged_at, self._logged = now, 0
+        self._logged += 1
+        if self._logged <= ERRORS_LOGGED_PER_S:      # a flood of refusals must not flood the log
+            log.info("answered %d: %.300s", exc.status, exc.message.replace("\n", " "))
         headers = {"Content-Type": "text/plain; charset=UTF-8", "X-ClickHouse-Exception-Code": str(exc.code)}
         if query_id:
             headers["X-ClickHouse-Query-Id"] = query_id
