@@ -436,24 +436,30 @@ class DashboardConfig(_Section):
     default_range_minutes: int = Field(15, ge=1)
 
 
+MAX_RETENTION_DAYS = 3650
+"""Ten years: the longest TTL of a table."""
+
+
 class RetentionConfig(_Section):
     """How long the store keeps each family of tables: a ClickHouse TTL per table (``store.migrations`` sets it
     from these values on every migration run, so a changed value takes effect at the next start). Days; fractions
-    allowed. Rows older than this (by the table's time column, e.g. ``window_start``) are deleted in merges."""
+    allowed. Rows older than this (by the table's time column, e.g. ``window_start``) are deleted in merges.
+    At most ``MAX_RETENTION_DAYS``: a TTL that ends past 2106 overflows ClickHouse's ``DateTime`` and wraps into the
+    past, which would delete every row at once."""
 
-    window_results_days: float = Field(90.0, gt=0)
+    window_results_days: float = Field(90.0, gt=0, le=MAX_RETENTION_DAYS)
     """Tumbling and hopping window results and their corrections (``window_aggregates``, ``corrections``)."""
-    keyed_windows_days: float = Field(30.0, gt=0)
+    keyed_windows_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)
     """Sliding windows and sessions (``sliding_windows``, ``sessions``)."""
-    rejected_days: float = Field(30.0, gt=0)
+    rejected_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)
     """Dropped stragglers, duplicates and dead letters (``stragglers``, ``duplicates``, ``dead_letters``)."""
-    progress_days: float = Field(30.0, gt=0)
+    progress_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)
     """The job's per-batch progress and dedup state (``pipeline_progress``, ``dedup_state``). The newest watermark
     of each query (``query_watermarks_kept``, one row per query) is kept whatever this says."""
-    alerts_days: float = Field(90.0, gt=0)
+    alerts_days: float = Field(90.0, gt=0, le=MAX_RETENTION_DAYS)
     """Alert states, transitions, notifications and failed deliveries (``alert_states``, ``alert_transitions``,
     ``alert_notifications``, ``alert_delivery_failures``)."""
-    clocks_days: float = Field(30.0, gt=0)
+    clocks_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)
     """Device clock offsets (``device_clocks``, ``device_clocks_per_minute``)."""
 
     @property

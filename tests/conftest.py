@@ -73,8 +73,8 @@ def base_config(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Con
         stream={"master": "local[2]", "trigger_interval_s": 1, "shuffle_partitions": 2},
         sdk={"health_interval_s": 0},   # tests count exact rows; the SDK health metrics have tests of their own
         # The semantic tests replay events at fixed past times (2023); the default TTLs, counted from each row's
-        # event time, would expire their windows in the first merge. tests/test_retention.py tests the TTLs.
-        retention=dict.fromkeys(RetentionConfig.model_fields, 36_500),
+        # event time, would expire their windows in the first merge. Ten years: a TTL past 2106 overflows DateTime.
+        retention=dict.fromkeys(RetentionConfig.model_fields, 3_650),
     )
 
 

@@ -156,3 +156,10 @@ def test_the_checked_in_eventide_toml_loads_and_documents_every_retention(tmp_pa
     for field in config.retention.model_fields:
         assert f"{field} = " in text, field            # each default written in the file
     assert config.retention.shortest_days == min(config.retention.model_dump().values())
+
+
+def test_a_retention_whose_ttl_would_overflow_datetime_is_refused_naming_the_field() -> None:
+    # Ten years from a 2026 event stay within DateTime; a century would wrap into the past and delete every row.
+    assert load_config(environ={}, retention={"window_results_days": 3650}).retention.window_results_days == 3650
+    with pytest.raises(ConfigError, match=r"retention\.window_results_days"):
+        load_config(environ={}, retention={"window_results_days": 36_500})
