@@ -187,7 +187,8 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
     Stores states and transitions; returns the new transitions (oldest first per series)."""
     now = now_ms() if now is None else now
     found: list[Transition] = []
-    with connect(config) as client:
+    # Reads as the store's read-only user; only the evaluator's own state and transitions are written.
+    with connect(config, role="reader") as client:
         states = load_states(client)
         mark = watermark_ms(client)
         for rule in rules.rule:
@@ -217,7 +218,8 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                 if state != current:
                     new_states.append(state)
                 transitions += moved
-            _save(client, rule, new_states, transitions)
+            with connect(config) as writer:
+                _save(writer, rule, new_states, transitions)
             found += transitions
     for t in found:
         # %r: rule and series names may hold line breaks, which would forge log lines

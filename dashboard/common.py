@@ -34,9 +34,10 @@ def config_or_stop() -> Config:
 
 @contextmanager
 def store(config: Config) -> Iterator[Client]:
-    """A store client; an unreachable store becomes an error naming the URL tried, and the page stops."""
+    """A read-only store client (the dashboard never writes); an unreachable store becomes an error naming the URL
+    tried, and the page stops."""
     try:
-        with connect(config) as client:
+        with connect(config, role="reader") as client:
             yield client
     except StoreUnavailable as exc:
         _unreachable(config, exc)

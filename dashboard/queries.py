@@ -35,7 +35,7 @@ def concurrently(config: Config, calls: Mapping[str, Callable[[Client], Any]]) -
     client's session. Raises the first failed call's exception (e.g. ``StoreUnavailable``) once all are done.
     """
     def run(call: Callable[[Client], Any]) -> Any:
-        with connect(config) as client:
+        with connect(config, role="reader") as client:
             return call(client)
 
     futures = {name: _POOL.submit(run, call) for name, call in calls.items()}
