@@ -4,6 +4,10 @@ The URL is a ClickHouse server's or, by default, the embedded store's: a chDB di
 process (``eventide store serve``, ``store/server.py``) keeps open and serves over ClickHouse's HTTP interface.
 So the SQL, the client code and the error handling are those of production, and no process but that one ever
 opens chDB (docs/architecture.md, "Store access").
+
+Every request carries a user and password: the writer ``default`` (the job, migrations, the CLI) or, with
+``connect(..., role="reader")``, the read-only user (the dashboard, the evaluator's reads). For the embedded store
+both passwords come from ``store/credentials.py`` (generated on its first start) unless configured.
 """
 
 from __future__ import annotations
