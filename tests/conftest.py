@@ -19,10 +19,13 @@ from urllib.parse import quote
 import pytest
 
 from eventide import broker
-from eventide.config import Config, RetentionConfig, load_config
+from eventide.config import MAX_RETENTION_DAYS, Config, RetentionConfig, load_config
 from eventide.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
+PAST_EVENTS_RETENTION = dict.fromkeys(RetentionConfig.model_fields, MAX_RETENTION_DAYS)
+"""``retention`` for tests that replay events at fixed past times (2023, 2024): the default TTLs, counted from each
+row's event time, would expire their rows in the first merge. tests/test_retention.py tests the TTLs themselves."""
 
 
 @contextmanager
@@ -72,9 +75,7 @@ def base_config(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Con
         store={"url": store_url},
         stream={"master": "local[2]", "trigger_interval_s": 1, "shuffle_partitions": 2},
         sdk={"health_interval_s": 0},   # tests count exact rows; the SDK health metrics have tests of their own
-        # The semantic tests replay events at fixed past times (2023); the default TTLs, counted from each row's
-        # event time, would expire their windows in the first merge. Ten years: a TTL past 2106 overflows DateTime.
-        retention=dict.fromkeys(RetentionConfig.model_fields, 3_650),
+        retention=PAST_EVENTS_RETENTION,
     )
 
 

@@ -21,7 +21,7 @@ from eventide.config import Config, load_config
 from store.client import connect
 from store.migrations import apply_migrations
 from store.range_query import SeriesKey, merge_hll, merge_kll, range_buckets, range_summary
-from tests.conftest import own_database
+from tests.conftest import PAST_EVENTS_RETENTION, own_database
 from tests.window_rows import Event, insert, window_row
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -78,7 +78,8 @@ def busy_hour(rng: random.Random) -> list[Event]:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Store:
     config = load_config(environ={}, root=str(tmp_path_factory.mktemp("range-query")),
-                         store={"url": store_url, "database": own_database("range_query")})
+                         store={"url": store_url, "database": own_database("range_query")},
+                         retention=PAST_EVENTS_RETENTION)
     apply_migrations(config)
     rng = random.Random(20240501)
     events = {
