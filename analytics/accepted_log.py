@@ -30,9 +30,7 @@ not HDFS or an object store (docs/operations.md).
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -46,6 +44,7 @@ from pyspark.sql.types import StructType
 
 from analytics.progress import BatchInfo, Offsets
 from eventide.config import Config
+from eventide.durable import sync_directory, sync_file
 
 _META = "_meta"
 _TMP = "_tmp"
@@ -137,35 +136,14 @@ def _write_atomically(row_groups: Sequence[pa.Table], target: Path,
         # Data before name: without these syncs the rename can reach the disk before the data (an empty or cut
         # file published). Every write comes before the first sync, so one journal commit can carry them all.
         # The staging name itself need not be durable, only the rename's (the target directory's sync).
-        _sync_file(staging)
+        sync_file(staging)
         if companion is not None:
-            _sync_file(companion)
-            _sync_directory(companion.parent)
+            sync_file(companion)
+            sync_directory(companion.parent)
         staging.rename(target)
-        _sync_directory(target.parent)
+        sync_directory(target.parent)
     finally:
         staging.unlink(missing_ok=True)
-
-
-def _sync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_directory(directory: Path) -> None:
-    """fsync a directory: the names created, renamed or removed in it survive a power loss. A file system that
-    cannot sync a directory (``EINVAL``: some FUSE and network mounts) makes names durable its own way."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
 
 
 def _make_directory(directory: Path) -> None:
@@ -175,7 +153,7 @@ def _make_directory(directory: Path) -> None:
     missing = [d for d in (directory, *directory.parents) if not d.exists()]
     directory.mkdir(parents=True, exist_ok=True)
     for created in reversed(missing):
-        _sync_directory(created.parent)
+        sync_directory(created.parent)
 
 
 def meta(config: Config, batch_id: int) -> BatchMeta:

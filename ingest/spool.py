@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from eventide.durable import sync_directory
+
 SEGMENT_SUFFIX = ".spool"
 POSITION_SUFFIX = ".pos"
 
@@ -164,7 +166,7 @@ class Spool:
                 self._make_directory()
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
-            _sync_directory(self.directory)     # the segment's name survives a power loss
+            sync_directory(self.directory, best_effort=True)     # the segment's name survives a power loss
             self._writer = (path, fd)
             self._writer_size = 0
         return self._writer[1]
@@ -185,7 +187,7 @@ class Spool:
         missing = [d for d in (self.directory, *self.directory.parents) if not d.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
         for created in reversed(missing):
-            _sync_directory(created.parent)
+            sync_directory(created.parent, best_effort=True)
 
     # Head ------------------------------------------------------------------------------------------------
     def segments(self) -> list[Path]:
@@ -252,7 +254,7 @@ class Spool:
             if chunk.reaches_end:
                 chunk.segment.unlink(missing_ok=True)
                 position.unlink(missing_ok=True)
-                _sync_directory(chunk.segment.parent)
+                sync_directory(chunk.segment.parent, best_effort=True)
                 self._positions.pop(chunk.segment, None)
                 fd = self._readers.pop(chunk.segment, None)
                 if fd is not None:
@@ -300,20 +302,6 @@ def _read_position(segment: Path) -> int:
         return int(segment.with_name(segment.name + POSITION_SUFFIX).read_text())
     except (FileNotFoundError, ValueError):
         return 0
-
-
-def _sync_directory(directory: Path) -> None:
-    """fsync a directory, so the names created or removed in it survive a power loss (where the OS allows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:       # some file systems do not sync directories (EINVAL): nothing more can be done
-        pass
-    finally:
-        os.close(fd)
 
 
 def _whole(line: bytes) -> bool:

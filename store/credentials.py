@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eventide.config import Config
+from eventide.durable import sync_directory
 
 FILE_NAME = "store-credentials.json"
 WRITER_USER = "default"
@@ -63,7 +64,7 @@ def _generated(file: Path) -> dict[str, str]:
             os.link(staged, file)          # atomic, and fails if another process published its file first
         except FileExistsError:
             return _read(file)
-        _fsync_dir(file.parent)
+        sync_directory(file.parent)
         return fresh
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -79,11 +80,3 @@ def _read(file: Path) -> dict[str, str]:
         raise RuntimeError(f"{file}: not the store's credentials file (expected non-empty 'default' and 'reader'); "
                            "remove it to have new passwords generated")
     return data
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
