@@ -33,7 +33,6 @@ Run it with ``eventide gateway`` (``./run gateway``) or ``python -m ingest.gatew
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hmac
 import json
 import logging
@@ -52,7 +51,6 @@ from typing import Annotated, Any, Final, Literal
 
 import anyio
 import anyio.to_thread
-import h11
 import uvicorn
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -63,9 +61,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eventide.config import Config, ConfigError, GatewayToken, load_config_or_exit
+from eventide.http_deadline import HeadDeadlineProtocol
 from ingest.envelope import KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS, now_ms
 from ingest.validation import (
     RecordDecoder,
@@ -866,60 +864,21 @@ def create_app(config: Config) -> FastAPI:
     return app
 
 
-class _HeaderDeadline(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on a request's headers, which uvicorn does not have (its keep-alive
-    timeout only runs between requests, and stops at the first byte of the next): a client that sends its headers
-    a byte at a time, or connects and sends nothing, would hold its connection for ever.
+class _HeaderDeadline(HeadDeadlineProtocol):
+    """The gateway's head deadline (``gateway.header_timeout_s``): a late client gets a JSON 408. The body has its
+    own deadline (:func:`read_body`)."""
 
-    The deadline runs while the connection waits for a request's headers, from the connection (or from the first
-    byte of a keep-alive connection's next request); then the client gets a 408 and the connection is closed. The
-    body has its own deadline (:func:`read_body`)."""
-
-    header_timeout_s: float = 10.0
-    _deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self._arm()        # the (next) request's headers are incomplete
-        else:
-            self._disarm()     # headers in (the body has read_body's deadline), or closing
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        if self._deadline is None:
-            self._deadline = self.loop.call_later(self.header_timeout_s, self._late)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _late(self) -> None:
-        self._deadline = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-            return
-        if self.cycle is not None and not self.cycle.response_complete:
-            return   # a response is still being written; its end restarts the wait (keep-alive timeout)
-        if self.conn.our_state is h11.IDLE:   # nothing sent on this request: answer before closing
-            body = json.dumps({"error": "request_timeout", "detail": f"request headers not received within "
-                               f"{self.header_timeout_s:g}s (gateway.header_timeout_s)"}).encode()
-            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-        self.transport.close()
+    def late_response(self) -> bytes:
+        body = json.dumps({"error": "request_timeout", "detail": f"request headers not received within "
+                           f"{self.head_timeout_s:g}s (gateway.header_timeout_s)"}).encode()
+        return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
 
 
 def server_config(app: FastAPI, config: Config, **options: Any) -> uvicorn.Config:
     """How the gateway's uvicorn server is set up: h11 with a header deadline, the keep-alive timeout, and h11's
     own limit on the size of a request's headers (``h11_max_incomplete_event_size``, its default 16 KB)."""
-    protocol = type("GatewayHttp", (_HeaderDeadline,), {"header_timeout_s": config.gateway.header_timeout_s})
+    protocol = type("GatewayHttp", (_HeaderDeadline,), {"head_timeout_s": config.gateway.header_timeout_s})
     settings: dict[str, Any] = {"host": config.gateway.host, "port": config.gateway.port, "log_level": "info",
                                 "timeout_keep_alive": config.gateway.keep_alive_s, **options}
     return uvicorn.Config(app, http=protocol, **settings)

@@ -57,11 +57,11 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import chdb
-import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eventide.config import Config, StoreConfig, load_config_or_exit
+from eventide.http_deadline import HeadDeadlineProtocol
 from store import credentials, sql_guard
 
 log = logging.getLogger("eventide.store.server")
@@ -972,12 +972,11 @@ def _num(value: float) -> str:
 
 def protocol(store: StoreConfig) -> type[H11Protocol]:
     """uvicorn's h11 protocol with what it lacks for a server facing hostile local clients: a cap on connections
-    (one over it is closed at once) and a deadline for the request head (uvicorn arms a timer only once a response
-    is sent: a client that never finishes its headers would hold its connection forever)."""
+    (one over it is closed at once), a bound on the size of a request head (431) and a deadline for it
+    (:class:`HeadDeadlineProtocol`), all answered in ClickHouse's error format."""
 
-    class StoreProtocol(H11Protocol):
-        _head_deadline: asyncio.TimerHandle | None = None
-        _head_bytes = 0
+    class StoreProtocol(HeadDeadlineProtocol):
+        head_timeout_s = store.http_headers_timeout_s
         _refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -986,60 +985,40 @@ def protocol(store: StoreConfig) -> type[H11Protocol]:
                 transport.abort()
                 return
             super().connection_made(transport)
-            self._arm_head_deadline()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_head_deadline()
             if self._refused:
-                return
+                return    # never registered with uvicorn, and no deadline was armed
             super().connection_lost(exc)
 
-        def data_received(self, data: bytes) -> None:
-            waiting = self.conn.their_state is h11.IDLE
-            super().data_received(data)
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self._head_bytes = self._head_bytes + len(data) if waiting else len(data)
-                if self._head_bytes > store.http_max_field_value_size:
-                    self._reject(431, 229, "QUERY_IS_TOO_LARGE", f"The request head exceeds "
-                                 f"{store.http_max_field_value_size} bytes (http_max_field_value_size)")
-                    return
-                self._arm_head_deadline()
-            else:
-                self._head_bytes = 0
-                self._disarm_head_deadline()
+        def head_pending(self) -> bool:
+            if self._head_bytes > store.http_max_field_value_size:
+                self._reject(431, 229, "QUERY_IS_TOO_LARGE", f"The request head exceeds "
+                             f"{store.http_max_field_value_size} bytes (http_max_field_value_size)")
+                return False
+            return True
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self.conn.their_state is h11.IDLE:     # keep-alive: uvicorn's idle timer runs until the next byte
-                self._disarm_head_deadline()
-
-        def _arm_head_deadline(self) -> None:
-            if self._head_deadline is None:
-                self._head_deadline = self.loop.call_later(store.http_headers_timeout_s, self._head_timed_out)
-
-        def _disarm_head_deadline(self) -> None:
-            if self._head_deadline is not None:
-                self._head_deadline.cancel()
-                self._head_deadline = None
-
-        def _head_timed_out(self) -> None:
-            self._head_deadline = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self._reject(408, 209, "SOCKET_TIMEOUT", f"The request head did not arrive within "
-                             f"{store.http_headers_timeout_s:g} s (http_headers_timeout_s)")
+        def late_response(self) -> bytes:
+            return _error_response(408, 209, "SOCKET_TIMEOUT", f"The request head did not arrive within "
+                                   f"{store.http_headers_timeout_s:g} s (http_headers_timeout_s)")
 
         def send_400_response(self, msg: str) -> None:
             self._reject(400, 408, "BAD_REQUEST_PARAMETER", f"Invalid HTTP request: {msg}")
 
         def _reject(self, status: int, code: int, name: str, text: str) -> None:
             """An answer in ClickHouse's format before any request was parsed, then close."""
-            body = f"Code: {code}. DB::Exception: {text}. ({name})\n".encode()
-            head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain; charset=UTF-8"
-                    f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-            self.transport.write(head + body)
+            self.transport.write(_error_response(status, code, name, text))
             self.transport.close()
 
     return StoreProtocol
+
+
+def _error_response(status: int, code: int, name: str, text: str) -> bytes:
+    """A whole HTTP response, closing the connection, with an error in ClickHouse's format."""
+    body = f"Code: {code}. DB::Exception: {text}. ({name})\n".encode()
+    head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain; charset=UTF-8"
+            f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    return head + body
 
 
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}

@@ -1,0 +1,86 @@
+"""A deadline on a request's head for uvicorn's h11 protocol, shared by the gateway and the store.
+
+uvicorn arms no timer while a request's head (request line and headers) is arriving: its keep-alive timeout only
+runs between requests, and stops at the first byte of the next one. A client that connects and sends nothing, or
+sends its headers a byte at a time, would hold its connection (and a slot of the server) for ever.
+:class:`HeadDeadlineProtocol` closes that gap; each server subclasses it for the answer it sends when the head is
+late, in its own format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+class HeadDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on a request's head.
+
+    The deadline runs while the connection waits for a request's head: from the connection, or from the first byte
+    of a keep-alive connection's next request (between requests uvicorn's keep-alive timeout governs). Once the head
+    is in, the body has its server's own deadline. When the head is late, the client gets :meth:`late_response`
+    (if nothing was sent on this request yet) and the connection is closed.
+
+    Subclasses set :attr:`head_timeout_s` and implement :meth:`late_response`; they may override
+    :meth:`head_pending` to refuse a head that grows too large."""
+
+    head_timeout_s: float = 10.0
+    _head_deadline: asyncio.TimerHandle | None = None
+    _head_bytes = 0
+    """Bytes received since the connection started waiting for this head (the store bounds it)."""
+
+    def late_response(self) -> bytes:
+        """The whole HTTP response (head and body) sent when the head is late, before the connection closes."""
+        raise NotImplementedError
+
+    def head_pending(self) -> bool:
+        """Called after data that leaves the head incomplete; False when the subclass has refused the request (it
+        answered and closed the connection), so no deadline is armed."""
+        return True
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.conn.their_state is h11.IDLE
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            # the (next) request's head is incomplete
+            self._head_bytes = self._head_bytes + len(data) if waiting else len(data)
+            if self.head_pending():
+                self._arm_head_deadline()
+        else:
+            # head in (the body has its own deadline), or closing
+            self._head_bytes = 0
+            self._disarm_head_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE:     # keep-alive: uvicorn's idle timer runs until the next byte
+            self._disarm_head_deadline()
+
+    def _arm_head_deadline(self) -> None:
+        if self._head_deadline is None:
+            self._head_deadline = self.loop.call_later(self.head_timeout_s, self._head_late)
+
+    def _disarm_head_deadline(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def _head_late(self) -> None:
+        self._head_deadline = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return   # a response is still being written; its end restarts the wait (keep-alive timeout)
+        if self.conn.our_state is h11.IDLE:   # nothing sent on this request: answer before closing
+            self.transport.write(self.late_response())
+        self.transport.close()
