@@ -31,7 +31,7 @@ from eventide.services import free_port
 from ingest.envelope import encode, metric_event, now_ms
 from ingest.gateway import create_app
 from ingest.sdk import Client
-from tests.conftest import fresh_stack
+from tests.conftest import fresh_stack, writer_url
 from tests.support import Event, rows, run_job, wait_until
 
 S = 1000
@@ -216,7 +216,7 @@ def two_runs(kafka: Config, name: str, records: list[tuple[str, bytes]], store: 
     store ``store``'s when given)."""
     reference = fresh_stack(kafka, f"{name}_reference", **SETTINGS)
     own = kafka if store is None else kafka.model_copy(
-        update={"store": kafka.store.model_copy(update={"url": store.store_url})})
+        update={"store": kafka.store.model_copy(update={"url": writer_url(store)})})
     faulted = fresh_stack(own, f"{name}_faulted", **SETTINGS)
     for config in (reference, faulted):
         send(config, records)
