@@ -10,24 +10,17 @@ at the cluster.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.errors import StreamingQueryException
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from analytics import (
@@ -42,6 +35,8 @@ from analytics import (
     window_partials,
     windows,
 )
+from analytics.data_loss import count_data_loss
+from analytics.disk_full import failure_message, reports_disk_full, stop_on_disk_full
 from eventide import jars
 from eventide.config import Config, load_config
 
@@ -202,7 +197,7 @@ def run_until_idle(spark: SparkSession, config: Config, only: Collection[str] = 
             try:
                 query.awaitTermination()
             except StreamingQueryException as exc:
-                if _NO_SPACE.search(str(exc)) or DISK_FULL in str(exc):   # one clear line, not Spark's trace
+                if reports_disk_full(str(exc)):   # one clear line, not Spark's trace
                     raise RuntimeError(failure_message(config, query.name, str(exc))) from exc
                 raise
             if query.exception() is not None:
@@ -224,7 +219,7 @@ def run(config: Config) -> None:
         while not spark.streams.awaitAnyTermination(config.stream.trigger_interval_s):
             pass
     except StreamingQueryException as exc:
-        if not (_NO_SPACE.search(str(exc)) or DISK_FULL in str(exc)):
+        if not reports_disk_full(str(exc)):
             raise
         # A full disk: said in one line below (failure_message), not as Spark's trace.
     finally:
@@ -234,115 +229,6 @@ def run(config: Config) -> None:
     failed = [q for q in queries if q.exception() is not None]
     if failed:
         raise SystemExit(failure_message(config, failed[0].name, str(failed[0].exception())))
-
-
-# A full disk ------------------------------------------------------------------------------------------------
-DISK_FULL = "disk full"
-_NO_SPACE = re.compile(r"No space left on device|Disk quota exceeded|ENOSPC|EDQUOT")
-
-
-class DiskFull(OSError):
-    """A write of the job found no space left: the micro-batch stops uncommitted (it runs again on restart)."""
-
-
-def _is_disk_full(exc: BaseException) -> bool:
-    return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or bool(
-        _NO_SPACE.search(str(exc)))
-
-
-def stop_on_disk_full(config: Config, query: str, writer: sinks.BatchWriter) -> sinks.BatchWriter:
-    """``writer``, raising :class:`DiskFull` naming the directory when a write of its batch (the accepted-events
-    files, the window partials, their metadata) finds the disk full. The exception fails the micro-batch before
-    Spark commits it, so the query stops there and the batch runs again, whole, once there is space: nothing is
-    skipped. (An ENOSPC of Spark's own checkpoint writes fails the query in the JVM; ``failure_message`` says the
-    same for it.)"""
-    def write(batch: DataFrame, batch_id: int) -> None:
-        try:
-            writer(batch, batch_id)
-        except DiskFull:
-            raise
-        except OSError as exc:
-            if not _is_disk_full(exc):
-                raise
-            directory = Path(exc.filename).parent if getattr(exc, "filename", None) else config.checkpoint_dir
-            raise DiskFull(errno.ENOSPC, f"{DISK_FULL}: no space left in {directory} ({exc}); the {query} query "
-                                         f"stops at micro-batch {batch_id}, uncommitted: free space there and "
-                                         f"restart the job, the batch then runs again (nothing is skipped)") from exc
-    return write
-
-
-def failure_message(config: Config, query: str, error: str) -> str:
-    """What the job says when ``query`` failed with ``error`` (Spark's text of the exception): a full disk in one
-    line naming the directory, anything else as Spark reported it."""
-    if not _NO_SPACE.search(error) and DISK_FULL not in error:
-        return f"query {query} failed: {error}"
-    ours = re.search(rf"{DISK_FULL}: [^\n]*", error)
-    if ours:
-        return f"query {query} stopped, {ours.group(0)}"
-    return (f"query {query} stopped, {DISK_FULL}: no space left writing its checkpoint under {config.checkpoint_dir} "
-            f"(stream.checkpoint_dir); the micro-batch was not committed: free space there and restart the job, it "
-            f"runs again (nothing is skipped). Spark said: {error.splitlines()[0][:500]}")
-
-
-# Records Kafka deleted before the job read them --------------------------------------------------------------
-def count_data_loss(config: Config, checkpoint: Path, writer: sinks.BatchWriter) -> sinks.BatchWriter:
-    """``writer`` (the ``accept`` query's), first recording in ``kafka_data_loss`` any offsets of the batch's range
-    that Kafka deleted before the batch read them.
-
-    A partition's range [start, end) is from the query's offset log. Only when the partition's earliest offset
-    (asked of the broker, one request per batch) is past ``start`` can records be missing; then the batch's first
-    offset read in that partition (one small Spark job, only then) says where reading resumed: the offsets before
-    it and before the earliest one were never read. Keyed by (topic, partition, start): a replayed batch rewrites
-    its row."""
-    admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap})
-    topic = config.kafka.events_topic
-
-    def write(records: DataFrame, batch_id: int) -> None:
-        info = progress.batch_info(checkpoint, batch_id)
-        starts = {int(p): int(o) for p, o in info.start_offsets.get(topic, {}).items() if int(o) >= 0}
-        ends = info.end_offsets.get(topic, {})
-        earliest = _earliest_offsets(admin, topic, list(starts), batch_id) if starts else {}
-        if earliest:
-            behind = [p for p, start in starts.items() if earliest.get(p, start) > start]
-            if behind:
-                first_read = dict(records.where(F.col("partition").isin(behind)).groupBy("partition")
-                                  .agg(F.min("offset")).collect())
-                gaps = []
-                for p in behind:
-                    resumed = min(earliest[p], first_read.get(p, int(ends.get(str(p), earliest[p]))))
-                    if resumed > starts[p]:
-                        gaps.append((p, starts[p], resumed))
-                if gaps:
-                    _record_data_loss(config, topic, batch_id, gaps)
-        writer(records, batch_id)
-    return write
-
-
-def _earliest_offsets(admin: AdminClient, topic: str, partitions: list[int], batch_id: int) -> dict[int, int]:
-    """Each partition's earliest offset; {} (the check skipped for this batch, with a warning) when the brokers do
-    not answer in time: a broker being replaced must not fail a batch that has already read its records."""
-    try:
-        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.earliest() for p in partitions},
-                                     request_timeout=10)
-        return {tp.partition: future.result(timeout=15).offset for tp, future in futures.items()}
-    except Exception as exc:   # any client error: the batch goes on, unchecked
-        log.warning("accept batch %d: could not ask the brokers for %s's earliest offsets (%s); this batch is not "
-                    "checked for records deleted before it read them", batch_id, topic, exc)
-        return {}
-
-
-def _record_data_loss(config: Config, topic: str, batch_id: int, gaps: list[tuple[int, int, int]]) -> None:
-    for partition, start, resumed in gaps:
-        log.error("accept batch %d: %d offsets of %s partition %d (%d to %d) were deleted by Kafka's retention "
-                  "before the job read them; recorded in kafka_data_loss", batch_id, resumed - start, topic,
-                  partition, start, resumed - 1)
-    now = datetime.now(UTC)
-    sinks.insert_tables(config, [("kafka_data_loss", pa.table({
-        "topic": [topic] * len(gaps), "partition": pa.array([g[0] for g in gaps], pa.int32()),
-        "from_offset": [g[1] for g in gaps], "to_offset": [g[2] for g in gaps],
-        "skipped_offsets": pa.array([g[2] - g[1] for g in gaps], pa.uint64()),
-        "query_name": [sinks.ACCEPT_QUERY] * len(gaps), "batch_id": pa.array([batch_id] * len(gaps), pa.uint64()),
-        "detected_at": pa.array([now] * len(gaps), pa.timestamp("ms", tz="UTC"))}))], sinks.ACCEPT_QUERY)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -119,7 +119,7 @@ def test_given_a_retention_shorter_than_a_day_then_the_dashboard_range_cannot_as
 
 # The job on a full disk, and records Kafka deleted before the job read them ------------------------------------
 def test_given_a_full_disk_then_a_writer_stops_with_disk_full_naming_the_directory(tmp_path):
-    from analytics.job import DiskFull, failure_message, stop_on_disk_full
+    from analytics.disk_full import DiskFull, failure_message, stop_on_disk_full
 
     config = load_config(environ={}, root=str(tmp_path))
     full = config.accepted_events_dir / "_meta"
