@@ -4,7 +4,8 @@ Series statistics come from the tumbling windows of length ``window_s`` through 
 sketches, never averaged percentiles). A window is finished when the ``windows`` query's watermark has reached its
 end (the same clock as ``window_results.is_final``), so a window still receiving events is never judged.
 Pipeline statistics are measured by processing time: ``dead_letters`` and ``dropped_stragglers`` count what the
-job detected during the window (finished once the window is over), ``lag`` (records in Kafka the job has not yet
+job detected during the window (finished once the window is over), as does ``skipped_offsets`` (Kafka offsets
+retention deleted before the job read them, ``kafka_data_loss``), ``lag`` (records in Kafka the job has not yet
 read) and ``freshness`` (now − watermark, seconds) are sampled when the tick runs, as the value of the window that
 ends at that tick.
 
@@ -119,6 +120,12 @@ _DEAD_LETTERS_SQL = (
     "WHERE detected_at >= fromUnixTimestamp64Milli({lo:Int64}) AND detected_at < fromUnixTimestamp64Milli({hi:Int64}) "
     "GROUP BY k")
 
+_SKIPPED_OFFSETS_SQL = (
+    "SELECT intDiv(toUnixTimestamp64Milli(detected_at), {w:UInt64}) AS k, sum(skipped_offsets) "
+    "FROM kafka_data_loss FINAL "
+    "WHERE detected_at >= fromUnixTimestamp64Milli({lo:Int64}) AND detected_at < fromUnixTimestamp64Milli({hi:Int64}) "
+    "GROUP BY k")
+
 
 def _counted_by_window(client: Client, rule: AlertRule, start_ms: int, end_ms: int, sql: str,
                        parameters: dict[str, Any]) -> list[Sample]:
@@ -135,6 +142,8 @@ def pipeline_samples(config: Config, client: Client, rule: AlertRule, start_ms: 
                      now: int) -> list[Sample]:
     if rule.statistic == "dead_letters":
         return _counted_by_window(client, rule, start_ms, end_ms, _DEAD_LETTERS_SQL, {})
+    if rule.statistic == "skipped_offsets":
+        return _counted_by_window(client, rule, start_ms, end_ms, _SKIPPED_OFFSETS_SQL, {})
     tick_end = now // (rule.window_s * 1000) * (rule.window_s * 1000)
     if tick_end <= start_ms:
         return []

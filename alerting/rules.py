@@ -11,7 +11,8 @@
     severity = "warning"       # info | warning | critical
     week_over_week = false     # true: compare value / value of the same window a week earlier
 
-Series-free statistics (``dead_letters``, ``lag``, ``freshness``) describe the pipeline and take no ``series``.
+Series-free statistics (``dead_letters``, ``lag``, ``freshness``, ``skipped_offsets``) describe the pipeline and take
+no ``series``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from eventide.config import ConfigError, SeriesSelector
 
 SERIES_STATISTICS = ("count", "rate", "sum", "mean", "min", "max", "distinct_users", "distinct_devices",
                      "error_ratio", "dropped_stragglers")
-PIPELINE_STATISTICS = ("dead_letters", "lag", "freshness")
+PIPELINE_STATISTICS = ("dead_letters", "lag", "freshness", "skipped_offsets")
 QUANTILE_PATTERN = re.compile(r"^p(\d{1,2}(\.\d+)?)$")
 """``p50``, ``p99``, ``p99.9``: a quantile merged from the window's KLL sketch."""
 STATISTICS_HELP = f"one of {', '.join(SERIES_STATISTICS + PIPELINE_STATISTICS)}, or pXX such as p50, p99, p99.9"

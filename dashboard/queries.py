@@ -123,6 +123,36 @@ def dead_letter_count(client: Client) -> int:
     return int(client.query("SELECT count() FROM dead_letters FINAL").result_rows[0][0])
 
 
+DATA_LOSS_ROWS = 100
+"""Skipped ranges the Overview lists at most (the newest); the total counts all of the range's."""
+
+
+@dataclass(frozen=True)
+class DataLoss:
+    """Kafka offsets retention deleted before the job read them (``kafka_data_loss``), detected in a time range."""
+
+    ranges: pd.DataFrame
+    """The newest :data:`DATA_LOSS_ROWS` skipped ranges: detected_at, topic, partition, from_offset, to_offset
+    (exclusive), skipped_offsets, batch_id; newest first."""
+    skipped: int
+    """Offsets skipped over every range detected in the time range (0 normally)."""
+
+
+def kafka_data_loss(client: Client, since: datetime, until: datetime, limit: int = DATA_LOSS_ROWS) -> DataLoss:
+    """The ranges of offsets Kafka deleted before the job read them, detected in ``[since, until)``, and their total.
+
+    ``FINAL``: a replayed micro-batch rewrites its range's row (same topic, partition, first offset), counted once.
+    The total is a window over every row of the range, computed before the ``LIMIT``.
+    """
+    df = _frame(client,
+        "SELECT detected_at, topic, partition, from_offset, to_offset, skipped_offsets, batch_id, "
+        "sum(skipped_offsets) OVER () AS total FROM kafka_data_loss FINAL "
+        "WHERE detected_at >= {lo:DateTime64(3)} AND detected_at < {hi:DateTime64(3)} "
+        "ORDER BY detected_at DESC, topic, partition, from_offset LIMIT {n:UInt32}", since, until, n=limit)
+    skipped = int(df["total"].iloc[0]) if not df.empty else 0
+    return DataLoss(df.drop(columns="total"), skipped)
+
+
 def alert_states(client: Client) -> pd.DataFrame:
     """Current state of every (rule, series), firing first."""
     result = client.query(

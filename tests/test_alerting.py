@@ -186,6 +186,29 @@ threshold = 0
     assert evaluate_minutes(store, rules, range(1, 4)) == [("firing", 2), ("resolved", 3)]
 
 
+def test_offsets_lost_to_kafka_retention_per_minute_are_a_pipeline_alert(store: Config) -> None:
+    columns = ["topic", "partition", "from_offset", "to_offset", "skipped_offsets", "query_name", "batch_id",
+               "detected_at"]
+    with connect(store) as client:
+        # Detected during minute 1 (12:01-12:02): two ranges, 30 + 12 offsets; the first written twice (a replayed
+        # batch rewrites its range), counted once.
+        for rows in ([["events", 0, 100, 130, 30, "accept", 7, T0 + 70 * timedelta(seconds=1)],
+                      ["events", 1, 0, 12, 12, "accept", 7, T0 + 70 * timedelta(seconds=1)]],
+                     [["events", 0, 100, 130, 30, "accept", 7, T0 + 70 * timedelta(seconds=1)]]):
+            client.insert("kafka_data_loss", rows, column_names=columns)
+    rules = """
+[[rule]]
+name = "data lost"
+statistic = "skipped_offsets"
+comparator = ">="
+threshold = 42
+"""
+    assert evaluate_minutes(store, rules, range(1, 4)) == [("firing", 2), ("resolved", 3)]
+    with connect(store) as client:
+        [(value,)] = client.query("SELECT value FROM alert_transitions FINAL WHERE to_state = 'firing'").result_rows
+    assert value == 42.0
+
+
 def test_dropped_stragglers_of_a_series_per_minute_fire_a_rule(store: Config) -> None:
     insert(store, [minute_of(store, m, [10.0] * 10) for m in range(4)])    # the series exists
     with connect(store) as client:

@@ -228,6 +228,45 @@ def test_overview_charts_rates_stragglers_dead_letters_and_shows_freshness(store
     assert _time_charts_span_the_range(at) == 5
 
 
+def _data_loss(partition: int, first: int, resumed: int, detected_at: datetime, batch_id: int = 1) -> list:
+    """Offsets [first, resumed) Kafka deleted before the job read them, as analytics/data_loss.py writes them."""
+    return ["eventide.events", partition, first, resumed, resumed - first, "accept", batch_id, detected_at]
+
+
+DATA_LOSS_COLUMNS = ["topic", "partition", "from_offset", "to_offset", "skipped_offsets", "query_name", "batch_id",
+                     "detected_at"]
+
+
+def test_overview_shows_records_lost_to_kafka_retention_zero_normally_and_the_ranges_when_some_were(store):
+    at = AppTest.from_file(OVERVIEW_PAGE, default_timeout=30).run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["records lost to Kafka retention"] == "0"
+    assert not any("retention" in e.value for e in at.error) and not at.dataframe
+
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    with connect(store) as client:
+        client.insert("kafka_data_loss", [
+            _data_loss(0, 100, 1_100, now - timedelta(minutes=3)),
+            _data_loss(2, 40, 70, now - timedelta(minutes=1), batch_id=2),
+            _data_loss(1, 0, 5_000, now - timedelta(hours=2)),                 # before the 15 min range
+        ], column_names=DATA_LOSS_COLUMNS)
+        # The first batch replayed: it writes its range again (a part of its own), counted once.
+        client.insert("kafka_data_loss", [_data_loss(0, 100, 1_100, now - timedelta(minutes=3))],
+                      column_names=DATA_LOSS_COLUMNS)
+        loss = queries.kafka_data_loss(client, datetime.now(UTC) - timedelta(minutes=15), datetime.now(UTC))
+    assert loss.skipped == 1_030
+    assert loss.ranges[["partition", "from_offset", "to_offset", "skipped_offsets"]].values.tolist() == [
+        [2, 40, 70, 30], [0, 100, 1_100, 1_000]]                                  # newest first
+
+    at = AppTest.from_file(OVERVIEW_PAGE, default_timeout=30).run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["records lost to Kafka retention"] == "1,030"
+    [warning] = [e.value for e in at.error if "retention" in e.value]
+    assert "kafka.events_retention_ms" in warning and "lag" in warning
+    [table] = at.dataframe
+    assert sorted(table.value["skipped_offsets"].tolist()) == [30, 1_000]
+
+
 def _log_window(start: datetime, app: str, **levels: int) -> dict:
     row = dict.fromkeys(WINDOW_COLUMNS, 0)
     row.update(window_kind="tumbling", window_length_ms=10_000, window_hop_ms=10_000, window_start=start,

@@ -1,7 +1,7 @@
 """Overview: is data flowing, is the pipeline keeping up, is anything on fire?
 
 Events/s and error-log rate per app, dropped stragglers, dead-letter rate, duplicates per app and minute, pipeline
-freshness (now − watermark), consumer lag per partition and the alerts firing.
+freshness (now − watermark), consumer lag per partition, records lost to Kafka retention and the alerts firing.
 """
 
 from __future__ import annotations
@@ -37,16 +37,26 @@ def page() -> None:
             dropped=lambda c: queries.dropped_stragglers(c, since, until, resolution),
             dead=lambda c: queries.dead_letter_rate(c, since, until, resolution),
             duplicates=lambda c: queries.duplicates_per_app(c, since, until),
+            loss=lambda c: queries.kafka_data_loss(c, since, until),
             marks=pipeline.watermarks, states=queries.alert_states, lag=lag_or_error)
         rates, dropped, dead, duplicates = data["rates"], data["dropped"], data["dead"], data["duplicates"]
         marks, states, (lag, lag_error) = data["marks"], data["states"], data["lag"]
+        loss: queries.DataLoss = data["loss"]
         now = datetime.now(UTC)
-        cols = st.columns(4)
+        cols = st.columns(5)
         mark = marks.get(pipeline.WINDOWS_QUERY)
         cols[0].metric("freshness (now − watermark)", f"{(now - mark).total_seconds():.0f} s" if mark else "—")
         cols[1].metric("consumer lag (records)", f"{sum(lag.values()):,}" if lag else "—")
         cols[2].metric("alerts firing", int((states["state"] == "firing").sum()) if not states.empty else 0)
         cols[3].metric("dead letters in range", f"{dead['per_s'].sum() * resolution:,.0f}" if not dead.empty else "0")
+        cols[4].metric("records lost to Kafka retention", f"{loss.skipped:,}")
+        if loss.skipped:
+            # Shown before the "no windows" early return: a job that lost its input may have written no windows.
+            st.error("Kafka deleted these records (retention) before the job read them: they are gone and missing "
+                     "from every window. The job fell further behind than `kafka.events_retention_ms`; raise it "
+                     "and watch the consumer lag (docs/operations.md, \"Retention and lag\"). Counts are Kafka "
+                     "offsets, which may include transaction markers.")
+            st.dataframe(loss.ranges, hide_index=True, width="stretch")
         if rates.empty:
             st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`).")
             return
