@@ -376,6 +376,9 @@ class GatewayConfig(_Section):
     """Longest time to receive a request's whole body once its headers are in; then 408 and the connection closed."""
     keep_alive_s: float = Field(5.0, gt=0)
     """How long an idle keep-alive connection stays open between requests."""
+    max_connections: int = Field(1024, ge=4)
+    """Open client connections at most; one over it is closed at once (slow clients are also bounded by the
+    timeouts above)."""
 
     @field_validator("tokens", mode="before")
     @classmethod

@@ -1,10 +1,12 @@
-"""A deadline on a request's head for uvicorn's h11 protocol, shared by the gateway and the store.
+"""A deadline on a request's head, and a cap on connections, for uvicorn's h11 protocol, shared by the gateway and
+the store.
 
 uvicorn arms no timer while a request's head (request line and headers) is arriving: its keep-alive timeout only
 runs between requests, and stops at the first byte of the next one. A client that connects and sends nothing, or
 sends its headers a byte at a time, would hold its connection (and a slot of the server) for ever.
 :class:`HeadDeadlineProtocol` closes that gap; each server subclasses it for the answer it sends when the head is
-late, in its own format.
+late, in its own format. uvicorn's own ``limit_concurrency`` answers 503 beyond its limit, which a client retries;
+the cap here closes a connection over it at once instead, so a flood of idle connections costs nothing but itself.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ class HeadDeadlineProtocol(H11Protocol):
     is in, the body has its server's own deadline. When the head is late, the client gets :meth:`late_response`
     (if nothing was sent on this request yet) and the connection is closed.
 
-    Subclasses set :attr:`head_timeout_s` and implement :meth:`late_response`; they may override
-    :meth:`head_pending` to refuse a head that grows too large."""
+    Subclasses set :attr:`head_timeout_s` and :attr:`max_connections`, and implement :meth:`late_response`; they may
+    override :meth:`head_pending` to refuse a head that grows too large."""
 
     head_timeout_s: float = 10.0
+    max_connections: int | None = None
+    """Open connections at most; one over it is closed at once, unanswered. None: no cap."""
+    _refused = False
     _head_deadline: asyncio.TimerHandle | None = None
     _head_bytes = 0
     """Bytes received since the connection started waiting for this head (the store bounds it)."""
@@ -41,10 +46,16 @@ class HeadDeadlineProtocol(H11Protocol):
         return True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self.max_connections is not None and len(self.server_state.connections) >= self.max_connections:
+            self.transport, self._refused = transport, True
+            transport.abort()
+            return
         super().connection_made(transport)
         self._arm_head_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return    # never registered with uvicorn, and no deadline was armed
         self._disarm_head_deadline()
         super().connection_lost(exc)
 

@@ -876,9 +876,11 @@ class _HeaderDeadline(HeadDeadlineProtocol):
 
 
 def server_config(app: FastAPI, config: Config, **options: Any) -> uvicorn.Config:
-    """How the gateway's uvicorn server is set up: h11 with a header deadline, the keep-alive timeout, and h11's
-    own limit on the size of a request's headers (``h11_max_incomplete_event_size``, its default 16 KB)."""
-    protocol = type("GatewayHttp", (_HeaderDeadline,), {"head_timeout_s": config.gateway.header_timeout_s})
+    """How the gateway's uvicorn server is set up: h11 with a header deadline and a cap on connections, the
+    keep-alive timeout, and h11's own limit on the size of a request's headers (``h11_max_incomplete_event_size``,
+    its default 16 KB)."""
+    protocol = type("GatewayHttp", (_HeaderDeadline,), {"head_timeout_s": config.gateway.header_timeout_s,
+                                                        "max_connections": config.gateway.max_connections})
     settings: dict[str, Any] = {"host": config.gateway.host, "port": config.gateway.port, "log_level": "info",
                                 "timeout_keep_alive": config.gateway.keep_alive_s, **options}
     return uvicorn.Config(app, http=protocol, **settings)

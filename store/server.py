@@ -977,19 +977,7 @@ def protocol(store: StoreConfig) -> type[H11Protocol]:
 
     class StoreProtocol(HeadDeadlineProtocol):
         head_timeout_s = store.http_headers_timeout_s
-        _refused = False
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            if len(self.server_state.connections) >= store.max_connections:
-                self.transport, self._refused = transport, True
-                transport.abort()
-                return
-            super().connection_made(transport)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._refused:
-                return    # never registered with uvicorn, and no deadline was armed
-            super().connection_lost(exc)
+        max_connections = store.max_connections
 
         def head_pending(self) -> bool:
             if self._head_bytes > store.http_max_field_value_size:

@@ -8,6 +8,7 @@ scoped to apps cannot write another app's events; duplicates are recognised per 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -251,9 +252,10 @@ def test_fuzzed_bodies_never_get_a_5xx(client: TestClient, case: tuple[bytes, st
 # Slow clients: a real uvicorn server set up as `eventide gateway` sets it up
 
 
-@pytest.fixture(scope="module")
-def slow_server(kafka: Config) -> Iterator[tuple[Config, int]]:
-    config = gateway_config(kafka, "security_slow", header_timeout_s=1.0, receive_timeout_s=1.5)
+@contextmanager
+def served_gateway(config: Config) -> Iterator[int]:
+    """The gateway served by uvicorn as ``eventide gateway`` serves it, on a free port (yielded), until the block
+    ends."""
     port = free_port()
     app = create_app(config)
     server = uvicorn.Server(server_config(app, config, port=port, log_level="warning"))
@@ -264,9 +266,18 @@ def slow_server(kafka: Config) -> Iterator[tuple[Config, int]]:
         assert time.monotonic() < deadline, "gateway did not start"
         time.sleep(0.02)
     until_ready(app)
-    yield config, port
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def slow_server(kafka: Config) -> Iterator[tuple[Config, int]]:
+    config = gateway_config(kafka, "security_slow", header_timeout_s=1.0, receive_timeout_s=1.5)
+    with served_gateway(config) as port:
+        yield config, port
 
 
 def answer_and_close(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
@@ -453,3 +464,22 @@ def test_two_apps_with_the_same_id_are_both_counted_by_the_dedup() -> None:
                       "kafka_timestamp": pa.array([1, 2, 3], pa.timestamp("ms", "UTC")),
                       "partition": pa.array([0, 0, 0], pa.int32()), "offset": pa.array([1, 2, 3], pa.int64())})
     assert first_copies(batch, pa.chunked_array([], pa.string())).to_pylist() == [True, True, False]
+
+
+def test_connections_over_the_cap_are_closed_at_once_and_requests_are_served_after(kafka: Config) -> None:
+    """Given a gateway capped at 4 connections and 4 idle clients holding them, a fifth connection is closed at once
+    without an answer; once the idle ones leave, a normal request is served."""
+    config = gateway_config(kafka, "security_capped", max_connections=4)
+    with served_gateway(config) as port:
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        try:
+            time.sleep(0.2)
+            with socket.create_connection(("127.0.0.1", port)) as extra:
+                extra.settimeout(2)
+                with contextlib.suppress(ConnectionResetError):   # closed (or reset) at once, no answer
+                    assert extra.recv(1) == b""
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.2)
+        assert normal_request(port)[0] == 200
