@@ -276,14 +276,30 @@ def last_read(checkpoint: Path) -> int | None:
 
 
 def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
-    """Delete batches older than ``stream.accepted_retention_s`` that every reader (checkpoint dirs of the
-    downstream queries) has read and committed. Returns the batch ids deleted."""
+    """Delete the batches no reader and no later batch's dedup horizon can still need. Returns the ids deleted.
+
+    A batch goes only when all three hold: every reader (checkpoint dirs of the downstream queries) has read it
+    and committed; its newest event reached the broker more than ``stream.accepted_retention_s`` before ``now_ms``
+    (wall clock); and, with deduplication on, it is outside the dedup horizon of the newest published batch (its
+    ``last_timestamp_ms`` before that batch's ``first_timestamp_ms`` − ``stream.dedup_horizon_ms``, the cut-off
+    ``dedup.horizon`` applies). The last rule matters while the job catches up on a backlog older than the
+    retention (a restart after a long outage): the wall-clock rule then passes every file, yet a re-sent copy
+    later in the backlog must still be checked against them. It assumes that a later batch's earliest record
+    reached the broker no earlier than the newest batch's earliest (broker time grows with the offsets read).
+
+    Disk use stays bounded during a catch-up: the files kept beyond the readers' lag are those within the
+    horizon of the newest batch's broker time, the very files the horizon's ids come from (``horizon_bytes`` in
+    ``dedup_state``); once caught up, the wall-clock rule keeps at least as much (startup refuses a horizon longer
+    than the retention)."""
     read_by_all = [last_read(checkpoint) for checkpoint in readers]
     if any(r is None for r in read_by_all):
         return []
+    kept = metas(config)
     horizon = now_ms - config.stream.accepted_retention_s * 1000
+    if config.stream.deduplicate and kept:
+        horizon = min(horizon, kept[-1].first_timestamp_ms - config.stream.dedup_horizon_ms)
     deleted = []
-    for meta in metas(config):
+    for meta in kept:
         if meta.batch_id < min(read_by_all) and meta.last_timestamp_ms < horizon:  # type: ignore[type-var]
             events_file(config, meta.batch_id).unlink(missing_ok=True)
             partials_file(config, meta.batch_id).unlink(missing_ok=True)

@@ -144,3 +144,31 @@ def test_publishing_writes_the_rows_once_in_their_row_groups_with_their_count_an
     assert (stored.events, stored.first_timestamp_ms, stored.last_timestamp_ms) == (3, 1000, 2000)
     assert stored.size_bytes == accepted_log.events_file(config, 7).stat().st_size
     assert not list((config.accepted_events_dir / "_tmp").iterdir())
+
+
+def test_a_backlog_older_than_the_retention_keeps_the_files_a_later_batch_s_dedup_horizon_still_needs(tmp_path):
+    """Catching up on a backlog hours old: every file is past the retention by the wall clock, yet the files
+    within the dedup horizon of the newest batch's broker time are kept, and deleted once outside it."""
+    config = config_in(tmp_path)
+    now, horizon = 100 * HOUR_MS, config.stream.dedup_horizon_ms
+    backlog = now - 10 * HOUR_MS                                   # broker time of the backlog being read
+    step = horizon // 4
+    for batch in range(4):                                         # all within the horizon of batch 3's earliest
+        publish_fake(config, batch, backlog + batch * step, 100 * (batch + 1))
+    windows, keyed = tmp_path / "ck" / "windows", tmp_path / "ck" / "keyed"
+    reader_read(config, windows, [0, 1, 2, 3], committed=3)
+    reader_read(config, keyed, [0, 1, 2, 3], committed=3)
+
+    assert accepted_log.expire(config, [windows, keyed], now) == []
+    assert [m.batch_id for m in accepted_log.metas(config)] == [0, 1, 2, 3]
+
+    for batch in range(4, 7):                                      # the backlog moves on by 3/4 of a horizon
+        publish_fake(config, batch, backlog + batch * step, 100 * (batch + 1))
+    windows, keyed = tmp_path / "ck2" / "windows", tmp_path / "ck2" / "keyed"
+    reader_read(config, windows, list(range(7)), committed=6)
+    reader_read(config, keyed, list(range(7)), committed=6)
+
+    # Batch 6's earliest is at 6 steps − 1 s: batches 0 and 1 end more than a horizon (4 steps) before it.
+    assert accepted_log.expire(config, [windows, keyed], now) == [0, 1]
+    assert [m.batch_id for m in accepted_log.metas(config)] == [2, 3, 4, 5, 6]
+    assert not accepted_log.events_file(config, 1).exists() and accepted_log.events_file(config, 2).exists()
