@@ -232,8 +232,9 @@ class StreamConfig(_Section):
     """Duplicates (same ``id``) reaching the broker within this time of the first copy are dropped. Default:
     allowed lateness + the longest tumbling, hopping or sliding window or session gap (docs/time-semantics.md)."""
     accepted_retention_s: int = Field(3_600, gt=0)
-    """Accepted-events files (the ``accept`` query's output) are deleted this long after they were written, once
-    every stateful query has read them."""
+    """Accepted-events files (the ``accept`` query's output) are deleted this long after their newest event reached
+    the broker (by the wall clock), once every stateful query has read them and they are outside the dedup horizon
+    of the newest batch (so a catch-up on an old backlog keeps what its duplicates are checked against)."""
     trigger_interval_s: float = Field(5.0, gt=0)
     """How often the ``accept`` query starts a micro-batch reading Kafka."""
     accepted_poll_interval_s: float = Field(0.5, gt=0)
