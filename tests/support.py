@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +17,22 @@ from eventide.config import Config, to_environ
 from ingest.envelope import encode, log_event, metric_event, now_ms, offset_clock
 from ingest.sdk import Client
 from store.client import connect
+
+
+def assert_connection_over_the_cap_is_closed(port: int, cap: int) -> None:
+    """Given ``cap`` idle connections holding a server on ``port``, one more is closed at once, unanswered; the
+    idle ones are closed afterwards (so the server can be asked whether it still serves others)."""
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(cap)]
+    try:
+        time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", port)) as extra:
+            extra.settimeout(2)
+            with contextlib.suppress(ConnectionResetError):     # closed (or reset) at once, no answer
+                assert extra.recv(1) == b""
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.2)
 
 
 def minute_in_past(minutes: int = 30) -> int:

@@ -7,7 +7,6 @@ The store runs with lower limits than the defaults (short deadlines, small caps)
 from __future__ import annotations
 
 import base64
-import contextlib
 import gzip
 import http.client
 import os
@@ -25,6 +24,7 @@ from eventide.config import Config, load_config
 from store import credentials
 from store.client import connect
 from tests.conftest import served_store
+from tests.support import assert_connection_over_the_cap_is_closed
 
 LIMITS = {"max_execution_time": 2, "max_result_bytes": 8 * 1024**2, "max_insert_bytes": 32 * 1024**2,
           "max_concurrent_queries": 6, "http_headers_timeout_s": 2, "http_receive_timeout_s": 4,
@@ -416,17 +416,7 @@ def test_queries_over_the_concurrency_cap_are_answered_503_at_once(store: Store)
 def test_connections_over_the_cap_are_closed_without_hurting_others(tmp_path: Path) -> None:
     with served_store(tmp_path / "capped", max_connections=8) as (config, proc):
         store = Store(config, proc.pid)
-        held = [store.raw(b"") for _ in range(8)]
-        try:
-            time.sleep(0.2)
-            with store.raw(b"") as extra:
-                extra.settimeout(2)
-                with contextlib.suppress(ConnectionResetError):     # closed (or reset) at once, no answer
-                    assert extra.recv(1) == b""
-        finally:
-            for sock in held:
-                sock.close()
-        time.sleep(0.2)
+        assert_connection_over_the_cap_is_closed(store.port, cap=8)
         assert store.sql("SELECT 1") == (200, "1\n")
 
 

@@ -8,7 +8,6 @@ scoped to apps cannot write another app's events; duplicates are recognised per 
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import socket
@@ -29,6 +28,7 @@ from analytics.dedup import first_copies
 from eventide.config import Config, ConfigError, GatewayToken, load_config
 from eventide.services import free_port
 from ingest.gateway import TokenBucket, create_app, parse_batch, server_config
+from tests.support import assert_connection_over_the_cap_is_closed
 from tests.test_gateway import AUTH, NDJSON, TOKEN, committed, gateway_config, metric
 
 pytestmark = pytest.mark.integration
@@ -471,15 +471,5 @@ def test_connections_over_the_cap_are_closed_at_once_and_requests_are_served_aft
     without an answer; once the idle ones leave, a normal request is served."""
     config = gateway_config(kafka, "security_capped", max_connections=4)
     with served_gateway(config) as port:
-        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-        try:
-            time.sleep(0.2)
-            with socket.create_connection(("127.0.0.1", port)) as extra:
-                extra.settimeout(2)
-                with contextlib.suppress(ConnectionResetError):   # closed (or reset) at once, no answer
-                    assert extra.recv(1) == b""
-        finally:
-            for sock in held:
-                sock.close()
-        time.sleep(0.2)
+        assert_connection_over_the_cap_is_closed(port, cap=4)
         assert normal_request(port)[0] == 200
