@@ -465,6 +465,8 @@ class RetentionConfig(_Section):
     ``alert_notifications``, ``alert_delivery_failures``)."""
     clocks_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)
     """Device clock offsets (``device_clocks``, ``device_clocks_per_minute``)."""
+    logs_days: float = Field(7.0, gt=0, le=MAX_RETENTION_DAYS)
+    """Log lines (``logs``): usually the largest table, so the shortest default."""
 
     @property
     def shortest_days(self) -> float:

@@ -52,6 +52,7 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "alert_delivery_failures": ("alerts", "failed_at"),
     "device_clocks": ("clocks", "last_received"),
     "device_clocks_per_minute": ("clocks", "minute"),
+    "logs": ("logs", "corrected_event_time"),
 }
 # Tables without a TTL, and why: each holds a bounded number of rows whose loss would change results.
 KEPT_WHOLE = {
