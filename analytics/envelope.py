@@ -233,7 +233,7 @@ def _projections(limit: int, tag_keys: tuple[str, ...]) -> tuple[tuple[Column, .
         F.when(~F.col("_fast"), _first_failure(_rules(limit))).alias("dead_letter_reason"),
         *[_get(f).alias(f) for f in ("id", "kind", "app", "device", "name")],
         _get("value").alias("metric_value"),
-        *[_get(f).alias(f) for f in ("level", "user", "tags")],
+        *[_get(f).alias(f) for f in ("level", "message", "user", "tags")],
         series_tags.alias("series_tags"),
         *[_get(f).alias(f) for f in ("event_time", "sent_time")],
         received.alias("received_time"),
@@ -244,7 +244,10 @@ def _projections(limit: int, tag_keys: tuple[str, ...]) -> tuple[tuple[Column, .
 
 
 def accepted(parsed: DataFrame) -> DataFrame:
-    return parsed.where(F.col("dead_letter_reason").isNull()).drop("dead_letter_reason", "value")
+    """The accepted records of ``parse``, as the accepted-events log stores them: without the raw value, and
+    without a log's message, which only the ``logs`` table keeps (no window reads it, and the log is rewritten and
+    re-read by every stateful query)."""
+    return parsed.where(F.col("dead_letter_reason").isNull()).drop("dead_letter_reason", "value", "message")
 
 
 KAFKA_SOURCE_SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "

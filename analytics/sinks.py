@@ -56,6 +56,8 @@ SLIDING_COLUMNS = (
     "window_length_ms", "app", "kind", "name", "series_tags", "window_start", "window_end", "source_partition",
     "source_offset", "event_id", "event_count", "value_count", "sum", "min", "max", "mean", "rate", *LEVEL_FIELDS,
 )
+LOG_COLUMNS = ("corrected_event_time", "event_time", "received_time", "app", "level", "name", "device", "user",
+               "message", "tags", "event_id", "source_partition", "source_offset")
 SESSION_COLUMNS = (
     "gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time", "duration_ms",
     "event_count", "metric_count", "log_count", *LEVEL_FIELDS,
@@ -280,6 +282,8 @@ def accept_writer(config: Config) -> BatchWriter:
             # After the events file: the windows writer reads the events of the partials it merged.
             with _timed(ACCEPT_QUERY, "window_partials"):
                 window_partials.publish(config, batch_id, accepted)
+            with _timed(ACCEPT_QUERY, "log_lines"):
+                rows.append(("logs", log_lines(batch, kept)))
             if copies.num_rows:
                 rows.append(("duplicates", _with_constants(copies.rename_columns(list(DUPLICATE_COLUMNS)),
                                                            batch_id=batch_id, detected_at=now)))
@@ -314,12 +318,13 @@ _COPY_SOURCE = (*_KAFKA_COORDINATES, "id", "app", "device")                     
 
 def accept_projection(records: DataFrame, accepted_columns: list[str], limit: int) -> DataFrame:
     """What ``accept`` brings to the driver per record (``envelope.parse``'s rows): the accepted columns of a valid
-    record; the Kafka coordinates, reason and raw bytes of a rejected one."""
+    record and, for a log, its message; the Kafka coordinates, reason and raw bytes of a rejected one."""
     rejected_only = F.col("dead_letter_reason").isNotNull()
     return records.select(
         # A rejected record's envelope fields are never computed, only its Kafka coordinates.
         *[F.col(c) if c in _KAFKA_COORDINATES else F.when(~rejected_only, F.col(c)).alias(c)
           for c in accepted_columns],
+        F.when(~rejected_only & (F.col("kind") == "log"), F.col("message")).alias("message"),
         F.col("dead_letter_reason").alias("reason"),
         # Raw bytes travel for rejected records only.
         F.when(rejected_only, F.col("value")).alias("value"),
@@ -327,6 +332,27 @@ def accept_projection(records: DataFrame, accepted_columns: list[str], limit: in
         .alias("raw"),
         F.when(rejected_only, F.coalesce(F.octet_length("value"), F.lit(0))).alias("raw_bytes"),
     )
+
+
+def log_lines(batch: pa.Table, kept: np.ndarray) -> pa.Table:
+    """The ``logs`` rows (``LOG_COLUMNS``) of the batch's first copies (``kept``) that are logs.
+
+    One block, and nothing in it from the wall clock: a replayed batch (the same first copies, in the same order)
+    sends the very same block, which the table's insert deduplication drops (sql/0013_logs.sql)."""
+    is_log = pc.equal(batch["kind"], "log").to_numpy(zero_copy_only=False)
+    lines = batch.filter(pa.array(kept & np.asarray(is_log, dtype=bool))).combine_chunks()
+    tags = lines["tags"].combine_chunks() if lines.num_rows else pa.array([], lines.schema.field("tags").type)
+    return pa.table({
+        "corrected_event_time": lines["corrected_event_time"],
+        "event_time": pc.cast(lines["event_time"], pa.timestamp("ms", tz="UTC")),
+        "received_time": pc.cast(lines["received_time"], pa.timestamp("ms", tz="UTC")),
+        **{c: lines[c] for c in ("app", "level", "name", "device")},
+        "user": pc.fill_null(lines["user"], ""),
+        "message": lines["message"],
+        # An event without tags has a null map; the column holds an empty one.
+        "tags": pa.MapArray.from_arrays(tags.offsets, tags.keys, tags.items),
+        "event_id": lines["id"], "source_partition": lines["partition"], "source_offset": lines["offset"],
+    })
 
 
 class _DeadLetterTopic:

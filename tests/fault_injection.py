@@ -125,6 +125,7 @@ RESULT_QUERIES = {
     "device_clocks": "SELECT * EXCEPT (recorded_at) FROM device_clocks FINAL",
     "dead_letters": "SELECT * EXCEPT (detected_at, source_topic, kafka_timestamp) FROM dead_letters FINAL",
     "duplicates": "SELECT * EXCEPT (detected_at, source_topic, kafka_timestamp) FROM duplicates FINAL",
+    "logs": "SELECT * FROM logs",   # no FINAL: a line written twice must show as a difference
 }
 # kll_k above any window's value count: KLL compaction flips coins, so only an uncompacted sketch gives the same
 # quantiles in two runs.
