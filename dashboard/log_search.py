@@ -1,0 +1,295 @@
+"""Log search over the ``logs`` table (sql/0013_logs.sql): the lines of a time range that match an app, level,
+logger name, text and tag filters, newest first; their most frequent message patterns; and the log records that
+were dead-lettered instead.
+
+How a text query becomes SQL
+----------------------------
+ClickHouse's token bloom filter (the ``message_tokens`` index on ``lowerUTF8(message)``) splits text into tokens:
+maximal runs of ASCII letters and digits and of non-ASCII bytes; everything else separates. A word of the query is
+one such token and matches a line holding it as a whole token, case-insensitively:
+``hasToken(lowerUTF8(message), lowerUTF8({w:String}))``, the very expression of the index, so the index skips every
+granule that cannot hold the word (``EXPLAIN indexes = 1`` shows ``message_tokens``). ``hasToken`` refuses a needle
+with separators, so the query is tokenized here exactly as the index does.
+
+A phrase (``"connection refused"``, or an unquoted term with separators such as ``db-12``) matches a line holding its
+tokens in that order, separated only by separators: each token through ``hasToken`` (the index), then one regular
+expression on the lowered message for the adjacency. Every word and phrase must match. All user input goes to the
+store as query parameters (``{name:Type}``), never into the SQL text.
+
+Patterns: a message with its variable parts masked (:data:`MASKS`: UUIDs, ``0x`` and long hex strings, any word
+holding a digit) becomes ``<*>`` in place, so ``user u42 logged in from 10.0.3.7`` and ``user u7 logged in from
+10.0.9.1`` are one pattern, ``user <*> logged in from <*>.<*>.<*>.<*>``. The same regular expression masks in SQL
+(``replaceRegexpAll``, RE2) and in Python (:func:`mask`, ``re`` with ASCII classes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+import pandas as pd
+from clickhouse_connect.driver.client import Client
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+"""The envelope's log levels (BRIEF §1), least severe first."""
+
+LINE_COLUMNS = ("corrected_event_time", "level", "app", "name", "device", "user", "message", "tags", "event_id",
+                "event_time", "received_time", "source_partition", "source_offset")
+"""The columns :func:`search_lines` returns (plus ``late``)."""
+
+MASK = "<*>"
+"""What a masked variable part of a message becomes in a pattern."""
+
+MASKS = (
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",   # a UUID, whole
+    r"\b0[xX][0-9a-fA-F]+\b",                                                           # 0x-prefixed hex
+    r"\b[0-9a-fA-F]{8,}\b",                                                             # a long hex string (hashes)
+    r"\b[A-Za-z_]*[0-9]\w*\b",                                                          # a word holding a digit
+)
+"""Variable parts of a message, most specific first (a UUID before its digit-holding pieces). Written in the common
+subset of RE2 (ClickHouse) and Python ``re`` with ``re.ASCII``: ``\\w`` = ``[A-Za-z0-9_]``, ``\\b`` its boundary."""
+
+MASK_PATTERN = "|".join(f"(?:{m})" for m in MASKS)
+""":data:`MASKS` as one alternation: one ``replaceRegexpAll`` pass per message instead of one per mask."""
+
+_MASK_RE = re.compile(MASK_PATTERN, re.ASCII)
+
+# A token as ClickHouse's token extractors (hasToken, tokenbf_v1) see it: ASCII alphanumerics and any non-ASCII
+# character (every byte of its UTF-8 encoding is >= 0x80, which the tokenizer counts as a token byte).
+_TOKEN_RE = re.compile(r"[0-9A-Za-z\u0080-\U0010FFFF]+")
+# A separator in a regular expression over the lowered message (RE2, UTF-8): an ASCII character that is not a
+# letter or digit.
+_SEPARATOR = r"[\x00-/:-@\[-`{-\x7f]"
+_TERMS_RE = re.compile(r'"([^"]*)"?|(\S+)')
+
+
+def tokens(text: str) -> list[str]:
+    """``text`` split as ClickHouse's tokenizer splits it (runs of ASCII alphanumerics and non-ASCII characters)."""
+    return _TOKEN_RE.findall(text)
+
+
+def parse_text(text: str) -> tuple[list[str], list[str]]:
+    """(words, phrases) of a search text, lower case, each listed once, in the order typed.
+
+    A word is a term that is one token (``refused``, ``Timeout``). A phrase is a ``"quoted text"`` of two tokens or
+    more, or an unquoted term with separators inside (``db-12``, ``/api/items``): its tokens, space-joined
+    (``"db 12"``), which must appear in that order with only separators between them. A quoted single token is a
+    word; a term without any token (``-``, ``""``) is ignored. An unclosed quote runs to the end of the text.
+    """
+    words: list[str] = []
+    phrases: list[str] = []
+    for quoted, bare in _TERMS_RE.findall(text):
+        parts = tokens((quoted if quoted else bare).lower())
+        if len(parts) == 1:
+            target, item = words, parts[0]
+        elif parts:
+            target, item = phrases, " ".join(parts)
+        else:
+            continue
+        if item not in target:
+            target.append(item)
+    return words, phrases
+
+
+def phrase_regex(phrase: str) -> str:
+    """An RE2 expression matching ``phrase``'s tokens in order, as whole tokens separated only by separators
+    (in a lowered message)."""
+    between = f"{_SEPARATOR}+"
+    return f"(?:^|{_SEPARATOR})" + between.join(re.escape(t) for t in tokens(phrase)) + f"(?:{_SEPARATOR}|$)"
+
+
+def mask(message: str) -> str:
+    """``message`` with its variable parts (:data:`MASKS`) replaced by :data:`MASK`, as the store masks it."""
+    return _MASK_RE.sub(MASK, message)
+
+
+@dataclass(frozen=True)
+class LogQuery:
+    """What the Logs page searches for: lines with ``since <= corrected_event_time < until`` (UTC) that match every
+    given filter. An empty filter matches everything."""
+
+    since: datetime
+    until: datetime
+    apps: tuple[str, ...] = ()
+    levels: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    text: str = ""
+    """Words and "quoted phrases" (:func:`parse_text`): every one must match, case-insensitively, as whole words."""
+    tags: tuple[tuple[str, str], ...] = ()
+    """(key, value) pairs: ``tags[key] = value`` for every one."""
+
+
+@dataclass
+class _Where:
+    """A WHERE clause and its parameters, built from a :class:`LogQuery`."""
+
+    clauses: list[str] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, clause: str, **parameters: Any) -> None:
+        self.clauses.append(clause)
+        self.parameters.update(parameters)
+
+    @property
+    def sql(self) -> str:
+        return " AND ".join(self.clauses) or "1"
+
+
+def _utc(t: datetime) -> datetime:
+    """Naive UTC, as the store's DateTime64 parameters take it."""
+    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t
+
+
+def _where(query: LogQuery) -> _Where:
+    where = _Where()
+    where.add("corrected_event_time >= {since:DateTime64(3)} AND corrected_event_time < {until:DateTime64(3)}",
+              since=_utc(query.since), until=_utc(query.until))
+    # ``IN {x:Array(String)}``: the key condition the primary key (app, level, ...) prunes with.
+    for column, values in (("app", query.apps), ("level", query.levels), ("name", query.names)):
+        if values:
+            where.add(f"{column} IN {{{column}s:Array(String)}}", **{f"{column}s": list(values)})
+    words, phrases = parse_text(query.text)
+    needles = list(dict.fromkeys([*words, *(t for p in phrases for t in p.split())]))
+    for i, needle in enumerate(needles):
+        # The index's own expression, so the token bloom filter skips granules without the word.
+        where.add(f"hasToken(lowerUTF8(message), lowerUTF8({{w{i}:String}}))", **{f"w{i}": needle})
+    for i, phrase in enumerate(phrases):
+        where.add(f"match(lowerUTF8(message), {{p{i}:String}})", **{f"p{i}": phrase_regex(phrase)})
+    for i, (key, value) in enumerate(query.tags):
+        # has(mapValues(...)) lets the tag_values bloom filter skip granules; the map lookup is the exact test.
+        where.add(f"has(mapValues(tags), {{tv{i}:String}}) AND tags[{{tk{i}:String}}] = {{tv{i}:String}}",
+                  **{f"tk{i}": key, f"tv{i}": value})
+    return where
+
+
+def search_lines(client: Client, query: LogQuery, limit: int, offset: int = 0) -> pd.DataFrame:
+    """The matching lines ``offset`` to ``offset + limit``, newest first (``corrected_event_time`` descending, then
+    ``event_id``): :data:`LINE_COLUMNS` and ``late``, true when the event is a dropped straggler (its app and id are
+    in ``stragglers``: it arrived after a window it belonged to had closed). ``tags`` is a dict.
+
+    ``late`` is computed on the page's rows only (an outer query over the inner ``LIMIT``), against the stragglers
+    of the query's range (``stragglers`` keeps the event's corrected time; a window holding it starts no later,
+    which prunes the table's partitions). One round trip: the ids are not sent back as a parameter, which would
+    outgrow the URL the store reads parameters from.
+    """
+    where = _where(query)
+    apps = "AND app IN {apps:Array(String)} " if query.apps else ""
+    result = client.query(
+        f"SELECT {', '.join(LINE_COLUMNS)}, (app, event_id) IN ("
+        " SELECT app, event_id FROM stragglers WHERE window_start < {until:DateTime64(3)}"
+        " AND corrected_event_time >= {since:DateTime64(3)} AND corrected_event_time < {until:DateTime64(3)} "
+        f" {apps}) AS late "
+        f"FROM (SELECT {', '.join(LINE_COLUMNS)} FROM logs WHERE {where.sql} "
+        " ORDER BY corrected_event_time DESC, event_id LIMIT {limit:UInt32} OFFSET {offset:UInt64}) "
+        "ORDER BY corrected_event_time DESC, event_id",
+        parameters={**where.parameters, "limit": limit, "offset": offset})
+    lines = pd.DataFrame(result.result_rows, columns=[*LINE_COLUMNS, "late"])
+    lines["tags"] = [dict(t) for t in lines["tags"]]
+    lines["late"] = lines["late"].astype(bool)
+    return lines
+
+
+def count_lines(client: Client, query: LogQuery) -> int:
+    """How many lines match ``query``."""
+    where = _where(query)
+    return int(client.query(f"SELECT count() FROM logs WHERE {where.sql}", parameters=where.parameters)
+               .result_rows[0][0])
+
+
+def message_patterns(client: Client, query: LogQuery, top: int = 20) -> pd.DataFrame:
+    """The ``top`` most frequent (pattern, level) pairs among the matching lines: a pattern is the message with its
+    variable parts masked (:func:`mask`). Columns: pattern, level, lines, example (one original message), newest
+    (the latest ``corrected_event_time`` of the pattern); most lines first."""
+    where = _where(query)
+    result = client.query(
+        "SELECT replaceRegexpAll(message, {mask_re:String}, {mask:String}) AS pattern, level, count() AS lines, "
+        "any(message) AS example, max(corrected_event_time) AS newest "
+        f"FROM logs WHERE {where.sql} GROUP BY pattern, level ORDER BY lines DESC, pattern, level LIMIT {{top:UInt32}}",
+        parameters={**where.parameters, "mask_re": MASK_PATTERN, "mask": MASK, "top": top})
+    return pd.DataFrame(result.result_rows, columns=["pattern", "level", "lines", "example", "newest"])
+
+
+DEAD_LETTER_COLUMNS = ("kafka_timestamp", "reason", "app", "level", "device", "message", "raw", "raw_bytes",
+                       "source_partition", "source_offset", "detected_at")
+
+
+def dead_lettered_logs(client: Client, since: datetime, until: datetime, limit: int,
+                       apps: Sequence[str] = ()) -> pd.DataFrame:
+    """Records refused by the job (``dead_letters``) whose value is a log record (``"kind": "log"``), that reached
+    the broker in ``[since, until)`` (``kafka_timestamp``), newest first, at most ``limit``: the reason and what could
+    be read of the record (app, level, device, message; empty when the JSON does not say), with the raw value.
+    ``apps``: only records naming one of these apps. A record too broken to parse counts as a log when its text
+    still says ``"kind":"log"``."""
+    app_filter = "AND JSONExtractString(raw, 'app') IN {apps:Array(String)} " if apps else ""
+    result = client.query(
+        "SELECT kafka_timestamp, reason, JSONExtractString(raw, 'app') AS app, "
+        "JSONExtractString(raw, 'level') AS level, JSONExtractString(raw, 'device') AS device, "
+        "JSONExtractString(raw, 'message') AS message, raw, raw_bytes, source_partition, source_offset, detected_at "
+        "FROM dead_letters FINAL "
+        "WHERE kafka_timestamp >= {since:DateTime64(3)} AND kafka_timestamp < {until:DateTime64(3)} "
+        "AND (JSONExtractString(raw, 'kind') = 'log' OR match(raw, {kind_re:String})) "
+        f"{app_filter}ORDER BY kafka_timestamp DESC, source_partition, source_offset LIMIT {{limit:UInt32}}",
+        parameters={"since": _utc(since), "until": _utc(until), "limit": limit, "apps": list(apps),
+                    "kind_re": r'"kind"\s*:\s*"log"'})
+    return pd.DataFrame(result.result_rows, columns=list(DEAD_LETTER_COLUMNS))
+
+
+def distinct_values(client: Client, since: datetime, until: datetime, column: str) -> list[str]:
+    """The values of ``column`` (``app`` or ``name``) among the lines of ``[since, until)``, sorted: what the page's
+    pickers offer."""
+    if column not in ("app", "name"):
+        raise ValueError(f"no picker for column {column!r}")
+    rows = client.query(
+        f"SELECT DISTINCT {column} FROM logs "
+        "WHERE corrected_event_time >= {since:DateTime64(3)} AND corrected_event_time < {until:DateTime64(3)} "
+        f"ORDER BY {column}", parameters={"since": _utc(since), "until": _utc(until)}).result_rows
+    return [r[0] for r in rows]
+
+
+# Links ---------------------------------------------------------------------------------------------------------
+
+LOGS_PAGE = "logs"
+"""The Logs page's URL path (dashboard/app.py)."""
+
+
+def logs_url(*, apps: Iterable[str] = (), levels: Iterable[str] = (), names: Iterable[str] = (),
+             since: datetime | None = None, until: datetime | None = None, text: str = "",
+             tags: Iterable[tuple[str, str]] = ()) -> str:
+    """A link (relative to the dashboard's root) that opens the Logs page on these filters: ``from``/``to`` the
+    absolute window (ISO 8601, UTC), the other filters as the page keeps them in its URL (repeated keys)."""
+    params: list[tuple[str, str]] = [*(("app", a) for a in apps), *(("level", lv) for lv in levels),
+                                     *(("name", n) for n in names)]
+    if since is not None:
+        params.append(("from", format_time(since)))
+    if until is not None:
+        params.append(("to", format_time(until)))
+    if text:
+        params.append(("q", text))
+    params.extend(("tag", f"{k}={v}") for k, v in tags)
+    return f"{LOGS_PAGE}?{urlencode(params)}" if params else LOGS_PAGE
+
+
+def format_time(t: datetime) -> str:
+    """``t`` in the URL's form: ISO 8601 in UTC to the millisecond, ``Z``-suffixed."""
+    utc = t.astimezone(UTC) if t.tzinfo else t.replace(tzinfo=UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def parse_time(text: str) -> datetime:
+    """A URL's ``from``/``to``: ISO 8601 (naive means UTC) or milliseconds since the epoch; a UTC datetime.
+    Raises ValueError for anything else."""
+    text = text.strip()
+    if re.fullmatch(r"-?\d+", text):
+        return datetime.fromtimestamp(int(text) / 1000, UTC)
+    t = datetime.fromisoformat(text.replace("Z", "+00:00").replace(" ", "T"))
+    return t.astimezone(UTC) if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def parse_tag(text: str) -> tuple[str, str] | None:
+    """``k=v`` as (k, v), split at the first ``=``; None when there is no ``=`` or no key."""
+    key, sep, value = text.partition("=")
+    return (key.strip(), value.strip()) if sep and key.strip() else None
