@@ -1,0 +1,266 @@
+"""Log search (dashboard/log_search.py): how a search text is read and a message masked (pure), and what the store
+answers for a search, a page, a pattern count and the dead-lettered log records, on lines inserted into ``logs``
+as the stream job writes them."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from dashboard import log_search
+from dashboard.log_search import LogQuery, logs_url, mask, parse_tag, parse_text, parse_time
+from eventide.config import Config, load_config
+from store.client import connect
+from store.migrations import apply_migrations
+from tests import dashboard_data as data
+from tests.conftest import own_database
+
+_ids = itertools.count()
+
+
+def log_line(t: datetime, message: str, *, app: str = "shop", level: str = "info", name: str = "app.server",
+             device: str = "device-1", user: str = "", tags: dict[str, str] | None = None,
+             event_id: str | None = None, offset: int | None = None) -> dict[str, Any]:
+    """One accepted log line as the job writes it into ``logs`` (naive ``t`` is UTC; no clock offset)."""
+    n = next(_ids)
+    return {"corrected_event_time": t, "event_time": t, "received_time": t + timedelta(milliseconds=20),
+            "app": app, "level": level, "name": name, "device": device, "user": user, "message": message,
+            "tags": tags or {}, "event_id": event_id or f"ev-{n:06d}", "source_partition": 0,
+            "source_offset": n if offset is None else offset}
+
+
+# Reading a search text ------------------------------------------------------------------------------------------
+
+def test_words_are_single_tokens_and_phrases_are_quoted_or_hold_separators():
+    assert parse_text('Refused "Connection refused" db-12 TIMEOUT') == (
+        ["refused", "timeout"], ["connection refused", "db 12"])
+
+
+def test_a_quoted_single_word_is_a_word_repeats_count_once_and_an_unclosed_quote_runs_to_the_end():
+    assert parse_text('"error" error ERROR "disk full') == (["error"], ["disk full"])
+
+
+def test_terms_without_tokens_are_ignored():
+    assert parse_text('  -  "" ... ') == ([], [])
+    assert parse_text("") == ([], [])
+
+
+def test_tokens_split_like_clickhouse_ascii_alphanumerics_and_non_ascii_characters():
+    assert log_search.tokens("café-au-lait naïve_x /api/v2?id=7") == ["café", "au", "lait", "naïve", "x", "api",
+                                                                     "v2", "id", "7"]
+    assert parse_text("Ünïcode") == (["ünïcode"], [])
+
+
+# Masking --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("message", "pattern"), [
+    ("user u42 logged in from 10.0.3.7", "user <*> logged in from <*>.<*>.<*>.<*>"),
+    ("GET /api/items/99887 200 in 187 ms", "GET /api/items/<*> <*> in <*> ms"),
+    ("trace 550e8400-e29b-41d4-a716-446655440000 done", "trace <*> done"),
+    ("lock 0xDEADbeef held", "lock <*> held"),
+    ("commit deadbeefcafe by bob", "commit <*> by bob"),
+    ("connection refused to db-12", "connection refused to db-<*>"),
+    ("disk full", "disk full"),
+])
+def test_variable_parts_of_a_message_are_masked(message, pattern):
+    assert mask(message) == pattern
+
+
+# Links ----------------------------------------------------------------------------------------------------------
+
+def test_a_logs_link_carries_every_filter_and_its_times_read_back():
+    since, until = datetime(2026, 11, 26, 18, 0, tzinfo=UTC), datetime(2026, 11, 26, 18, 10, 30, 250_000, tzinfo=UTC)
+    url = logs_url(apps=["shop"], levels=["error", "critical"], since=since, until=until, text='"db down"',
+                   tags=[("region", "eu")])
+    assert url == ("logs?app=shop&level=error&level=critical&from=2026-11-26T18%3A00%3A00.000Z"
+                   "&to=2026-11-26T18%3A10%3A30.250Z&q=%22db+down%22&tag=region%3Deu")
+    assert parse_time("2026-11-26T18:10:30.250Z") == until
+    assert parse_time("2026-11-26 18:00:00") == since                   # naive: UTC
+    assert parse_time(str(int(until.timestamp() * 1000))) == until      # epoch milliseconds
+    assert logs_url() == "logs"
+    with pytest.raises(ValueError):
+        parse_time("yesterday")
+
+
+def test_tag_filters_are_key_equals_value():
+    assert parse_tag("region=eu") == ("region", "eu")
+    assert parse_tag("k=a=b") == ("k", "a=b")
+    assert parse_tag("region") is None and parse_tag("=eu") is None
+
+
+# Against the store ----------------------------------------------------------------------------------------------
+
+NOW = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+RANGE = (NOW - timedelta(hours=1), NOW + timedelta(minutes=1))
+
+
+@pytest.fixture
+def store(tmp_path, store_url) -> Config:
+    config = load_config(environ={}, root=str(tmp_path), store={"url": store_url, "database": own_database("logs")})
+    apply_migrations(config)
+    return config
+
+
+def insert(config: Config, table: str, rows: list[dict[str, Any]]) -> None:
+    with connect(config) as client:
+        data.insert_rows(client, table, rows)
+
+
+def search(config: Config, limit: int = 100, offset: int = 0, **filters: Any) -> list[str]:
+    """The messages of the matching lines in the answer's order."""
+    with connect(config, role="reader") as client:
+        lines = log_search.search_lines(client, LogQuery(*RANGE, **filters), limit, offset)
+    return lines["message"].tolist()
+
+
+SEARCHED = [  # newest first
+    ("Connection refused to db-12 after 30 ms", "shop", "error", "app.db", {"region": "eu"}),
+    ("user u42 logged in", "shop", "info", "app.server", {"region": "us"}),
+    ("connection to db-12 refused", "search", "error", "app.db", {"region": "us"}),
+    ("Reconnection refused later", "search", "warning", "app.http", {}),
+    ("db-120 refused connection", "shop", "error", "app.db", {"region": "eu", "version": "2"}),
+]
+
+
+@pytest.fixture
+def searched(store: Config) -> Config:
+    """The lines of ``SEARCHED``, a minute apart, and one matching line just before the searched range."""
+    lines = [log_line(NOW - timedelta(minutes=i + 1), message, app=app, level=level, name=name, tags=tags)
+             for i, (message, app, level, name, tags) in enumerate(SEARCHED)]
+    lines.append(log_line(RANGE[0] - timedelta(seconds=1), "connection refused (before the range)"))
+    insert(store, "logs", lines)
+    return store
+
+
+def messages(*indexes: int) -> list[str]:
+    return [SEARCHED[i][0] for i in indexes]
+
+
+def test_a_word_matches_whole_words_case_insensitively_newest_first(searched):
+    assert search(searched, text="refused") == messages(0, 2, 3, 4)
+    assert search(searched, text="CONNECTION") == messages(0, 2, 4)         # not "Reconnection"
+    assert search(searched, text="connection refused") == messages(0, 2, 4)  # both words, anywhere
+    assert search(searched, text="refuse") == []                              # whole words only
+
+
+def test_a_phrase_matches_its_words_side_by_side(searched):
+    assert search(searched, text='"connection refused"') == messages(0)
+    assert search(searched, text="db-12") == messages(0, 2)                  # not db-120
+    assert search(searched, text='"refused to" db-12') == messages(0)
+
+
+def test_app_level_name_and_tag_filters_all_apply(searched):
+    assert search(searched, apps=("shop",), levels=("error",)) == messages(0, 4)
+    assert search(searched, names=("app.db",)) == messages(0, 2, 4)
+    assert search(searched, levels=("error", "warning"), apps=("search",)) == messages(2, 3)
+    assert search(searched, tags=(("region", "eu"),)) == messages(0, 4)
+    assert search(searched, tags=(("region", "eu"), ("version", "2"))) == messages(4)
+    assert search(searched, tags=(("region", "ap"),)) == []
+    assert search(searched, text="refused", tags=(("region", "us"),), names=("app.db",)) == messages(2)
+
+
+def test_user_text_is_a_parameter_never_sql(searched):
+    assert search(searched, text="x') OR 1=1 --", apps=("shop' OR '1'='1",)) == []
+    assert search(searched, tags=(("region']", "eu"),)) == []
+
+
+def test_count_and_pickers_see_the_range(searched):
+    with connect(searched, role="reader") as client:
+        assert log_search.count_lines(client, LogQuery(*RANGE, text="refused")) == 4
+        assert log_search.count_lines(client, LogQuery(*RANGE)) == 5
+        assert log_search.distinct_values(client, *RANGE, "app") == ["search", "shop"]
+        assert log_search.distinct_values(client, *RANGE, "name") == ["app.db", "app.http", "app.server"]
+
+
+def test_a_word_search_reads_only_granules_the_token_index_keeps(searched):
+    with connect(searched, role="reader") as client:
+        where = log_search._where(LogQuery(*RANGE, text='refused "connection refused"'))
+        plan = "\n".join(r[0] for r in client.query(f"EXPLAIN indexes = 1 SELECT count() FROM logs WHERE {where.sql}",
+                                                    parameters=where.parameters).result_rows)
+    assert "message_tokens" in plan, plan
+
+
+def test_pages_of_lines_follow_each_other_newest_first(store):
+    # 25 lines, two of each second share a time: ties are ordered by event id.
+    lines = [log_line(NOW - timedelta(seconds=k // 2), f"tick {k}", event_id=f"id-{k:02d}") for k in range(25)]
+    insert(store, "logs", lines)
+    pages = [search(store, limit=10, offset=offset) for offset in (0, 10, 20)]
+    assert [len(p) for p in pages] == [10, 10, 5]
+    assert [m for page in pages for m in page] == [f"tick {k}" for k in range(25)]
+    assert search(store, limit=10, offset=30) == []
+
+
+def test_a_line_is_late_when_its_event_was_dropped_as_a_straggler(store):
+    late = log_line(NOW - timedelta(minutes=3), "late line", event_id="ev-late", app="shop")
+    same_id_other_app = log_line(NOW - timedelta(minutes=2), "on time", event_id="ev-late", app="search")
+    on_time = log_line(NOW - timedelta(minutes=1), "on time too", event_id="ev-ok", app="shop")
+    insert(store, "logs", [late, same_id_other_app, on_time])
+    window = NOW - timedelta(minutes=3, seconds=5)
+    # Dropped from two windows (a hopping event): one line, late once.
+    insert(store, "stragglers", [
+        {**data.straggler(NOW, offset, window_start=window, app="shop", kind="log", window_kind=kind),
+         "event_id": "ev-late", "corrected_event_time": late["corrected_event_time"]}
+        for offset, kind in ((late["source_offset"], "tumbling"), (late["source_offset"], "hopping"))])
+    with connect(store, role="reader") as client:
+        lines = log_search.search_lines(client, LogQuery(*RANGE), 10)
+    assert list(zip(lines["message"], lines["late"], strict=True)) == [
+        ("on time too", False), ("on time", False), ("late line", True)]
+
+
+def test_patterns_count_lines_per_masked_message_and_level(store):
+    at = [NOW - timedelta(seconds=s) for s in range(10)]
+    insert(store, "logs", [
+        log_line(at[5], "user u1 logged in"), log_line(at[1], "user u22 logged in"),
+        log_line(at[3], "user u333 logged in"),
+        log_line(at[2], "user u4 logged in", level="error"),
+        log_line(at[4], "disk full on /dev/sda1", level="error"),
+        log_line(at[0], "disk full on /dev/sdb1", level="error", app="search"),
+    ])
+    with connect(store, role="reader") as client:
+        patterns = log_search.message_patterns(client, LogQuery(*RANGE), top=10)
+        shop_errors = log_search.message_patterns(client, LogQuery(*RANGE, apps=("shop",), levels=("error",)))
+    assert patterns[["pattern", "level", "lines"]].values.tolist() == [
+        ["user <*> logged in", "info", 3],
+        ["disk full on /dev/<*>", "error", 2],
+        ["user <*> logged in", "error", 1],
+    ]
+    first = patterns.iloc[0]
+    assert first["example"] in {"user u1 logged in", "user u22 logged in", "user u333 logged in"}
+    assert first["newest"] == at[1]
+    assert shop_errors[["pattern", "lines"]].values.tolist() == [["disk full on /dev/<*>", 1],
+                                                                 ["user <*> logged in", 1]]
+
+
+def test_the_store_masks_as_python_does(store):
+    samples = ["user u42 logged in from 10.0.3.7", "trace 550e8400-e29b-41d4-a716-446655440000 0x1F",
+               "commit deadbeefcafe v2 naïve 12ms", "nothing variable here", "a_b9 c-7 __x1"]
+    with connect(store, role="reader") as client:
+        masked = client.query("SELECT arrayMap(m -> replaceRegexpAll(m, {re:String}, {mask:String}), "
+                              "{s:Array(String)})", parameters={"re": log_search.MASK_PATTERN, "mask": log_search.MASK,
+                                          "s": samples}).result_rows[0][0]
+    assert masked == [mask(s) for s in samples]
+
+
+def test_dead_lettered_log_records_are_listed_with_their_reason(store):
+    def dead(offset: int, raw: str, reason: str, seconds_ago: float) -> dict[str, Any]:
+        row = data.dead_letter(NOW - timedelta(seconds=seconds_ago), offset, reason=reason)
+        return {**row, "raw": raw, "raw_bytes": len(raw)}
+
+    log = '{"v":1,"kind":"log","app":"shop","device":"d1","name":"app","level":"fatal","message":"boom"}'
+    metric = '{"v":1,"kind":"metric","app":"shop","device":"d1","name":"x","value":"NaN"}'
+    truncated = '{"v":1, "kind": "log","app":"search","message":"a very long mess'
+    insert(store, "dead_letters", [dead(1, log, "level: not one of debug, info, warning, error, critical", 30),
+                                   dead(2, metric, "value: not finite", 20),
+                                   dead(3, truncated, "unparseable JSON", 10),
+                                   dead(4, log, "too old", 7200)])
+    with connect(store, role="reader") as client:
+        found = log_search.dead_lettered_logs(client, *RANGE, limit=10)
+        shop = log_search.dead_lettered_logs(client, *RANGE, limit=10, apps=["shop"])
+    assert found[["source_offset", "reason", "app", "level", "message"]].values.tolist() == [
+        [3, "unparseable JSON", "", "", ""],
+        [1, "level: not one of debug, info, warning, error, critical", "shop", "fatal", "boom"],
+    ]
+    assert shop["source_offset"].tolist() == [1]
