@@ -400,6 +400,36 @@ class GatewayConfig(_Section):
         return tokens
 
 
+class OtlpConfig(_Section):
+    """OpenTelemetry OTLP/HTTP on the gateway (``POST /v1/logs``, ``POST /v1/metrics``): how OTLP records become v1
+    envelopes (docs/ingest.md, "OpenTelemetry (OTLP/HTTP)")."""
+
+    user_attribute: str = "enduser.id"
+    """The record (else resource) attribute whose value becomes the envelope's ``user``."""
+    default_device: str = "unknown"
+    """``device`` of records whose resource has neither ``host.name`` nor ``service.instance.id``."""
+    max_series_per_app: int = Field(10_000, ge=1)
+    """Distinct metric series (name + point attributes) an app may have live; data points of further series are
+    rejected (partial success) and counted."""
+    series_ttl_s: float = Field(3_600.0, gt=0)
+    """A series without a point for this long no longer counts against ``max_series_per_app``."""
+    max_cumulative_series: int = Field(200_000, ge=1)
+    """Cumulative series whose last point the gateway keeps to turn the next one into a delta (least recently
+    seen forgotten first; a forgotten series' next point is a new baseline)."""
+    histogram_max_events: int = Field(128, ge=1)
+    """Most sample events one histogram data point becomes (its bucket counts scaled down beyond this)."""
+    clock_window_s: float = Field(600.0, gt=0)
+    """A device's clock offset is the smallest (receive time - latest record time) of its requests in this period."""
+    clock_threshold_ms: int = Field(2_000, ge=0)
+    """Offsets smaller than this (in magnitude) are taken as 0: export batching delays records by about this much."""
+    max_devices: int = Field(100_000, ge=1)
+    """Devices whose clock offset the gateway tracks (least recently seen forgotten first)."""
+    max_future_s: float = Field(300.0, ge=0)
+    """A record more than this ahead of its request's (clock-corrected) send time is rejected."""
+    max_age_s: float = Field(7 * 86_400.0, gt=0)
+    """A record whose corrected time is more than this before the gateway received it is rejected."""
+
+
 class AlertingConfig(_Section):
     """The alert evaluator: rules file, schedule and where notifications go."""
 
@@ -438,6 +468,10 @@ class DashboardConfig(_Section):
     port: int = Field(8501, ge=1, le=65535)
     refresh_s: float = Field(5.0, gt=0)
     default_range_minutes: int = Field(15, ge=1)
+    log_lines_per_page: int = Field(100, ge=1, le=10_000)
+    """Logs page: the lines a search shows first (newest first), and how many more each "Load more" adds."""
+    log_lines_max: int = Field(1_000, ge=1, le=100_000)
+    """Logs page: the most lines "Load more" goes to; past it, narrow the search (time, app, level, words)."""
 
 
 MAX_RETENTION_DAYS = 3650
@@ -561,6 +595,7 @@ class Config(_Section):
     stream: StreamConfig = StreamConfig()
     sdk: SdkConfig = SdkConfig()
     gateway: GatewayConfig = GatewayConfig()
+    otlp: OtlpConfig = OtlpConfig()
     alerting: AlertingConfig = AlertingConfig()
     dashboard: DashboardConfig = DashboardConfig()
     retention: RetentionConfig = RetentionConfig()
@@ -644,7 +679,7 @@ class Config(_Section):
 
     @property
     def window_partials_dir(self) -> Path:
-        """The ``accept`` query's per-batch window partials (``analytics.window_partials``), read by ``windows``."""
+        """The ``accept`` query's per-batch window partials (``analytics.windows.partials``), read by ``windows``."""
         return self.checkpoint_dir / "window-partials"
 
     @property

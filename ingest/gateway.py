@@ -658,6 +658,10 @@ class Gateway:
         return prepare_batch(events, received_time, self.config.envelope.max_record_bytes,
                              apps=self._apps.get(token.token), check_unicode=may_hold_surrogates(body))
 
+    def apps_of(self, token: GatewayToken) -> frozenset[str] | None:
+        """The apps ``token`` may write (None: any)."""
+        return self._apps.get(token.token)
+
     def over_rate(self, token: GatewayToken) -> RequestProblem | None:
         """A 429 when the token's bucket is empty (checked before the body is read), else None."""
         bucket = self._buckets.get(token.token)
@@ -861,6 +865,9 @@ def create_app(config: Config) -> FastAPI:
                                   "responses": {503: {"model": Health, "description": "broker not reachable"}}}
     app.get("/health", **health_doc)(health)
     app.get("/v1/health", **health_doc)(health)
+    from ingest.otlp_http import add_routes  # here: it builds on this module
+
+    add_routes(app, gateway, config)   # POST /v1/logs, /v1/metrics: OpenTelemetry OTLP/HTTP (ingest/otlp*.py)
     return app
 
 
