@@ -355,13 +355,17 @@ def message_of(body: AnyValue) -> str:
 
 
 def latest_log_times(request: ExportLogsServiceRequest, settings: OtlpConfig) -> dict[str, int]:
-    """Per device, the latest time (ms, device clock) among the request's records: when observed, else when
-    they happened. The clock offset estimate compares it with the receive time."""
+    """Per device, the latest time (ms, device clock) among the request's records, which the clock offset estimate
+    compares with the receive time: the latest observed time (an SDK stamps it from its clock when the record is
+    emitted), else, when no record has one, the latest time the records happened (a time an application chose,
+    e.g. one read from a log file, could be anything)."""
     latest: dict[str, int] = {}
     for resource_logs in request.resource_logs:
         device = source_of(resource_logs.resource, settings).device
-        newest = max((max(r.time_unix_nano, r.observed_time_unix_nano)
-                      for s in resource_logs.scope_logs for r in s.log_records), default=0) // 1_000_000
+        records = [r for s in resource_logs.scope_logs for r in s.log_records]
+        newest = max((r.observed_time_unix_nano for r in records), default=0) or \
+            max((r.time_unix_nano for r in records), default=0)
+        newest //= 1_000_000
         if newest > 0:
             latest[device] = max(latest.get(device, 0), newest)
     return latest

@@ -446,3 +446,11 @@ def test_json_metrics_with_exemplar_ids_in_hex() -> None:
     point = request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]  # type: ignore[attr-defined]
     assert point.as_int == 9007199254740993 and point.exemplars[0].span_id.hex() == "eee19b7ec3c1b174"
     assert json_format.MessageToDict(request)  # round-trips
+
+
+def test_the_clock_estimate_uses_observed_times_when_records_have_them() -> None:
+    from ingest.otlp import latest_log_times
+
+    own_time = logs_pb2.LogRecord(time_unix_nano=(T0 + 3_600_000) * NS, observed_time_unix_nano=T0 * NS)
+    assert latest_log_times(log_request(own_time), SETTINGS) == {"web-1": T0}
+    assert latest_log_times(log_request(logs_pb2.LogRecord(time_unix_nano=T0 * NS)), SETTINGS) == {"web-1": T0}

@@ -1,0 +1,300 @@
+"""OTLP/HTTP through the gateway into Kafka, with real clients nobody here wrote: the OpenTelemetry Python SDK and
+its OTLP/HTTP exporter (protobuf), plus raw requests for what an SDK does not send on its own (JSON with hex ids,
+replays, gzip, oversized and partly bad requests). What reaches Kafka is compared with the SDK's own data."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from google.rpc import status_pb2
+from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1 import logs_pb2
+from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from eventide.config import Config, GatewayToken
+from eventide.services import free_port
+from ingest.envelope import now_ms
+from ingest.gateway import create_app
+from tests.test_gateway import AUTH, TOKEN, committed, gateway_config
+
+pytestmark = pytest.mark.integration
+
+PROTOBUF = {**AUTH, "Content-Type": "application/x-protobuf"}
+JSON_HEADERS = {**AUTH, "Content-Type": "application/json"}
+
+
+@contextmanager
+def serving(config: Config) -> Iterator[str]:
+    """The gateway on a real uvicorn server (the SDK's exporter speaks HTTP through ``requests``); its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline, "gateway did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def events(config: Config) -> list[dict[str, Any]]:
+    records = committed(config)
+    for record in records:   # key = device, as for every producer
+        assert record.key() == json.loads(record.value())["device"].encode()
+    return [json.loads(r.value()) for r in records]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The Python SDK
+
+
+class RecordingLogExporter(OTLPLogExporter):
+    """The SDK's own exporter, keeping what it exported and how the gateway answered."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.exported: list[Any] = []
+        self.results: list[Any] = []
+
+    def export(self, batch: Sequence[Any]) -> Any:
+        self.exported.extend(batch)
+        result = super().export(batch)
+        self.results.append(result)
+        return result
+
+
+class RecordingMetricExporter(OTLPMetricExporter):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.exported: list[MetricsData] = []
+        self.results: list[MetricExportResult] = []
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float | None = 10_000, **kwargs: Any) \
+            -> MetricExportResult:
+        self.exported.append(metrics_data)
+        result = super().export(metrics_data, timeout_millis, **kwargs)
+        self.results.append(result)
+        return result
+
+
+LEVELS = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warning", logging.ERROR: "error",
+          logging.CRITICAL: "critical"}
+
+
+def test_python_sdk_logs_reach_kafka_as_the_sdk_recorded_them(kafka: Config) -> None:
+    config = gateway_config(kafka, "otlp_sdk_logs")
+    with serving(config) as url:
+        exporter = RecordingLogExporter(endpoint=f"{url}/v1/logs", headers={"Authorization": f"Bearer {TOKEN}"})
+        provider = LoggerProvider(resource=Resource.create({"service.name": "shop", "host.name": "box-1"}))
+        provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+        logger = logging.getLogger("shop.orders")
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        handler = LoggingHandler(level=logging.DEBUG, logger_provider=provider)
+        logger.addHandler(handler)
+        try:
+            for level in LEVELS:
+                logger.log(level, "order %d at level %s", level, logging.getLevelName(level),
+                           extra={"sku": "A-1", "enduser.id": f"user-{level}"})
+            provider.force_flush()
+        finally:
+            logger.removeHandler(handler)
+            provider.shutdown()
+    assert [r.name for r in exporter.results] == ["SUCCESS"]
+    written = events(config)
+    assert len(written) == len(exporter.exported) == len(LEVELS)
+    by_message = {e["message"]: e for e in written}
+    for readable in exporter.exported:
+        record = readable.log_record
+        event = by_message[record.body]
+        level = next(lv for lv, name in LEVELS.items() if logging.getLevelName(lv) in record.body)
+        assert (event["app"], event["device"], event["name"], event["level"], event["kind"]) == \
+            ("shop", "box-1", "shop.orders", LEVELS[level], "log")
+        assert event["event_time"] == record.timestamp // 1_000_000
+        assert event["user"] == f"user-{level}"
+        assert event["tags"]["sku"] == "A-1" and "enduser.id" not in event["tags"]
+        assert event["sent_time"] >= event["event_time"] and event["received_time"] >= event["event_time"]
+
+
+DEFAULT_BOUNDS = (0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0, 7500.0,
+                  10000.0)
+
+
+def test_python_sdk_metrics_counter_histogram_gauge(kafka: Config) -> None:
+    config = gateway_config(kafka, "otlp_sdk_metrics")
+    with serving(config) as url:
+        exporter = RecordingMetricExporter(endpoint=f"{url}/v1/metrics",
+                                           headers={"Authorization": f"Bearer {TOKEN}"})
+        reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+        provider = MeterProvider(resource=Resource.create({"service.name": "shop", "host.name": "box-2"}),
+                                 metric_readers=[reader])
+        meter = provider.get_meter("shop.meter")
+        orders = meter.create_counter("orders")
+        latency = meter.create_histogram("latency_ms", unit="ms")
+        depth = meter.create_gauge("queue_depth")
+        try:
+            orders.add(5, {"region": "eu"})
+            latency.record(3.0, {"route": "/pay"})
+            latency.record(70.0, {"route": "/pay"})
+            depth.set(4, {"queue": "q1"})
+            provider.force_flush()
+            orders.add(3, {"region": "eu"})
+            for value in (7.0, 12.0, 600.0, 620.0):
+                latency.record(value, {"route": "/pay"})
+            depth.set(9, {"queue": "q1"})
+            provider.force_flush()
+        finally:
+            provider.shutdown()
+    assert {r.name for r in exporter.results} == {"SUCCESS"}
+    written = events(config)
+    assert {(e["app"], e["device"]) for e in written} == {("shop", "box-2")}
+
+    def named(name: str) -> list[dict[str, Any]]:
+        return sorted((e for e in written if e["name"] == name), key=lambda e: e["event_time"])
+
+    def exported(name: str) -> list[Any]:
+        return [m.data.data_points[0] for data in exporter.exported for rm in data.resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics if m.name == name]
+
+    # The counter is cumulative in the SDK (5, 8, and 8 again from the export at shutdown): deltas 5, 3, 0 at the
+    # SDK's point times.
+    points = exported("orders")
+    assert [p.value for p in points] == [5, 8, 8]
+    assert [(e["value"], e["event_time"], e["tags"]) for e in named("orders")] == \
+        [(delta, p.time_unix_nano // 1_000_000, {"region": "eu"}) for delta, p in zip((5.0, 3.0, 0.0), points,
+                                                                                        strict=True)]
+    # The gauge: each value as it was last set before an export.
+    assert [e["value"] for e in named("queue_depth")] == [p.value for p in exported("queue_depth")] == [4, 9, 9]
+    # The histogram: every observation stands in its bucket of the SDK's bounds; count and sum exact; the first
+    # interval's min and max exact (a later one is a cumulative difference: its min and max are not known).
+    histograms = exported("latency_ms")
+    assert tuple(histograms[0].explicit_bounds) == DEFAULT_BOUNDS
+    samples = named("latency_ms")
+    assert len(samples) == 6
+    first, second = samples[:2], samples[2:]
+    assert [e["value"] for e in first] == [3.0, 70.0]
+    assert sorted(bisect.bisect_left(DEFAULT_BOUNDS, e["value"]) for e in second) == \
+        sorted(bisect.bisect_left(DEFAULT_BOUNDS, v) for v in (7.0, 12.0, 600.0, 620.0))
+    assert [e["value"] for e in named("latency_ms.count")] == [2, 4, 0]
+    assert [e["value"] for e in named("latency_ms.sum")] == [73.0, 1239.0, 0.0]
+    assert [p.count for p in histograms] == [2, 6, 6] and histograms[-1].sum == 73.0 + 1239.0
+    assert len({e["id"] for e in written}) == len(written)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Raw requests
+
+
+def log_request(messages: Sequence[str], at_ms: int, service: str = "web", **record: Any) \
+        -> ExportLogsServiceRequest:
+    return ExportLogsServiceRequest(resource_logs=[logs_pb2.ResourceLogs(
+        resource={"attributes": [KeyValue(key="service.name", value=AnyValue(string_value=service)),
+                                 KeyValue(key="host.name", value=AnyValue(string_value="h1"))]},
+        scope_logs=[logs_pb2.ScopeLogs(scope={"name": "api"}, log_records=[
+            logs_pb2.LogRecord(time_unix_nano=at_ms * 1_000_000, observed_time_unix_nano=at_ms * 1_000_000,
+                               severity_number=9, body=AnyValue(string_value=m), **record) for m in messages])])])
+
+
+def test_a_replayed_request_gets_the_same_ids_and_gzip_json_answers_in_kind(kafka: Config) -> None:
+    config = gateway_config(kafka, "otlp_replay")
+    body = log_request(["a", "b", "c"], now_ms() - 2_000).SerializeToString()
+    with TestClient(create_app(config)) as client:
+        first = client.post("/v1/logs", content=body, headers=PROTOBUF)
+        again = client.post("/v1/logs", content=gzip.compress(body), headers={**PROTOBUF, "Content-Encoding": "gzip"})
+        document = {"resourceLogs": [{"resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "web"}}]}, "scopeLogs": [{"logRecords": [{
+                "timeUnixNano": str((now_ms() - 1_000) * 1_000_000), "severityNumber": 17,
+                "body": {"stringValue": "json"}, "traceId": "5b8efff798038103d269b633813fc60c",
+                "unknownField": {"x": 1}}]}]}]}
+        as_json = client.post("/v1/logs", content=gzip.compress(json.dumps(document).encode()),
+                              headers={**JSON_HEADERS, "Content-Encoding": "gzip"})
+    for response in (first, again):
+        assert response.status_code == 200 and response.headers["content-type"] == "application/x-protobuf"
+        assert ExportLogsServiceResponse.FromString(response.content) == ExportLogsServiceResponse()
+    assert (as_json.status_code, as_json.headers["content-type"], as_json.json()) == (200, "application/json", {})
+    written = events(config)
+    ids = [e["id"] for e in written if e["message"] in "abc"]
+    assert len(ids) == 6 and len(set(ids)) == 3          # the copy carries the same ids: the pipeline counts it once
+    [from_json] = [e for e in written if e["message"] == "json"]
+    assert (from_json["level"], from_json["tags"]) == ("error", {"trace_id": "5b8efff798038103d269b633813fc60c"})
+
+
+def test_a_partly_bad_request_writes_the_good_records_and_counts_the_others(kafka: Config) -> None:
+    config = gateway_config(kafka, "otlp_partial", tokens=[GatewayToken(token=TOKEN, apps=["web"])])
+    now = now_ms()
+    request = log_request(["ok-1", "ok-2"], now - 1_000)
+    request.resource_logs[0].scope_logs[0].log_records.extend([
+        # An application's own timestamp an hour ahead (the SDK's observed time is now).
+        logs_pb2.LogRecord(time_unix_nano=(now + 3_600_000) * 1_000_000, observed_time_unix_nano=now * 1_000_000,
+                           body=AnyValue(string_value="future")),
+        logs_pb2.LogRecord(time_unix_nano=(now - 1_000) * 1_000_000, body=AnyValue(string_value="x" * 70_000))])
+    request.resource_logs.extend(log_request(["other app"], now - 1_000, service="billing").resource_logs)
+    with TestClient(create_app(config)) as client:
+        response = client.post("/v1/logs", content=request.SerializeToString(), headers=PROTOBUF)
+        as_json = client.post("/v1/logs", content=json.dumps({"resourceLogs": [{"resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "billing"}}]}, "scopeLogs": [{"logRecords": [
+                {"body": {"stringValue": "nope"}}]}]}]}), headers=JSON_HEADERS)
+    assert response.status_code == 200
+    partial = ExportLogsServiceResponse.FromString(response.content).partial_success
+    assert partial.rejected_log_records == 3
+    assert partial.error_message.startswith("3 of 5 log records rejected: ")
+    for reason in ("otlp.max_future_s", "record too large", "token not allowed to write app billing"):
+        assert reason in partial.error_message
+    assert sorted(e["message"] for e in events(config)) == ["ok-1", "ok-2"]
+    # Every record refused: still 200 (not retryable), the count in the request's encoding.
+    assert as_json.status_code == 200
+    assert as_json.json()["partialSuccess"]["rejectedLogRecords"] in ("1", 1)
+
+
+def test_requests_refused_whole_get_a_status_body_in_their_encoding(kafka: Config) -> None:
+    config = gateway_config(kafka, "otlp_refused", max_body_bytes=4096)
+    big = log_request(["y" * 3000, "z" * 3000], now_ms()).SerializeToString()
+    with TestClient(create_app(config)) as client:
+        unauthorized = client.post("/v1/logs", content=b"", headers={"Content-Type": "application/x-protobuf"})
+        wrong_type = client.post("/v1/logs", content=b"x", headers={**AUTH, "Content-Type": "text/plain"})
+        garbage = client.post("/v1/metrics", content=b"{", headers=JSON_HEADERS)
+        too_large = client.post("/v1/logs", content=gzip.compress(big),
+                                headers={**PROTOBUF, "Content-Encoding": "gzip"})
+    assert len(gzip.compress(big)) < 4096 < len(big)      # small on the wire, too large once decompressed
+    status = status_pb2.Status.FromString(unauthorized.content)
+    assert (unauthorized.status_code, status.code) == (401, 16)
+    assert unauthorized.headers["www-authenticate"].startswith("Bearer")
+    assert wrong_type.status_code == 415 and "Content-Type" in status_pb2.Status.FromString(wrong_type.content).message
+    assert garbage.status_code == 400 and garbage.json()["message"].startswith("body is not JSON")
+    assert too_large.status_code == 413
+    assert "once decompressed" in status_pb2.Status.FromString(too_large.content).message
+    assert committed(config, timeout_s=5) == []
+
+
+def test_kafka_down_is_a_retryable_503(kafka: Config) -> None:
+    config = gateway_config(kafka, "otlp_down", create_topics=False)   # its topic does not exist
+    request = ExportMetricsServiceRequest()
+    request.resource_metrics.add().scope_metrics.add().metrics.add(name="g").gauge.data_points.add(
+        time_unix_nano=now_ms() * 1_000_000, as_double=1.0)
+    with TestClient(create_app(config)) as client:
+        response = client.post("/v1/metrics", content=request.SerializeToString(), headers=PROTOBUF)
+    assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
+    assert status_pb2.Status.FromString(response.content).code == 14
