@@ -6,7 +6,12 @@ from ``--clients`` threads, each on its own keep-alive connection. Every respons
 ``read_committed`` consumer counts the records on the topic, which must equal the events sent.
 ``--bootstrap host:port`` uses a running broker instead (``./run demo`` or any cluster; a fresh topic is made).
 
-    .venv/bin/python bench/gateway_throughput.py --requests 400 --batch 500 --clients 4
+``--otlp`` adds two runs after the v1 one, through the same gateway: OpenTelemetry OTLP/HTTP (binary protobuf)
+requests of ``--batch`` log records to ``POST /v1/logs``, then of ``--batch`` gauge data points to
+``POST /v1/metrics`` (one resource per request, one of 100 hosts; 50 metrics x 10 attribute sets), each answered 200
+with no partial success, each record one event on the topic.
+
+    .venv/bin/python bench/gateway_throughput.py --requests 400 --batch 500 --clients 4 [--otlp]
 """
 
 from __future__ import annotations
@@ -61,10 +66,48 @@ def _bodies(requests: int, batch: int, ndjson: bool) -> list[bytes]:
     return bodies
 
 
-def _post_all(port: int, bodies: list[bytes], clients: int, ndjson: bool) -> tuple[float, list[float]]:
-    """Post every body, ``clients`` at a time; returns (wall seconds, per-request latencies)."""
-    headers = {"Authorization": f"Bearer {TOKEN}",
-               "Content-Type": "application/x-ndjson" if ndjson else "application/json"}
+def _otlp_bodies(signal: str, requests: int, batch: int) -> list[bytes]:
+    """OTLP/HTTP protobuf request bodies (``signal``: logs or metrics), made before the clock starts."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    def attribute(key: str, value: str) -> KeyValue:
+        return KeyValue(key=key, value=AnyValue(string_value=value))
+
+    bodies = []
+    t = now_ms() * 1_000_000
+    for r in range(requests):
+        resource = {"attributes": [attribute("service.name", "bench"), attribute("host.name", f"device-{r % 100}")]}
+        request: ExportLogsServiceRequest | ExportMetricsServiceRequest
+        if signal == "logs":
+            request = ExportLogsServiceRequest()
+            scope = request.resource_logs.add(resource=resource).scope_logs.add(scope={"name": "bench.http"})
+            for i in range(batch):
+                scope.log_records.add(time_unix_nano=t - 1_000_000_000 + i, observed_time_unix_nano=t,
+                                      severity_number=9, body=AnyValue(string_value=f"GET /api/orders/{i} 200"),
+                                      attributes=[attribute("http.route", "/api/orders"),
+                                                  attribute("enduser.id", f"user-{i % 1000}")])
+        else:
+            request = ExportMetricsServiceRequest()
+            scope = request.resource_metrics.add(resource=resource).scope_metrics.add(scope={"name": "bench.meter"})
+            per_metric = 10
+            for m in range(0, batch, per_metric):
+                metric = scope.metrics.add(name=f"bench.gauge.{m // per_metric % 50}")
+                for i in range(min(per_metric, batch - m)):
+                    metric.gauge.data_points.add(time_unix_nano=t - 1_000_000_000 + r, as_double=float(m + i),
+                                                 attributes=[attribute("shard", str(i))])
+        bodies.append(request.SerializeToString())
+    return bodies
+
+
+def _post_all(port: int, bodies: list[bytes], clients: int, ndjson: bool, path: str = "/v1/events") \
+        -> tuple[float, list[float]]:
+    """Post every body, ``clients`` at a time; returns (wall seconds, per-request latencies). OTLP paths: protobuf,
+    and a 200 must have an empty body (no partial success)."""
+    otlp = path != "/v1/events"
+    media = "application/x-protobuf" if otlp else "application/x-ndjson" if ndjson else "application/json"
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": media}
     latencies: list[float] = []
     failures: list[str] = []
     lock = threading.Lock()
@@ -79,13 +122,13 @@ def _post_all(port: int, bodies: list[bytes], clients: int, ndjson: bool) -> tup
                 if i is None:
                     return
                 started = time.perf_counter()
-                conn.request("POST", "/v1/events", body=bodies[i], headers=headers)
+                conn.request("POST", path, body=bodies[i], headers=headers)
                 response = conn.getresponse()
                 payload = response.read()
                 elapsed = time.perf_counter() - started
                 with lock:
                     latencies.append(elapsed)
-                    if response.status != 200:
+                    if response.status != 200 or (otlp and payload):
                         failures.append(f"{response.status} {payload[:200]!r}")
         finally:
             conn.close()
@@ -129,6 +172,8 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=4, help="gateway.producers (concurrent transactions)")
     parser.add_argument("--ndjson", action="store_true", help="post NDJSON instead of a JSON array")
     parser.add_argument("--bootstrap", help="use this running broker instead of starting one")
+    parser.add_argument("--otlp", action="store_true",
+                        help="then the same through OTLP/HTTP: log records to /v1/logs, gauge points to /v1/metrics")
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="eventide-gateway-bench-"))
     config = _config(args, data)
@@ -161,6 +206,23 @@ def main() -> None:
         print(f"read_committed count on the topic: {on_topic:,} (sent {sent:,})")
         if on_topic != sent:
             raise SystemExit("MISMATCH: acknowledged events missing or duplicated on the topic")
+        for signal in ("logs", "metrics") if args.otlp else ():
+            path = f"/v1/{signal}"
+            warm_up, bodies = _otlp_bodies(signal, 8, args.batch), _otlp_bodies(signal, args.requests, args.batch)
+            _post_all(port, warm_up, args.clients, False, path)
+            wall, latencies = _post_all(port, bodies, args.clients, False, path)
+            sent += (len(warm_up) + len(bodies)) * args.batch
+            on_topic = _committed_count(config)
+            cut = statistics.quantiles(latencies, n=100, method="inclusive")
+            records = len(bodies) * args.batch
+            what = "log records" if signal == "logs" else "data points"
+            print(f"OTLP {path}: {args.requests} protobuf requests of {args.batch} {what} "
+                  f"({sum(len(b) for b in bodies) / len(bodies) / 1000:.0f} KB each)")
+            print(f"  throughput: {records / wall:,.0f} {what}/s, {len(bodies) / wall:,.1f} requests/s; "
+                  f"latency p50 {cut[49] * 1000:.1f} ms, p99 {cut[98] * 1000:.1f} ms")
+            print(f"  read_committed count on the topic: {on_topic:,} (sent {sent:,})")
+            if on_topic != sent:
+                raise SystemExit("MISMATCH: acknowledged records missing or duplicated on the topic")
     finally:
         if proc is not None:
             proc.terminate()
