@@ -15,7 +15,7 @@ the batch that reads it (``offsets/<N>``) would, once restarted, plan a batch ov
 next new file: two accept batches under one watermark, so late events judged otherwise than in a run never killed.
 ``forget_unplanned_files`` removes such an entry before a reader starts; Spark then chooses that file again, alone.
 
-Beside each events file, ``publish_partials`` writes the batch's window partials (``analytics.window_partials``)
+Beside each events file, ``publish_partials`` writes the batch's window partials (``analytics.windows.partials``)
 as ``<partials dir>/<batch id:012d>.parquet``, the same way: the ``windows`` query reads those, one per micro-batch,
 and the ``keyed_windows`` query the events. A batch's partials are published after its events file (the windows
 writer reads the events of the batch whose partials it merged); an accept batch replayed after a crash in between
@@ -35,16 +35,19 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
 
-from analytics.progress import BatchInfo, Offsets
+from analytics.checkpoint import BatchInfo, Offsets
 from eventide.config import Config
 from eventide.durable import sync_directory, sync_file
+
+if TYPE_CHECKING:   # the stream readers run with a Spark session; the file helpers need none
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 _META = "_meta"
 _TMP = "_tmp"

@@ -14,7 +14,9 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics import progress, sinks
+from analytics import sinks
+from analytics.checkpoint import batch_info as checkpoint_info
+from analytics.vocabulary import ACCEPT_QUERY
 from eventide.config import Config
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ def count_data_loss(config: Config, checkpoint: Path, writer: sinks.BatchWriter)
     topic = config.kafka.events_topic
 
     def write(records: DataFrame, batch_id: int) -> None:
-        info = progress.batch_info(checkpoint, batch_id)
+        info = checkpoint_info(checkpoint, batch_id)
         starts = {int(p): int(o) for p, o in info.start_offsets.get(topic, {}).items() if int(o) >= 0}
         ends = info.end_offsets.get(topic, {})
         earliest = _earliest_offsets(admin, topic, list(starts), batch_id) if starts else {}
@@ -75,5 +77,5 @@ def _record_data_loss(config: Config, topic: str, batch_id: int, gaps: list[tupl
         "topic": [topic] * len(gaps), "partition": pa.array([g[0] for g in gaps], pa.int32()),
         "from_offset": [g[1] for g in gaps], "to_offset": [g[2] for g in gaps],
         "skipped_offsets": pa.array([g[2] - g[1] for g in gaps], pa.uint64()),
-        "query_name": [sinks.ACCEPT_QUERY] * len(gaps), "batch_id": pa.array([batch_id] * len(gaps), pa.uint64()),
-        "detected_at": pa.array([now] * len(gaps), pa.timestamp("ms", tz="UTC"))}))], sinks.ACCEPT_QUERY)
+        "query_name": [ACCEPT_QUERY] * len(gaps), "batch_id": pa.array([batch_id] * len(gaps), pa.uint64()),
+        "detected_at": pa.array([now] * len(gaps), pa.timestamp("ms", tz="UTC"))}))], ACCEPT_QUERY)

@@ -18,25 +18,30 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
 
-from analytics import (
-    accepted_log,
-    envelope,
-    keyed_rows,
-    keyed_windows,
-    progress,
-    session_runs,
-    sinks,
-    spark_settings,
-    window_partials,
-    windows,
-)
+from analytics import accepted_log, progress
+from analytics.accept import validation
+from analytics.accept.writer import accept_writer
+from analytics.checkpoint import Offsets
 from analytics.data_loss import count_data_loss
 from analytics.disk_full import failure_message, reports_disk_full, stop_on_disk_full
+from analytics.keyed import rows as keyed_rows
+from analytics.keyed import runs as session_runs
+from analytics.keyed.query import keyed_windows
+from analytics.keyed.writer import keyed_windows_writer
+from analytics.sinks import BatchWriter
+from analytics.spark import settings as spark_settings
+from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, WINDOWS_QUERY
+from analytics.windows import partials as window_partials
+from analytics.windows.query import aggregate
+from analytics.windows.writer import window_writer
 from eventide import jars
 from eventide.config import Config, load_config
 
@@ -107,7 +112,7 @@ def kafka_records(spark: SparkSession, config: Config) -> DataFrame:
     )
 
 
-QUERIES = (sinks.ACCEPT_QUERY, windows.WINDOWS_QUERY, keyed_windows.KEYED_WINDOWS_QUERY)
+QUERIES = (ACCEPT_QUERY, WINDOWS_QUERY, KEYED_WINDOWS_QUERY)
 
 
 def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] | None = None,
@@ -120,7 +125,7 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
     - ``accept``: reads the events topic; validates (dead letters), deduplicates by id (duplicates), records
       each device's clock offset, and publishes the accepted events to the accepted-events log
     - ``windows``: tumbling and hopping aggregates (update mode: early results, then corrections) + stragglers,
-      merged from the window partials ``accept`` publishes with each batch (``analytics.window_partials``)
+      merged from the window partials ``accept`` publishes with each batch (``analytics.windows.partials``)
     - ``keyed_windows``: sliding windows and sessions + their stragglers (append: each written once, final)
 
     The last two read what ``accept`` publishes (``windows`` its window partials, ``keyed_windows`` its events), one
@@ -130,15 +135,13 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
     if unknown:
         raise ValueError(f"unknown queries {sorted(unknown)}; the job has {list(QUERIES)}")
     recorder = progress.progress_recorder(spark)
-    plans: list[tuple[str, Callable[[], DataFrame], str, sinks.BatchWriter]] = [
-        (sinks.ACCEPT_QUERY, lambda: envelope.parse(kafka_records(spark, config), config), "append",
-         sinks.accept_writer(config)),
-        (windows.WINDOWS_QUERY, lambda: windows.aggregate(
-            accepted_log.read_partials_stream(spark, config, window_partials.SPARK_SCHEMA), config), "update",
-         sinks.window_writer(config)),
-        (keyed_windows.KEYED_WINDOWS_QUERY,
-         lambda: keyed_windows.keyed_windows(accepted_events(spark, config), config), "append",
-         sinks.keyed_windows_writer(config)),
+    plans: list[tuple[str, Callable[[], DataFrame], str, BatchWriter]] = [
+        (ACCEPT_QUERY, lambda: validation.parse(kafka_records(spark, config), config), "append",
+         accept_writer(config)),
+        (WINDOWS_QUERY, lambda: aggregate(accepted_log.read_partials_stream(
+            spark, config, from_arrow_schema(window_partials.SCHEMA)), config), "update", window_writer(config)),
+        (KEYED_WINDOWS_QUERY, lambda: keyed_windows(accepted_events(spark, config), config), "append",
+         keyed_windows_writer(config)),
     ]
     queries = []
     for name, frame, mode, writer in plans:
@@ -146,8 +149,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
             continue
         checkpoint = config.checkpoint_dir / name
         writer = stop_on_disk_full(config, name, count_data_loss(config, checkpoint, writer)
-                                   if name == sinks.ACCEPT_QUERY else writer)
-        reads_log = name != sinks.ACCEPT_QUERY
+                                   if name == ACCEPT_QUERY else writer)
+        reads_log = name != ACCEPT_QUERY
         # The readers poll for accept's next file more often than accept reads Kafka: with one common trigger
         # every accepted batch would wait a whole interval before its windows (docs/architecture.md, "Freshness").
         interval = (min(config.stream.accepted_poll_interval_s, config.stream.trigger_interval_s) if reads_log
@@ -172,12 +175,19 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
 
 
 def accepted_events(spark: SparkSession, config: Config) -> DataFrame:
-    return accepted_log.read_stream(spark, config, keyed_rows.with_keyed_fields(
-        session_runs.with_run_fields(envelope.accepted_schema(spark, config))))
+    """The accepted-events log as a stream: the accepted events' columns, the session-run columns ``accept`` marks
+    (``analytics.keyed.runs``) and the keyed-rows marks (``analytics.keyed.rows``)."""
+    return accepted_log.read_stream(spark, config, with_arrow_fields(
+        validation.accepted_schema(spark, config), session_runs.RUN_FIELDS, keyed_rows.FIELDS))
+
+
+def with_arrow_fields(schema: StructType, *fields: dict[str, pa.DataType]) -> StructType:
+    """``schema`` followed by the Arrow ``fields`` (name -> type) as Spark fields."""
+    return StructType([*schema.fields, *[f for extra in fields for f in from_arrow_schema(pa.schema(extra)).fields]])
 
 
 def _kafka_offsets(config: Config, checkpoint: Path) -> progress.SourceOffsets:
-    def offsets(end_offset: str) -> progress.Offsets:
+    def offsets(end_offset: str) -> Offsets:
         log_offset = int(json.loads(end_offset).get("logOffset", -1))
         return accepted_log.kafka_offsets_reached(config, checkpoint, log_offset)
     return offsets
@@ -186,8 +196,8 @@ def _kafka_offsets(config: Config, checkpoint: Path) -> progress.SourceOffsets:
 def run_until_idle(spark: SparkSession, config: Config, only: Collection[str] = QUERIES) -> list[StreamingQuery]:
     """Process everything currently in Kafka (in as many micro-batches as the rate limit needs), then stop: the
     ``accept`` query first, then the queries reading what it accepted."""
-    first = [q for q in only if q == sinks.ACCEPT_QUERY]
-    then = [q for q in only if q != sinks.ACCEPT_QUERY]
+    first = [q for q in only if q == ACCEPT_QUERY]
+    then = [q for q in only if q != ACCEPT_QUERY]
     queries = []
     for stage in (first, then):
         if not stage:

@@ -50,7 +50,7 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     """Each stage's best time over ``args.repeat`` runs, in a Spark session whose data directory is ``data``."""
     from pyspark.sql import functions as F
 
-    from analytics import envelope
+    from analytics.accept import validation as envelope
     from analytics.job import spark_session
     from eventide.config import load_config
     from ingest.envelope import now_ms
@@ -92,7 +92,7 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
                               "validate": validated}
 
     def collect() -> None:
-        from analytics.sinks import accept_projection
+        from analytics.accept.writer import accept_projection
         accept_projection(validated, envelope.accepted_schema(spark, config).fieldNames(), limit).toArrow()
 
     out: dict[str, Any] = {"events": n, "repeat": args.repeat}

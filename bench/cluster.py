@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from analytics.job import QUERIES
-from analytics.sinks import ACCEPT_QUERY
+from analytics.vocabulary import ACCEPT_QUERY
 from bench.pipeline import Load, fresh, produce_backlog
 from eventide import cluster
 from eventide.config import ClusterConfig, Config, load_config

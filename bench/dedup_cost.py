@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from analytics import dedup
+from analytics.accept import dedup
 
 
 def batch_of(spark: SparkSession, events: int) -> DataFrame:

@@ -49,7 +49,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from analytics.job import QUERIES
-from analytics.sinks import ACCEPT_QUERY
+from analytics.vocabulary import ACCEPT_QUERY
 from eventide import broker
 from eventide.config import Config, load_config
 from eventide.services import free_port
@@ -312,7 +312,7 @@ def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
     holding the topic's last offsets, and the batch without data that may follow it."""
     from analytics import accepted_log, sinks
     from analytics.job import start_queries
-    from analytics.windows import WINDOWS_QUERY
+    from analytics.vocabulary import WINDOWS_QUERY
 
     sinks.sink_seconds.clear()
     end = topic_end_offsets(config)
@@ -472,7 +472,7 @@ def _kafka_offsets(config: Config, value: Any) -> dict[str, Any]:
     """The events-topic offsets a ``windows`` progress report's source offset (a position in the accepted-events
     log, None before the first batch) stands for."""
     from analytics import accepted_log
-    from analytics.windows import WINDOWS_QUERY
+    from analytics.vocabulary import WINDOWS_QUERY
 
     if not value:
         return {}
@@ -487,7 +487,7 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
 
     from analytics import sinks
     from analytics.job import start_queries
-    from analytics.windows import WINDOWS_QUERY
+    from analytics.vocabulary import WINDOWS_QUERY
 
     sinks.sink_seconds.clear()
     # Every progress report of the run is read back from the queries: Spark keeps the last 100 by default, fewer

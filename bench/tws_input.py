@@ -1,4 +1,4 @@
-"""The input loader of transformWithStateInPandas alone: PySpark's row-by-row one against ``analytics.tws_input``.
+"""The input loader of transformWithStateInPandas alone: PySpark's row-by-row one against ``analytics.spark.tws_input``.
 
 Builds one Arrow stream shaped like ``keyed_windows``' input as Spark sends it to a Python worker (rows sorted by
 key, batches of ``spark.sql.execution.arrow.maxRecordsPerBatch`` = 10,000 rows; 9 columns: JSON key, time, level
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
-from analytics import tws_input
+from analytics.spark import tws_input
 
 SCHEMA = pa.schema([("key", pa.string()), ("t", pa.int64()), ("level_code", pa.int8()), ("metric_value", pa.float64()),
                     ("partition", pa.int32()), ("offset", pa.int64()), ("id", pa.string()), ("device", pa.string()),

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from analytics.spark_settings import JOB_SETTINGS, JVM_OPTIONS
+from analytics.spark.settings import JOB_SETTINGS, JVM_OPTIONS
 from eventide import broker, jars, services
 from eventide.config import Config, to_environ
 

@@ -1,6 +1,6 @@
 """Event envelope v1 (shared BRIEF §1): the one JSON object per Kafka record that every producer writes.
 
-The constants here are the contract the stream job validates against (``analytics.envelope``), so both sides
+The constants here are the contract the stream job validates against (``analytics.accept.validation``), so both sides
 of Kafka share one definition.
 """
 

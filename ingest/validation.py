@@ -1,4 +1,4 @@
-"""Envelope v1 validation in pure Python, mirroring the stream job's rules (``analytics.envelope._rules``).
+"""Envelope v1 validation in pure Python, mirroring the stream job's rules (``analytics.accept.validation._rules``).
 
 The HTTP gateway runs this before it writes anything, so a client learns at once why an event was refused,
 and an event the gateway accepts is one the stream job accepts. The rules, their order (the first failure is the

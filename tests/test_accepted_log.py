@@ -7,7 +7,7 @@ from pathlib import Path
 
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
-from analytics.progress import BatchInfo
+from analytics.checkpoint import BatchInfo
 from eventide.config import Config, load_config
 
 HOUR_MS = 3_600_000

@@ -12,7 +12,7 @@ import pytest
 from datasketches import hll_sketch, kll_doubles_sketch
 from streamlit.testing.v1 import AppTest
 
-from analytics.sinks import WINDOW_COLUMNS
+from analytics.windows.writer import WINDOW_COLUMNS
 from dashboard import common, queries
 from eventide.config import load_config, to_environ
 from store.client import connect

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from analytics import accepted_log
+from analytics.accept.dedup import AcceptedIds, first_copies, keys, published_copies
 from analytics.accepted_log import BatchMeta
-from analytics.dedup import AcceptedIds, first_copies, keys, published_copies
 from eventide.config import load_config
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

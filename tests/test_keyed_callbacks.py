@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analytics.keyed_windows import RUN_EVENTS, RUN_LAST, RUN_LEVELS, SESSION, SLIDING, KeyedWindowsLogic
+from analytics.keyed.logic import KeyedWindowsLogic
+from analytics.keyed.schema import RUN_EVENTS, RUN_LAST, RUN_LEVELS, SESSION, SLIDING
 
 L = 60_000     # sliding window length
 G = 60_000     # session gap

@@ -8,8 +8,10 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analytics import keyed_rows, session_runs, sessions, sliding
-from analytics.keyed_events import Events
+from analytics.keyed import rows as keyed_rows
+from analytics.keyed import runs as session_runs
+from analytics.keyed import sessions, sliding
+from analytics.keyed.events import Events
 from eventide.config import load_config
 
 L = 60_000

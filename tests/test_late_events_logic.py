@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 
-from analytics.stragglers import CORRECTION_COLUMNS, STRAGGLER_COLUMNS, corrections, stragglers
+from analytics.windows.stragglers import CORRECTION_COLUMNS, STRAGGLER_COLUMNS, corrections, stragglers
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 WATERMARK = T0 + timedelta(seconds=70)

@@ -14,7 +14,8 @@ import pandas as pd
 import pyspark
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 
-from analytics import spark_python_daemon, spark_settings
+from analytics.spark import python_daemon as spark_python_daemon
+from analytics.spark import settings as spark_settings
 
 
 def test_workers_import_the_installed_pyspark_not_the_zip(spark):
@@ -59,12 +60,12 @@ def test_workers_load_transform_with_state_input_with_the_vectorised_loader(spar
             yield pd.DataFrame({"module": [TransformWithStateInPandasSerializer.load_stream.__module__]})
 
     found = spark.range(4).repartition(2).mapInPandas(loader, "module string").toPandas()
-    assert set(found["module"]) == {"analytics.tws_input"}
+    assert set(found["module"]) == {"analytics.spark.tws_input"}
 
 
 def test_every_process_of_transform_with_state_imports_the_installed_pyspark(spark, tmp_path: Path):
     # Spark starts a driver-side process of its own at a stateful query's first batch, with its zipped pyspark
-    # first on the path; the job's PYSPARK_PYTHON (analytics/spark_python.sh) takes Spark's archives off it.
+    # first on the path; the job's PYSPARK_PYTHON (analytics/spark/python.sh) takes Spark's archives off it.
     class RecordsWhereItRuns(StatefulProcessor):
         """Notes, in every process that initialises it, where that process imported pyspark from."""
 
@@ -113,15 +114,15 @@ def test_the_keyed_windows_processor_unpickles_without_the_window_logic(tmp_path
     # start of the query): pandas, pyarrow and the job's configuration are left to the workers that handle rows.
     from pyspark import cloudpickle
 
-    from analytics.keyed_processor import KeyedWindowsProcessor
+    from analytics.keyed.processor import KeyedWindowsProcessor
 
     pickled = tmp_path / "processor.pickle"
     pickled.write_bytes(cloudpickle.dumps(KeyedWindowsProcessor(300_000, 300_000, 86_400_000)))
-    heavy = ["pandas", "pyarrow", "pydantic", "eventide.config", "analytics.keyed_windows"]
+    heavy = ["pandas", "pyarrow", "pydantic", "eventide.config", "analytics.keyed.logic"]
     loaded = subprocess.run(
         [sys.executable, "-c", "import pickle, sys\n"
          f"processor = pickle.loads(open({str(pickled)!r}, 'rb').read())\n"
          "print(type(processor).__module__, processor.session_gap_ms)\n"
          f"print(sorted(m for m in {heavy!r} if m in sys.modules))"],
         capture_output=True, text=True, check=True)
-    assert loaded.stdout.splitlines() == ["analytics.keyed_processor 300000", "[]"]
+    assert loaded.stdout.splitlines() == ["analytics.keyed.processor 300000", "[]"]

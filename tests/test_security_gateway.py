@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics.dedup import first_copies
+from analytics.accept.dedup import first_copies
 from eventide.config import Config, ConfigError, GatewayToken, load_config
 from eventide.services import free_port
 from ingest.gateway import TokenBucket, create_app, parse_batch, server_config

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
-from analytics import tws_input
+from analytics.spark import tws_input
 
 SCHEMA = pa.schema([("app", pa.string()), ("bucket", pa.int32()), ("t", pa.int64()), ("level_code", pa.int8()),
                     ("metric_value", pa.float64()), ("id", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])

@@ -1,4 +1,5 @@
-"""The gateway's pure-Python envelope validator gives the stream job's reasons (``analytics.envelope._rules``)."""
+"""The gateway's pure-Python envelope validator gives the stream job's reasons
+(``analytics.accept.validation._rules``)."""
 
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def test_same_reasons_as_the_stream_job(spark: Any) -> None:
     """Parity with the Spark validator on every row of both tables (records built in memory, no Kafka)."""
     from datetime import UTC, datetime
 
-    from analytics import envelope
+    from analytics.accept import validation as envelope
     from eventide.config import load_config
 
     config = load_config(environ={})

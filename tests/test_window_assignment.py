@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from analytics.progress import BatchInfo
-from analytics.stragglers import late_contributions
-from analytics.windows import WindowSpec, assign_windows, window_assignments, window_specs
+from analytics.checkpoint import BatchInfo
+from analytics.vocabulary import WindowSpec, assign_windows, window_specs
+from analytics.windows.query import window_assignments
+from analytics.windows.stragglers import late_contributions
 from eventide.config import load_config
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)

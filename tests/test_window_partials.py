@@ -1,6 +1,6 @@
 """Window partials: one row per (series, grain bucket) of an accept batch, standing for its events in the windows.
 
-The ``windows`` query merges partials instead of events (``analytics.window_partials``); the end-to-end window
+The ``windows`` query merges partials instead of events (``analytics.windows.partials``); the end-to-end window
 tests check the results. These check the partials themselves against the events they stand for.
 """
 
@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 from datasketches import hll_sketch, hll_union, kll_doubles_sketch
 
-from analytics.window_partials import SCHEMA, grain_ms, partials
-from analytics.windows import ARROW_TIME, WindowSpec
+from analytics.vocabulary import ARROW_TIME, WindowSpec
+from analytics.windows.partials import SCHEMA, grain_ms, partials
 from eventide.config import load_config
 
 T0_MS = int(datetime(2026, 11, 25, 12, 0, tzinfo=UTC).timestamp() * 1000)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analytics.windows import LEVEL_COLUMNS
+from analytics.vocabulary import LEVEL_COLUMNS
 
 NO_LEVEL = -1
 _LEVEL_CODES = {name: i for i, name in enumerate(LEVEL_COLUMNS)}

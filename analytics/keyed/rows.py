@@ -1,6 +1,6 @@
 """The accepted events ``keyed_windows`` reads, written first in each batch file so Spark can skip the rest.
 
-``keyed_windows`` takes one row per session run (its head, ``analytics.session_runs``) and every event of a
+``keyed_windows`` takes one row per session run (its head, ``analytics.keyed.runs``) and every event of a
 sliding series: 8 % of a batch in the bench's mix. Reading the whole file to find them cost it 0.3–1 s of CPU per
 million events (docs/benchmarks.md). So ``accept``, which marks the runs, also marks these rows (``keyed_row``)
 and writes them as the file's first row group(s), the others after. The query filters on the mark; Spark pushes
@@ -22,10 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructType
 
-from analytics import session_runs
+from analytics.keyed import runs as session_runs
 from eventide.config import Config
 
 KEYED_ROW = "keyed_row"
@@ -88,8 +86,3 @@ def read_filter(config: Config) -> Column:
     not at all. Plain comparisons of the file's columns, so Spark pushes them down to Parquet."""
     return ((F.col(KEYED_ROW) == F.lit(True)) | F.col(SELECTION).isNull()
             | (F.col(SELECTION) != F.lit(selection(config))))
-
-
-def with_keyed_fields(schema: StructType) -> StructType:
-    """``schema`` (an accepted-events file's columns) with :data:`FIELDS`."""
-    return StructType([*schema.fields, *from_arrow_schema(pa.schema(FIELDS)).fields])

@@ -1,6 +1,6 @@
 """Session runs: a micro-batch's events of one session key joined wherever they are less than G apart.
 
-The session rule (``analytics.sessions``) joins events of one (app, session key) whose gaps are under G, so the
+The session rule (``analytics.keyed.sessions``) joins events of one (app, session key) whose gaps are under G, so the
 events of a key within one batch that are less than G apart always end up in one session, or are dropped
 together. The ``accept`` query already holds each batch's accepted events in its driver, so it marks those runs
 there (sorted by key and time, in array operations) before publishing the batch: the run's first event (the
@@ -19,10 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructType
 
-from analytics.windows import LEVEL_COLUMNS, epoch_ms
+from analytics.vocabulary import LEVEL_COLUMNS, epoch_ms
 
 GAP = "session_gap_ms"            # the G the runs were formed with (the same on every row of a file)
 EVENTS = "session_run_events"     # on a head: the run's events; 0 on every other event
@@ -114,8 +112,3 @@ def _append(table: pa.Table, columns: dict[str, pa.Array]) -> pa.Table:
     for name, column in columns.items():
         table = table.append_column(pa.field(name, RUN_FIELDS[name]), column)
     return table
-
-
-def with_run_fields(schema: StructType) -> StructType:
-    """``schema`` (the accepted events' columns) with the run columns, as the accepted-events files hold them."""
-    return StructType([*schema.fields, *from_arrow_schema(pa.schema(RUN_FIELDS)).fields])

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The Python of the processes Spark starts for the job (PYSPARK_PYTHON, set by analytics.spark_settings): the job's
+# The Python of the processes Spark starts for the job (PYSPARK_PYTHON, set by analytics.spark.settings): the job's
 # own interpreter ($EVENTIDE_SPARK_PYTHON), without the installed pyspark's own archives on PYTHONPATH.
 #
 # Spark puts its zipped pyspark, py4j's zip and its jars first on the PYTHONPATH of every Python process it starts.

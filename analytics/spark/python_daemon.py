@@ -10,9 +10,9 @@ version installed, and py4j, those archives are dropped from ``sys.path`` before
 and the daemon and its forked workers import the installed copy. Otherwise (e.g. a Spark distribution's Python
 without pyspark) the path is left as Spark set it.
 
-It also puts ``analytics.tws_input``'s vectorised loader in place of PySpark's row-by-row one for
+It also puts ``analytics.spark.tws_input``'s vectorised loader in place of PySpark's row-by-row one for
 ``transformWithStateInPandas`` (the query ``keyed_windows``), and Arrow's jemalloc allocator in place of its default
-(``analytics.spark_settings.use_jemalloc_for_arrow``), before any worker is forked.
+(``analytics.spark.settings.use_jemalloc_for_arrow``), before any worker is forked.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def main() -> None:
     # loader, and pandas, pyarrow and pyspark's serializers already imported (once, not in each new worker).
     from pyspark import daemon
 
-    from analytics import spark_settings, tws_input
+    from analytics.spark import settings as spark_settings
+    from analytics.spark import tws_input
 
     tws_input.install()
     spark_settings.use_jemalloc_for_arrow()

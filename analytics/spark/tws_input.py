@@ -10,7 +10,7 @@ The rows arrive sorted by key, so the same frames come out of slicing each batch
 (the same rows, the same split at ``maxRecordsPerBatch`` / ``maxBytesPerBatch``), except that a frame's columns
 keep their Arrow-derived dtypes (e.g. ``int8``) where PySpark re-infers them from Python objects (``int64``).
 ``tests/test_tws_input.py`` checks it against PySpark's own loader. :func:`install` puts it in place of PySpark's
-in the worker daemon (``analytics.spark_python_daemon``), only for the PySpark versions it was checked against:
+in the worker daemon (``analytics.spark.python_daemon``), only for the PySpark versions it was checked against:
 another version keeps its own loader, and results are the same either way.
 """
 
@@ -42,7 +42,7 @@ def install() -> bool:
     Returns False (and changes nothing) for a PySpark version it was not checked against."""
     if not pyspark.__version__.startswith(CHECKED_VERSIONS):
         _log.warning("pyspark %s: transformWithStateInPandas keeps PySpark's row-by-row input loader "
-                     "(analytics.tws_input is checked against %s)", pyspark.__version__, CHECKED_VERSIONS)
+                     "(analytics.spark.tws_input is checked against %s)", pyspark.__version__, CHECKED_VERSIONS)
         return False
     TransformWithStateInPandasSerializer.load_stream = load_stream
     return True

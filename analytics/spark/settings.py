@@ -26,14 +26,14 @@ LOCAL_CHECKPOINT_FILES: dict[str, str] = {
 """How checkpoint files are written (the job's checkpoints are on a local disk or a shared POSIX mount)."""
 
 PYTHON_WORKERS: dict[str, str] = {
-    # Workers import the installed pyspark, not Spark's zip (analytics/spark_python_daemon.py says why).
-    "spark.python.daemon.module": "analytics.spark_python_daemon",
+    # Workers import the installed pyspark, not Spark's zip (analytics/spark/python_daemon.py says why).
+    "spark.python.daemon.module": "analytics.spark.python_daemon",
 }
 
 JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS}
 """Every setting above, for the session builder and ``spark-submit`` alike."""
 
-LOG4J_PROPERTIES = Path(__file__).resolve().parent / "spark-log4j2.properties"
+LOG4J_PROPERTIES = Path(__file__).resolve().parent / "log4j2.properties"
 """The job's log settings for Spark's JVMs (warnings and errors)."""
 
 MIN_COMPILER_THREADS = 4
@@ -82,7 +82,7 @@ def use_jemalloc_for_arrow() -> None:
         pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
-SPARK_PYTHON_LAUNCHER = Path(__file__).resolve().parent / "spark_python.sh"
+SPARK_PYTHON_LAUNCHER = Path(__file__).resolve().parent / "python.sh"
 """Runs this interpreter without the installed pyspark's archives on ``PYTHONPATH`` (the script says why)."""
 
 
@@ -94,7 +94,7 @@ def use_job_python_for_spark() -> None:
     Through ``SPARK_PYTHON_LAUNCHER`` only when Spark is the installed pyspark itself (its ``SPARK_HOME``): the
     archives it drops are then the installed copy's own. With a Spark distribution elsewhere, or without the
     launcher (an install that lost its mode bits), this interpreter is used with Spark's path as it is
-    (``analytics.spark_python_daemon`` still checks the workers' copy)."""
+    (``analytics.spark.python_daemon`` still checks the workers' copy)."""
     if "PYSPARK_PYTHON" in os.environ:
         return
     import pyspark

@@ -1,55 +1,34 @@
-"""Sliding and session windows as one Spark stateful query (``transformWithStateInPandas``, RocksDB state).
-
-Both need per-key, time-sorted state and event-time timers, which Spark's built-in aggregations do not offer
-with the BRIEF's rules, so one stateful processor serves two key families:
-
-- ``sliding``: key (app, kind, name, series_tags) of the configured series -> ``analytics.sliding``
-- ``session``: key (app, bucket of the session key), one row per run       -> ``analytics.sessions``
-  (session key = user, or device without a user; ``stream.session_buckets`` buckets share a state row and a timer;
-  a run is a batch's events of one session key less than G apart, marked by ``accept``: ``analytics.session_runs``)
-
-Both families share one read of the accepted events. The processor sees every accepted event of a sliding series
-and every session run, late ones included (its input time column carries no watermark marker, so Spark does not
-pre-filter), and applies the watermark rules itself with the watermark Spark hands it; each key keeps one timer at
-the next time it needs the watermark. Output rows are windows, dropped stragglers and dropped session runs (which
-the writer expands into their events' stragglers), told apart by ``row_type``.
-
-The processor (``analytics.keyed_processor``) runs the logic here (``KeyedWindowsLogic``), which its module imports
-only where rows are handled: Spark also unpickles the processor in a driver-side process at every start of the
-query, which needs none of this module's imports.
-"""
+"""The sliding and session rules of the ``keyed_windows`` query over its processor's state, run in Spark's Python
+workers: (de)serialises each key's state, calls the pure rules (``analytics.keyed.sliding``,
+``analytics.keyed.sessions``) and shapes their output rows (``analytics.keyed.schema``). The processor
+(``analytics.keyed.processor``) imports this module only where rows are handled: Spark also unpickles the processor
+in a driver-side process at every start of the query, which needs none of these imports."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle, TimerValues, ValueState
 
-from analytics import keyed_rows, session_runs, sessions, sliding
-from analytics.keyed_events import NO_LEVEL, Events
-from analytics.keyed_processor import KeyedWindowsProcessor
-from analytics.windows import LEVEL_COLUMNS, LEVEL_FIELDS, event_time_ms, with_watermark
-from eventide.config import Config
+from analytics.keyed import sessions, sliding
+from analytics.keyed.events import Events
+from analytics.keyed.schema import (
+    DROPPED_RUN,
+    ID_SEPARATOR,
+    OUTPUT_SCHEMA,
+    RUN_EVENTS,
+    RUN_LAST,
+    RUN_LEVELS,
+    SESSION_KEY,
+    SLIDING,
+)
 
-KEYED_WINDOWS_QUERY = "keyed_windows"
-SLIDING, SESSION = "sliding", "session"
-# The grouping key is one column, a JSON array [family, app, kind, name, series_tags], and the payload is as
-# narrow as the logic allows: every column crosses into Python row by row in PySpark's transformWithStateInPandas
-# serializer, which is most of this query's cost (docs/benchmarks.md); 16 columns cost ~2x what 9 do.
-KEY = "key"
-OUTPUT_SCHEMA = ", ".join([
-    "row_type string", "window_kind string", "app string", "kind string", "name string", "series_tags string",
-    "window_start_ms long", "window_end_ms long", "event_time_ms long", "source_partition int",
-    "source_offset long", "event_id string", "device string", "watermark_ms long", "lateness_ms long",
-    "event_count long", "value_count long", "sum double", "min double", "max double", "metric_count long",
-    "log_count long", *[f"{c} long" for c in LEVEL_FIELDS], "run_last_ms long",
-])
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle, TimerValues, ValueState
+
 _NUMPY_TYPES = {"string": object, "long": np.int64, "int": np.int32, "double": np.float64}
 _MISSING = {object: None, np.float64: np.nan}   # and 0 for integer columns
 # Columns a row type does not use are 0 (counts) or NaN; the writer reads only the columns of each row type.
@@ -68,14 +47,6 @@ def _output(n: int, columns: dict[str, Any]) -> pd.DataFrame:
         else:
             data[name] = np.full(n, _MISSING.get(dtype, 0) if value is None else value, dtype=dtype)
     return pd.DataFrame(data, copy=False)
-
-
-# A session row stands for a run of its key's events (analytics.session_runs); these input columns carry the run.
-RUN_LAST, RUN_EVENTS = "run_last_ms", "run_events"
-RUN_LEVELS = tuple(f"run_{level}" for level in LEVEL_COLUMNS)
-DROPPED_RUN = "dropped_run"   # output row: a run of session events dropped whole, expanded by the writer
-_SESSION_KEY = "\x1e"   # joins key kind (user | device) and key in a bucket's session keys
-_ID_SEPARATOR = "\x1f"
 
 
 class KeyedWindowsLogic:
@@ -104,7 +75,7 @@ class KeyedWindowsLogic:
             level=np.frombuffer(level, np.int8).copy(), arrived_wm=np.frombuffer(arrived, np.int64).copy(),
             pending_t=np.frombuffer(p_t, np.int64).copy(), pending_partition=np.frombuffer(p_part, np.int32).copy(),
             pending_offset=np.frombuffer(p_off, np.int64).copy(),
-            pending_ids=ids.split(_ID_SEPARATOR) if ids else [])
+            pending_ids=ids.split(ID_SEPARATOR) if ids else [])
 
     def _save_sliding(self, state: sliding.SlidingState) -> None:
         if state.empty:
@@ -113,7 +84,7 @@ class KeyedWindowsLogic:
         self.sliding_state.update((
             state.t.tobytes(), state.value.tobytes(), state.level.tobytes(), state.arrived_wm.tobytes(),
             state.pending_t.tobytes(), state.pending_partition.tobytes(), state.pending_offset.tobytes(),
-            _ID_SEPARATOR.join(state.pending_ids)))
+            ID_SEPARATOR.join(state.pending_ids)))
 
     def _load_sessions(self) -> sessions.SessionBucket:
         return sessions.unpack(self.session_state.get())
@@ -216,7 +187,7 @@ class KeyedWindowsLogic:
     @staticmethod
     def _session_keys(joined: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(key kinds, keys) of sessions in the output's ``kind`` and ``name`` columns."""
-        split = [k.split(_SESSION_KEY, 1) for k in joined]
+        split = [k.split(SESSION_KEY, 1) for k in joined]
         return np.array([k for k, _ in split], dtype=object), np.array([n for _, n in split], dtype=object)
 
     @staticmethod
@@ -243,70 +214,3 @@ def _unpack_key(key: tuple[str]) -> tuple[str, str, str, str, str]:
     """(family, app, kind, name, series_tags) from the grouping key (once per key and batch, not per row)."""
     family, app, kind, name, tags = json.loads(key[0])
     return family, app, kind, name, tags
-
-
-def keyed_windows(events: DataFrame, config: Config) -> DataFrame:
-    """The query's result: sliding windows, sessions and dropped stragglers (``row_type``)."""
-    stream = config.stream
-    read_filter, columns = _input_columns(config)
-    # Skips reading the rows it would not take anyway (analytics.keyed_rows); the rules below still choose.
-    keyed = with_watermark(events.where(read_filter), config).select(*columns)
-    processor = KeyedWindowsProcessor(stream.sliding_window_s * 1000, stream.session_gap_s * 1000,
-                                      stream.session_memory_s * 1000)
-    return keyed.groupBy(KEY).transformWithStateInPandas(
-        processor, OUTPUT_SCHEMA, "Append", "EventTime")
-
-
-_INPUT_COLUMNS: dict[tuple[int, int, int], tuple[Column, tuple[Column, ...]]] = {}
-
-
-def _input_columns(config: Config) -> tuple[Column, tuple[Column, ...]]:
-    """(the rows of a file to read, the processor's input columns), built once per process and the settings that
-    decide them: built anew they took ~0.2 s of calls into Spark's JVM at every start of the query
-    (docs/benchmarks.md). Columns are unresolved expressions, valid for any DataFrame and session of the JVM."""
-    key = (keyed_rows.selection(config), config.stream.session_gap_s, config.stream.session_buckets)
-    if key not in _INPUT_COLUMNS:
-        _INPUT_COLUMNS[key] = (keyed_rows.read_filter(config), _build_input_columns(config))
-    return _INPUT_COLUMNS[key]
-
-
-def _build_input_columns(config: Config) -> tuple[Column, ...]:
-    levels = F.array(*[F.lit(level) for level in LEVEL_COLUMNS])
-    payload = [
-        # A plain long, not the watermarked timestamp: Spark would otherwise drop late rows before the processor.
-        event_time_ms().alias("t"),
-        # The level's index in LEVEL_COLUMNS, NO_LEVEL for metrics (accepted logs always carry a known level).
-        F.when(F.col("kind") == "log", F.array_position(levels, F.col("level")) - 1)
-        .otherwise(F.lit(NO_LEVEL)).cast("byte").alias("level_code"),
-        "metric_value", "partition", "offset", "id", "device",
-    ]
-    # A file published with runs of this gap has one session row per run (its head); any other file (published
-    # before runs, or with another gap) has each event stand for a run of its own.
-    has_runs = F.coalesce(F.col(session_runs.GAP) == config.stream.session_gap_s * 1000, F.lit(False))
-    payload += [
-        F.coalesce(F.when(has_runs, F.col(session_runs.LAST)).otherwise(event_time_ms()), F.lit(0))
-        .alias(RUN_LAST),
-        F.coalesce(F.when(has_runs, F.col(session_runs.EVENTS)).otherwise(F.lit(1)), F.lit(0)).alias(RUN_EVENTS),
-        *[F.coalesce(F.when(has_runs, F.col(stored)).otherwise((F.col("level") == level).cast("int")), F.lit(0))
-          .alias(name) for level, stored, name in zip(LEVEL_COLUMNS, session_runs.LEVEL_COUNTS, RUN_LEVELS,
-                                                       strict=True)],
-    ]
-    is_run_head = ~has_runs | (F.col(session_runs.EVENTS) > 0)
-    has_user = F.col("user").isNotNull()
-    user_kind, device_kind = session_runs.SESSION_KINDS
-    session_kind = F.when(has_user, F.lit(user_kind)).otherwise(F.lit(device_kind))
-    session_key = F.coalesce("user", "device")
-    bucket = F.pmod(F.xxhash64(session_kind, session_key), F.lit(config.stream.session_buckets))
-
-    def entry(family: str, kind: Column, name: Column, tags: Column, session: Column) -> Column:
-        key = F.to_json(F.array(F.lit(family), F.col("app"), kind, name, tags))
-        return F.struct(key.alias(KEY), session.alias("session"))
-
-    session_entry = entry(SESSION, F.lit(""), bucket.cast("string"), F.lit(""),
-                          F.concat(session_kind, F.lit(_SESSION_KEY), session_key))
-    sliding_entry = entry(SLIDING, F.col("kind"), F.col("name"), F.col("series_tags"), F.lit(""))
-    # A run's head has a session entry, events of sliding series a sliding one: one read of the batch for both.
-    entries = F.filter(F.array(F.when(is_run_head, session_entry),
-                               F.when(keyed_rows.sliding_series(config), sliding_entry)),
-                       lambda entry: entry.isNotNull())
-    return (*[F.col(c) if isinstance(c, str) else c for c in payload], F.inline(entries))

@@ -5,7 +5,7 @@ executors' Python workers, and a driver-side process that ``transformWithStateIn
 the query only to run :meth:`KeyedWindowsProcessor.init` (which declares the state variables). That process has
 pyspark's processor API loaded already; the window logic's imports (pandas, pyarrow, the job's configuration) took
 it another 0.5-0.7 s, on the path of the query's first batch (docs/benchmarks.md). So they are imported where rows
-are handled: ``analytics.keyed_windows.KeyedWindowsLogic``, in the workers only.
+are handled: ``analytics.keyed.logic.KeyedWindowsLogic``, in the workers only.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pyspark.sql.streaming.stateful_processor import (
 if TYPE_CHECKING:
     import pandas as pd
 
-    from analytics.keyed_windows import KeyedWindowsLogic
+    from analytics.keyed.logic import KeyedWindowsLogic
 
-# One state row per key: numpy arrays as raw bytes (analytics.keyed_windows loads and saves them).
+# One state row per key: numpy arrays as raw bytes (analytics.keyed.query loads and saves them).
 SLIDING_STATE = ("t binary, value binary, level binary, arrived_wm binary, pending_t binary, "
                  "pending_partition binary, pending_offset binary, pending_ids string")
 SESSION_STATE = ("open_key binary, open_first binary, open_last binary, open_counts binary, closed_key binary, "
@@ -65,7 +65,7 @@ class KeyedWindowsProcessor(StatefulProcessor):
     def _rows(self) -> KeyedWindowsLogic:
         """The window logic over this processor's state, created at the first rows or timer of the process."""
         if self._logic is None:
-            from analytics.keyed_windows import KeyedWindowsLogic  # pandas and the window rules: workers only
+            from analytics.keyed.logic import KeyedWindowsLogic  # pandas and the window rules: workers only
 
             self._logic = KeyedWindowsLogic(self.handle, self.sliding_state, self.session_state,
                                             self.sliding_length_ms, self.session_gap_ms, self.session_memory_ms)

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analytics.progress import BatchInfo
-from analytics.windows import ARROW_TIME, SERIES, assign_windows, epoch_ms, window_specs
+from analytics.checkpoint import BatchInfo
+from analytics.vocabulary import ARROW_TIME, SERIES, assign_windows, epoch_ms, window_specs
 from eventide.config import Config
 
 STRAGGLER_COLUMNS = (

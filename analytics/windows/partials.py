@@ -16,7 +16,7 @@ Why the results are the ones the events would give:
   its events' maximum, so the batch's maximum is the same;
 - late contributions: Spark drops a row whose window the watermark has closed; every event of a partial has the
   same windows, so dropping the partial's contribution to a window drops exactly its events' contributions
-  (``analytics.stragglers`` still names them, from the events file);
+  (``analytics.windows.stragglers`` still names them, from the events file);
 - merging: counts and level counts add, sums add (in another order: last-bit differences), min and max take
   their extremes, HLL sketches union exactly (the same registers), KLL sketches merge within their rank error
   (as they did when Spark merged its tasks' partial buffers).
@@ -31,18 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from datasketches import hll_sketch, kll_doubles_sketch, tgt_hll_type
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from analytics import accepted_log
-from analytics.windows import (
-    ARROW_TIME,
-    BUCKET_START,
-    LEVEL_COLUMNS,
-    LEVEL_FIELDS,
-    SERIES,
-    WindowSpec,
-    window_specs,
-)
+from analytics.vocabulary import ARROW_TIME, BUCKET_START, LEVEL_COLUMNS, LEVEL_FIELDS, SERIES, WindowSpec, window_specs
 from eventide.config import Config
 
 SCHEMA = pa.schema([
@@ -53,7 +44,6 @@ SCHEMA = pa.schema([
 ])
 """A partial's columns, as published (``accepted_log.publish_partials``) and read by the ``windows`` query."""
 
-SPARK_SCHEMA = from_arrow_schema(SCHEMA)
 """:data:`SCHEMA` as Spark's types, for the ``windows`` query's file source."""
 
 

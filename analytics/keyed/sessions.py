@@ -2,7 +2,7 @@
 events each less than G after the previous; the session is ``[first, last + G)``, emitted once the watermark
 reaches ``last + G``.
 
-Pure logic over one session key's state; ``analytics.keyed_windows`` runs it inside Spark's
+Pure logic over one session key's state; ``analytics.keyed.query`` runs it inside Spark's
 ``transformWithStateInPandas`` with an event-time timer at the earliest open session's end. Spark's own
 ``session_window`` is not used because its rules differ from the brief at the edges: it merges events exactly G
 apart, and it accepts an event whose session was already emitted as the start of a second, overlapping session.
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analytics.keyed_events import Events
-from analytics.windows import LEVEL_COLUMNS, LEVEL_FIELDS
+from analytics.keyed.events import Events
+from analytics.vocabulary import LEVEL_COLUMNS, LEVEL_FIELDS
 
 COUNT_COLUMNS = ("event_count", "metric_count", "log_count", *LEVEL_FIELDS)
 
@@ -107,7 +107,7 @@ def add_bucket_runs(bucket: SessionBucket, session_keys: np.ndarray, first: np.n
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Take a batch's runs of many session keys into ``bucket`` (states updated in place; a key seen first gets
     one). Run i of ``session_keys[i]`` spans ``[first[i], last[i]]`` and holds ``counts[i]`` (COUNT_COLUMNS): a
-    single event, or events of one key already joined by gaps under G (``analytics.session_runs``), which the
+    single event, or events of one key already joined by gaps under G (``analytics.keyed.runs``), which the
     rule joins all the same. Returns, for each dropped run, its session key, its position in the input and the
     session it is attributed to (start, end).
 

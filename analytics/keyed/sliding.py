@@ -1,6 +1,6 @@
 """Sliding windows (BRIEF §2): for each accepted event e of a series, the trailing window ``(t_e - L, t_e]``.
 
-Pure logic over one series' state; ``analytics.keyed_windows`` runs it inside Spark's ``transformWithStateInPandas``
+Pure logic over one series' state; ``analytics.keyed.query`` runs it inside Spark's ``transformWithStateInPandas``
 with one event-time timer per series. The state is a time buffer of the accepted events that can still fall in
 an open window (``t > watermark - L``) plus the events whose own window is not emitted yet (pending).
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analytics.keyed_events import Events
-from analytics.windows import LEVEL_FIELDS
+from analytics.keyed.events import Events
+from analytics.vocabulary import LEVEL_FIELDS
 
 
 def _empty(dtype: type) -> np.ndarray:

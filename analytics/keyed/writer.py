@@ -1,0 +1,105 @@
+"""The ``keyed_windows`` query's writer: sliding windows, sessions and their stragglers, each keyed so a replayed batch
+changes nothing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from analytics import accepted_log
+from analytics.checkpoint import batch_info
+from analytics.keyed import runs as session_runs
+from analytics.keyed.schema import DROPPED_RUN, RUN_LAST, SESSION, SLIDING
+from analytics.sinks import BatchWriter, insert_tables, renamed, timed, with_constants
+from analytics.vocabulary import KEYED_WINDOWS_QUERY, LEVEL_FIELDS, SERIES, epoch_ms
+from analytics.windows.stragglers import STRAGGLER_COLUMNS
+from eventide.config import Config
+
+SLIDING_COLUMNS = (
+    "window_length_ms", "app", "kind", "name", "series_tags", "window_start", "window_end", "source_partition",
+    "source_offset", "event_id", "event_count", "value_count", "sum", "min", "max", "mean", "rate", *LEVEL_FIELDS,
+)
+SESSION_COLUMNS = (
+    "gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time", "duration_ms",
+    "event_count", "metric_count", "log_count", *LEVEL_FIELDS,
+)
+
+def keyed_windows_writer(config: Config) -> BatchWriter:
+    """Write sliding windows, sessions and their stragglers, each keyed so a replayed batch changes nothing.
+
+    One Spark job per batch: every output row comes to the driver once, with each table's derived columns
+    computed in Spark, and the three tables are split from it with Arrow."""
+    sliding_ms = config.stream.sliding_window_s * 1000
+    gap_ms = config.stream.session_gap_s * 1000
+    ts = F.timestamp_millis
+    checkpoint = config.checkpoint_dir / KEYED_WINDOWS_QUERY
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        now = datetime.now(UTC)
+        has_values = F.col("value_count") > 0
+        with timed(KEYED_WINDOWS_QUERY, "collect"):
+            out = batch.select(
+                "row_type", "window_kind", *SERIES,
+                # a sliding window's length, or a session's gap (also the length of each one's stragglers)
+                F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
+                ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
+                ts("event_time_ms").alias("event_time"),
+                (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
+                "source_partition", "source_offset", "event_id", "device", "event_count", "value_count", "sum",
+                F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
+                F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
+                (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), "metric_count", "log_count",
+                *LEVEL_FIELDS, ts("watermark_ms").alias("watermark"), "lateness_ms", RUN_LAST,
+            ).toArrow()
+        is_window = pc.equal(out["row_type"], "window")
+        sliding = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SLIDING)))
+        sessions = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SESSION)))
+        dropped = out.filter(pc.equal(out["row_type"], "straggler")).select(list(_KEYED_STRAGGLER_COLUMNS))
+        dropped_runs = out.filter(pc.equal(out["row_type"], DROPPED_RUN))
+        if dropped_runs.num_rows:
+            with timed(KEYED_WINDOWS_QUERY, "dropped_runs"):
+                files = accepted_log.files_read(checkpoint, batch_info(checkpoint, batch_id))
+                dropped = pa.concat_tables([dropped, _run_stragglers(
+                    dropped_runs, accepted_log.read_files(files, _RUN_EVENT_COLUMNS)).cast(dropped.schema)])
+        rows = [
+            ("sliding_windows", with_constants(sliding.select(list(SLIDING_COLUMNS)),
+                                                version=batch_id, written_at=now)),
+            ("sessions", with_constants(renamed(sessions, {
+                "window_length_ms": "gap_ms", "kind": "key_kind", "name": "session_key",
+                "window_start": "session_start", "window_end": "session_end", "event_time": "last_event_time",
+            }).select(list(SESSION_COLUMNS)), version=batch_id, written_at=now)),
+            ("stragglers", with_constants(renamed(dropped, {"event_time": "corrected_event_time"}).append_column(
+                "window_hop_ms", pa.array([0] * dropped.num_rows, pa.int64())).select(list(STRAGGLER_COLUMNS)),
+                query_name=KEYED_WINDOWS_QUERY, batch_id=batch_id, detected_at=now)),
+        ]
+        insert_tables(config, rows, KEYED_WINDOWS_QUERY)
+
+    return write
+
+
+_RUN_EVENT_COLUMNS = (*session_runs.EVENT_COLUMNS, "partition", "offset", "id")
+_KEYED_STRAGGLER_COLUMNS = ("window_kind", "window_length_ms", "app", "kind", "name", "series_tags", "window_start",
+                            "window_end", "event_time", "source_partition", "source_offset", "event_id", "device",
+                            "watermark", "lateness_ms")
+
+
+def _run_stragglers(runs: pa.Table, events: pa.Table) -> pa.Table:
+    """The straggler rows of the session runs ``keyed_windows`` dropped whole (its ``dropped_run`` rows), one per
+    event of each run, from the batch's accepted events: the columns of the processor's own straggler rows."""
+    straggler_of = session_runs.events_of_runs(pa.table({
+        **{c: runs[c] for c in ("app", "kind", "name", "window_kind", "series_tags", "window_length_ms",
+                                "window_start", "window_end", "watermark")},
+        "first_ms": epoch_ms(runs["event_time"]), "last_ms": runs[RUN_LAST],
+        "watermark_ms": epoch_ms(runs["watermark"])}), events)
+    return pa.table({
+        **{c: straggler_of[c] for c in ("window_kind", "window_length_ms", "app", "kind", "name", "series_tags",
+                                        "window_start", "window_end")},
+        "event_time": straggler_of["corrected_event_time"], "source_partition": straggler_of["partition"],
+        "source_offset": straggler_of["offset"], "event_id": straggler_of["id"], "device": straggler_of["device"],
+        "watermark": straggler_of["watermark"],
+        "lateness_ms": pc.subtract(straggler_of["watermark_ms"], straggler_of["t_ms"]),
+    })
