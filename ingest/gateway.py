@@ -27,6 +27,8 @@ Status codes:
 Aborted transactions leave records in the log that ``read_committed`` consumers skip; the stream job reads
 that way (``kafka.isolation.level``).
 
+OpenTelemetry OTLP/HTTP (``POST /v1/logs``, ``POST /v1/metrics``) is served beside it: :mod:`ingest.otlp_http`.
+
 Run it with ``eventide gateway`` (``./run gateway``) or ``python -m ingest.gateway``.
 """
 

@@ -256,11 +256,8 @@ def record_id(source: Source, scope_digest: bytes, position: tuple[int, ...], co
     """An id that is the same whenever the same request is sent again: a hash of the resource, the scope, the
     record's position in the request and its content. Different records of one request never share one (their
     positions differ), and a re-sent copy is recognised by the pipeline's (app, id) dedup."""
-    h = hashlib.blake2b(source.digest, digest_size=16)
-    h.update(scope_digest)
-    h.update(struct.pack(f"<{len(position)}I", *position))
-    h.update(content)
-    return h.hexdigest()
+    packed = struct.pack(f"<{len(position)}I", *position)
+    return hashlib.blake2b(b"".join((source.digest, scope_digest, packed, content)), digest_size=16).hexdigest()
 
 
 def scope_digest(scope: Message) -> bytes:
@@ -391,8 +388,8 @@ def map_logs(request: ExportLogsServiceRequest, timings: Mapping[str, Timing], d
                 if isinstance(stamped, str):
                     mapped.refused[owner] = stamped
                     continue
-                tags = tags_of(record.attributes, user_key)
-                user = next((text(kv.value) for kv in record.attributes if kv.key == user_key), resource_user)
+                tags = tags_of(record.attributes)
+                user = tags.pop(user_key, resource_user)
                 if record.trace_id:
                     tags["trace_id"] = record.trace_id.hex()
                 if record.span_id:
