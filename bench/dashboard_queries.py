@@ -13,12 +13,32 @@ included; Kafka (consumer lag) is skipped.
     .venv/bin/python bench/dashboard_queries.py --repeat 20
     .venv/bin/python bench/dashboard_queries.py --tumbling 10,60   # the default config's windows (6x the rows)
     .venv/bin/python bench/dashboard_queries.py --hours 168        # a week stored, the pages still show 24 h
+
+Log search (issue 38), ``--log-lines N`` (``--logs-only`` skips the pages above): N log lines of the same 5 apps and
+2 loggers, levels by ``LEVEL_P``, in the ``logs`` table, then the Logs page's searches through
+``dashboard.log_search`` (the functions the page calls), each ``--repeat`` times: (a) a common and a rare word over
+the last hour, (b) a phrase, (c) a word with an app and a level, (d) the message patterns of the last 15 min, and,
+beyond those, the same over wider ranges. Messages come from 340 templates (31 common and 3 rare shapes x 10
+components; Zipf-like shares within a level, the rare ones at 1e-4 to 2e-6 of the lines) with numbers, durations,
+UUIDs, trace ids, IPs and users filled in; tags region/route/status (status by level); 1,000 users and 20 devices
+per app, UUIDv7 event ids. The lines cover ``--log-hours`` (default 24 h) evenly, so 10M lines put 417k in the last
+hour (116 a second, about 7x the log rate of the page bench's 10 log series): a last-hour search then scans a
+demanding share, where 10M lines over the 7-day retention would leave 60k an hour. The history goes in as Arrow
+blocks of 1M lines; the last hour one 5 s micro-batch per insert, as the job writes it, so the newest lines sit in
+the small parts background merges have not caught up with. Each search is timed as written and after ``OPTIMIZE
+TABLE logs FINAL`` (one part per day); ``--log-variant`` also times a copy of the table with explicit codecs. What a
+call reads comes from the store's ``system.events`` counters around one call and from ``EXPLAIN indexes = 1``.
+
+    .venv/bin/python bench/dashboard_queries.py --logs-only --log-lines 10000000 --repeat 20 --log-variant
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -32,12 +52,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from clickhouse_connect.driver.client import Client
 from datasketches import hll_sketch, hll_union, kll_doubles_sketch
 
-from analytics.keyed_windows import KEYED_WINDOWS_QUERY
-from analytics.sinks import ACCEPT_QUERY
+from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY
 from dashboard import queries
+from dashboard.log_search import LogQuery, message_patterns, search_lines
 from eventide.config import Config, load_config
 from eventide.services import free_port
 from ingest.envelope import LEVELS
@@ -472,6 +493,399 @@ def alerts(config: Config, r: Render, since: datetime, until: datetime, minutes:
                                   "history": lambda c: r("alert_history", queries.alert_history, c, since, until)})
 
 
+# Log search (issue 38) ---------------------------------------------------------------------------------------
+
+
+COMPONENTS = ("auth", "cart", "checkout", "payment", "search", "inventory", "session", "cache", "db", "mailer")
+# (level, logger, text): every base is written once per component, so patterns are distinct per component. Slots:
+# {c} component, {n} small number, {ms} duration, {bytes} size, {uuid}, {hex} trace id, {ip}, {user}, {route},
+# {status}, {order}, {attempt}.
+LOG_BASES = (
+    ("debug", 0, "{c} cache lookup key {hex} hit in {ms} us"),
+    ("debug", 0, "{c} parsed request headers for {route} ({n} headers)"),
+    ("debug", 0, "{c} sql query took {ms} ms rows={n}"),
+    ("debug", 0, "{c} acquired pool connection {n} after {ms} ms"),
+    ("debug", 1, "{c} job {uuid} picked from queue at depth {n}"),
+    ("debug", 1, "{c} heartbeat sent seq={n}"),
+    ("info", 0, "{c} request {route} completed with status {status} in {ms} ms"),
+    ("info", 0, "{c} user {user} signed in from {ip}"),
+    ("info", 0, "{c} request {route} served {bytes} bytes to {ip}"),
+    ("info", 0, "{c} session {uuid} started for user {user}"),
+    ("info", 0, "{c} order {order} created by user {user} with {n} items"),
+    ("info", 0, "{c} request {route} accepted, trace {hex}"),
+    ("info", 1, "{c} job {uuid} finished in {ms} ms"),
+    ("info", 1, "{c} batch of {n} events flushed in {ms} ms"),
+    ("info", 1, "{c} scheduled task {n} ran, next run in {n} s"),
+    ("info", 1, "{c} email queued for user {user} message {uuid}"),
+    ("warning", 0, "{c} slow request {route} took {ms} ms (threshold 500 ms)"),
+    ("warning", 0, "{c} retrying upstream call to {ip} attempt {attempt} of 5"),
+    ("warning", 0, "{c} rate limit close for user {user}: {n} requests in 60 s"),
+    ("warning", 0, "{c} response for {route} truncated at {bytes} bytes"),
+    ("warning", 1, "{c} queue depth {n} above soft limit"),
+    ("warning", 1, "{c} job {uuid} took {ms} ms, longer than expected"),
+    ("error", 0, "{c} request {route} failed with status {status}: upstream timeout after {ms} ms"),
+    ("error", 0, "{c} connection reset by peer {ip} while writing response"),
+    ("error", 0, "{c} payment for order {order} declined: card expired"),
+    ("error", 0, "{c} invalid token for user {user}: signature mismatch"),
+    ("error", 1, "{c} job {uuid} failed: timeout after {ms} ms, attempt {attempt}"),
+    ("error", 1, "{c} could not deliver message {uuid}: connection refused by {ip}"),
+    ("critical", 0, "{c} database pool exhausted: {n} waiting, {n} in use"),
+    ("critical", 1, "{c} worker {n} crashed: out of memory after {bytes} bytes"),
+    ("critical", 1, "{c} disk usage at {n} percent on volume data-{n}"),
+)
+# Rare lines, as a share of all lines (spread over the components): the words a search looks for after an incident.
+LOG_RARE = (
+    ("warning", 0, "{c} certificate for api.example.com expires in {n} days", 1e-4),
+    ("error", 1, "{c} deadlock detected on table orders, transaction {uuid} rolled back", 1e-5),
+    ("critical", 1, "{c} segfault in native module at address 0x{hex}", 2e-6),
+)
+ROUTES = ("/", "/login", "/logout", "/cart", "/cart/items", "/checkout", "/checkout/pay", "/search", "/products",
+          "/products/item", "/orders", "/orders/item", "/account", "/account/settings", "/api/v1/events",
+          "/api/v1/metrics", "/health", "/static/app.js", "/images/item", "/recommendations")
+REGIONS = ("eu-west", "us-east", "us-west", "ap-south")
+STATUS_BY_LEVEL = {"debug": ("200", "200", "200", "304"), "info": ("200", "200", "201", "204"),
+                   "warning": ("200", "404", "429", "408"), "error": ("500", "502", "503", "504"),
+                   "critical": ("500", "503", "503", "503")}
+_SLOT = re.compile(r"\{(\w+)\}")
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+@dataclass(frozen=True)
+class LogLoad:
+    """``lines`` log lines of the bench's 5 apps spread evenly over the ``hours`` before the bench's end."""
+
+    lines: int
+    hours: float = 24.0
+    block: int = 1_000_000                 # rows per insert: one Arrow block, as a large micro-batch writes
+    apps: int = 5
+    users_per_app: int = 1000
+    devices_per_app: int = 20
+    anonymous: float = 0.15                # lines without a user
+    live_minutes: float = 60.0             # the newest lines, written one micro-batch per insert
+    trigger_s: int = 5                     # the stream job's micro-batch interval
+
+    @property
+    def per_hour(self) -> float:
+        return self.lines / self.hours
+
+
+@dataclass(frozen=True)
+class _Template:
+    level: str
+    logger: int
+    parts: tuple[str, ...]                 # literal text around the slots: len(parts) == len(slots) + 1
+    slots: tuple[str, ...]
+
+
+def _templates() -> tuple[list[_Template], np.ndarray]:
+    """Every template and its share of the lines: by LEVEL_P per level, Zipf-like within a level, rare ones fixed."""
+    rng = np.random.default_rng(38)
+    templates: list[_Template] = []
+    shares: list[float] = []
+    comp_w = 1 / np.arange(1, len(COMPONENTS) + 1)
+    comp_w /= comp_w.sum()
+    rare_by_level = {lvl: sum(p for lv, _, _, p in LOG_RARE if lv == lvl) for lvl in LEVELS}
+    for li, level in enumerate(LEVELS):
+        bases = [(lg, text) for lv, lg, text in LOG_BASES if lv == level]
+        w = 1 / np.arange(1, len(bases) + 1) ** 0.8
+        w = rng.permutation(w / w.sum()) * (LEVEL_P[li] - rare_by_level[level])
+        for (logger, text), wb in zip(bases, w, strict=True):
+            for c, wc in zip(COMPONENTS, comp_w, strict=True):
+                templates.append(_template(level, logger, text, c))
+                shares.append(wb * wc)
+        for lv, logger, text, p in LOG_RARE:
+            if lv == level:
+                for c in COMPONENTS:
+                    templates.append(_template(level, logger, text, c))
+                    shares.append(p / len(COMPONENTS))
+    return templates, np.array(shares) / sum(shares)
+
+
+def _template(level: str, logger: int, text: str, component: str) -> _Template:
+    pieces = _SLOT.split(text.replace("{c}", component))
+    return _Template(level, logger, tuple(pieces[0::2]), tuple(pieces[1::2]))
+
+
+def _hex_strings(rng: np.random.Generator, n: int, groups: tuple[int, ...],
+                 time_ms: np.ndarray | None = None) -> pa.Array:
+    """``n`` random lowercase hex strings in dash-separated groups (a UUID: 8-4-4-4-12), built as one buffer;
+    with ``time_ms``, a UUIDv7 (the SDK's ids): 48 bits of the time, then the version 7, then random digits."""
+    digits = sum(groups)
+    width = digits + len(groups) - 1
+    codes = rng.integers(0, 16, (n, digits), dtype=np.uint8)
+    if time_ms is not None:
+        codes[:, :12] = (time_ms[:, None] >> np.arange(44, -1, -4)) & 0xF
+        codes[:, 12] = 7
+    nibbles = _HEX[codes]
+    out = np.full((n, width), ord("-"), np.uint8)
+    at = 0
+    for i, g in enumerate(groups):
+        out[:, at + i:at + i + g] = nibbles[:, at:at + g]
+        at += g
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out.tobytes())])
+
+
+def _digits(values: np.ndarray) -> pa.Array:
+    return pc.cast(pa.array(values.astype(np.int64)), pa.string())
+
+
+def _log_block(load: LogLoad, start_ms: int, end_ms: int, n: int, first_offset: int, rng: np.random.Generator,
+               templates: list[_Template], shares: np.ndarray) -> pa.Table:
+    """``n`` lines with corrected event times in [start_ms, end_ms), in time order (as the job appends them)."""
+    t = np.sort(rng.integers(start_ms, end_ms, n))
+    app = rng.integers(0, load.apps, n)
+    device = app * load.devices_per_app + rng.integers(0, load.devices_per_app, n)
+    user = app * load.users_per_app + rng.integers(0, load.users_per_app, n)
+    anonymous = rng.random(n) < load.anonymous
+    which = rng.choice(len(templates), n, p=shares)
+    level_of = np.array([LEVELS.index(tp.level) for tp in templates])
+    logger_of = np.array([tp.logger for tp in templates])
+    level = level_of[which]
+    route = rng.integers(0, len(ROUTES), n)
+    status_pick = rng.integers(0, 4, n)
+    status_table = pa.array([s for lvl in LEVELS for s in STATUS_BY_LEVEL[lvl]])
+    status = pc.take(status_table, pa.array(level * 4 + status_pick))
+    routes, apps = pa.array(ROUTES), pa.array([f"app-{a}" for a in range(load.apps)])
+    devices = pa.array([f"app-{a}-device-{d}" for a in range(load.apps) for d in range(load.devices_per_app)])
+    users = pa.array([f"app-{a}-user-{u}" for a in range(load.apps) for u in range(load.users_per_app)] + [""])
+    user_col = pc.take(users, pa.array(np.where(anonymous, len(users) - 1, user)))
+    route_col = pc.take(routes, pa.array(route))
+
+    # Messages, one template group at a time (each slot a vectorised column), put back into time order.
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(len(templates) + 1))
+    pieces = []
+    for k, tp in enumerate(templates):
+        rows = order[bounds[k]:bounds[k + 1]]
+        if not len(rows):
+            continue
+        m = len(rows)
+        args: list[Any] = [tp.parts[0]]
+        for slot, text in zip(tp.slots, tp.parts[1:], strict=True):
+            args += [_slot(slot, rows, m, rng, user_col, route_col, status), text]
+        pieces.append(pc.binary_join_element_wise(*args, "") if tp.slots else pa.array([tp.parts[0]] * m))
+    message = pc.take(pa.concat_arrays(pieces), pa.array(np.argsort(order)))
+
+    offset = rng.normal(0, 5_000, load.apps * load.devices_per_app).astype(np.int64)   # device clock offsets
+    region = rng.integers(0, len(REGIONS), n)
+    keys = pa.array(["region", "route", "status"] * n)
+    items = pc.take(pa.concat_arrays([pc.take(pa.array(REGIONS), pa.array(region)), route_col, status]),
+                    pa.array(np.stack([np.arange(n), n + np.arange(n), 2 * n + np.arange(n)], axis=1).ravel()))
+    tags = pa.MapArray.from_arrays(pa.array(np.arange(0, 3 * n + 1, 3, dtype=np.int32)), keys, items)
+    return pa.table({
+        "corrected_event_time": _ms(t), "event_time": _ms(t - offset[device]),
+        "received_time": _ms(t + rng.exponential(300, n).astype(np.int64)),
+        "app": pc.take(apps, pa.array(app)), "level": pc.take(pa.array(LEVELS), pa.array(level)),
+        "name": pc.take(pa.array(LOGS), pa.array(logger_of[which])), "device": pc.take(devices, pa.array(device)),
+        "user": user_col, "message": message, "tags": tags, "event_id": _hex_strings(rng, n, (8, 4, 4, 4, 12), t),
+        "source_partition": (device % 4).astype(np.int32),
+        "source_offset": np.arange(first_offset, first_offset + n, dtype=np.int64)})
+
+
+def _slot(slot: str, rows: np.ndarray, m: int, rng: np.random.Generator, user_col: pa.Array, route_col: pa.Array,
+          status: pa.Array) -> pa.Array:
+    idx = pa.array(rows)
+    if slot == "user":
+        named = pc.take(user_col, idx)
+        return pc.if_else(pc.equal(named, ""), "anonymous", named)
+    if slot == "route":
+        return pc.take(route_col, idx)
+    if slot == "status":
+        return pc.take(status, idx)
+    if slot == "uuid":
+        return _hex_strings(rng, m, (8, 4, 4, 4, 12))
+    if slot == "hex":
+        return _hex_strings(rng, m, (16,))
+    if slot == "ip":
+        octets = [_digits(rng.integers(1, 255, m)) for _ in range(4)]
+        return pc.binary_join_element_wise(*octets, ".")
+    if slot == "order":
+        return pc.binary_join_element_wise("ord-", _digits(rng.integers(10_000_000, 99_999_999, m)), "")
+    values = {"n": lambda: rng.integers(0, 1000, m), "ms": lambda: rng.lognormal(3, 1.2, m),
+              "bytes": lambda: rng.lognormal(8, 2, m), "attempt": lambda: rng.integers(1, 6, m)}[slot]()
+    return _digits(values)
+
+
+@dataclass
+class LogFill:
+    """How the lines went in: the history in large blocks, the newest minutes in the job's micro-batches."""
+
+    bulk_lines: int = 0
+    generate_s: float = 0.0
+    bulk_insert_s: float = 0.0
+    live_lines: int = 0
+    live_inserts: int = 0
+    live_insert_s: float = 0.0
+
+
+def populate_logs(config: Config, load: LogLoad, until: datetime, database: str = "") -> LogFill:
+    """Insert the load's lines into ``logs``, in time order: the history in blocks of ``load.block`` lines (what
+    background merges leave), the last ``load.live_minutes`` one micro-batch (``load.trigger_s``) per insert, as
+    the stream job writes them, so the newest lines sit in the small parts a running system has not merged yet."""
+    end_ms = int(until.timestamp() * 1000)
+    t0_ms = end_ms - int(load.hours * 3_600_000)
+    live_ms = min(end_ms - t0_ms, load.live_minutes * 60_000)
+    live_lines = round(load.lines * live_ms / (end_ms - t0_ms))
+    bulk_lines = load.lines - live_lines
+    rng = np.random.default_rng(38)
+    templates, shares = _templates()
+    blocks = -(-bulk_lines // load.block)
+    fill = LogFill(bulk_lines=bulk_lines, live_lines=live_lines)
+    with connect(config, database=database) as client:
+        for b in range(blocks):
+            n = min(load.block, bulk_lines - b * load.block)
+            start = t0_ms + (end_ms - live_ms - t0_ms) * b // blocks
+            stop = t0_ms + (end_ms - live_ms - t0_ms) * (b + 1) // blocks
+            t = time.perf_counter()
+            data = _log_block(load, start, stop, n, b * load.block, rng, templates, shares)
+            fill.generate_s += time.perf_counter() - t
+            t = time.perf_counter()
+            client.insert_arrow("logs", data)
+            fill.bulk_insert_s += time.perf_counter() - t
+        if live_lines:
+            t = time.perf_counter()
+            data = _log_block(load, end_ms - live_ms, end_ms, live_lines, bulk_lines, rng, templates, shares)
+            fill.generate_s += time.perf_counter() - t
+            times = data.column("corrected_event_time").cast(pa.int64()).to_numpy()
+            cuts = np.searchsorted(times, np.arange(end_ms - live_ms, end_ms + 1, load.trigger_s * 1000))
+            t = time.perf_counter()
+            for a, b in itertools.pairwise(cuts):
+                if b > a:
+                    client.insert_arrow("logs", data.slice(a, b - a))
+                    fill.live_inserts += 1
+            fill.live_insert_s = time.perf_counter() - t
+    return fill
+
+
+@dataclass(frozen=True)
+class LogCase:
+    """One search the Logs page runs: the newest ``limit`` lines, or the top message patterns."""
+
+    label: str
+    minutes: int
+    text: str = ""
+    apps: tuple[str, ...] = ()
+    levels: tuple[str, ...] = ()
+    patterns: bool = False
+    limit: int = 100
+
+    def query(self, until: datetime) -> LogQuery:
+        return LogQuery(since=until - timedelta(minutes=self.minutes), until=until, apps=self.apps,
+                        levels=self.levels, text=self.text)
+
+    def run(self, client: Client, until: datetime) -> pd.DataFrame:
+        if self.patterns:
+            return message_patterns(client, self.query(until), top=20)
+        return search_lines(client, self.query(until), self.limit)
+
+
+LOG_CASES = (
+    LogCase("(a) common word, last hour", 60, text="request"),
+    LogCase("(a) rare word, last hour", 60, text="deadlock"),
+    LogCase("(b) phrase, last hour", 60, text='"connection reset by peer"'),
+    LogCase("(c) word + app + level, last hour", 60, text="timeout", apps=("app-3",), levels=("error",)),
+    LogCase("(d) patterns, last 15 min", 15, patterns=True),
+    # Beyond the issue's four: what a wider range costs.
+    LogCase("(e) common word, last 24 h", 24 * 60, text="request"),
+    LogCase("(f) patterns, last hour", 60, patterns=True),
+    LogCase("(g) no filter, last 24 h", 24 * 60),
+)
+
+
+class _Recorder:
+    """A client that remembers the statements sent through it (to measure what a call reads, afterwards)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self.sent: list[tuple[str, dict[str, Any] | None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._client, name)
+        if not name.startswith(("query", "raw_query")):
+            return target
+
+        def record(query: str, parameters: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+            self.sent.append((query, parameters))
+            return target(query, parameters, *args, **kwargs)
+        return record
+
+
+_COUNTERS = ("SelectedParts", "SelectedMarks", "SelectedRows", "ReadCompressedBytes")
+_STEP = re.compile(r"^(Min-Max|Partition|PrimaryKey|Skip|Name: \S+|Granules: \S+)$")
+
+
+def _counters(client: Client) -> dict[str, int]:
+    """The store process's read counters: chDB answers X-ClickHouse-Summary's read_rows with the rows of the
+    result and has no system.query_log, but its system.events counts every query's reads."""
+    rows = client.query("SELECT event, value FROM system.events WHERE event IN {e:Array(String)}",
+                        parameters={"e": list(_COUNTERS)}).result_rows
+    return {name: int(value) for name, value in rows}
+
+
+def _reads(client: Client, case: LogCase, until: datetime) -> str:
+    """What one call of ``case`` reads (the store's counters around it, nothing else running) and the granules each
+    index keeps in its statements (EXPLAIN indexes = 1)."""
+    recorder = _Recorder(client)
+    before = _counters(client)
+    case.run(recorder, until)    # type: ignore[arg-type]
+    after = _counters(client)
+    read = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
+    plans = []
+    for sql, params in recorder.sent:
+        steps, label = [], ""
+        for (line,) in client.query(f"EXPLAIN indexes = 1 {sql}", parameters=params).result_rows:
+            m = _STEP.match(line.lstrip(" │├└─"))
+            if not m:
+                continue
+            if m.group(1).startswith("Granules"):
+                steps.append(f"{label} {m.group(1).split()[1]}")
+            else:
+                label = m.group(1).removeprefix("Name: ")
+        plans.append(" ".join(steps))
+    return (f"{read['SelectedRows']:,} rows ({read['SelectedMarks']:,} granules, {read['SelectedParts']} parts), "
+            f"{read['ReadCompressedBytes'] / 2**20:.1f} MiB compressed; granules " + " | ".join(plans))
+
+
+def log_search(config: Config, until: datetime, repeat: int, title: str, database: str = "") -> None:
+    """Run each log case ``repeat`` times through the served store as the page's reader; print p50/p95."""
+    load = " ".join(f"{v:.1f}" for v in os.getloadavg())
+    print(f"{title:<36} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'rows':>6}   what one call reads (load avg {load})")
+    for case in LOG_CASES:
+        times = []
+        for _ in range(repeat):
+            with connect(config, database=database, role="reader") as client:
+                t = time.perf_counter()
+                out = case.run(client, until)
+                times.append(time.perf_counter() - t)
+        with connect(config, database=database, role="reader") as client:
+            reads = _reads(client, case, until)
+        print(f"{case.label:<36} {_percentile(times, 0.5):>7.3f} {_percentile(times, 0.95):>7.3f} "
+              f"{max(times):>7.3f} {len(out):>6}   {reads}")
+
+
+def log_storage(config: Config, database: str) -> str:
+    """The logs table's rows, parts, bytes (columns compressed, skip indexes, all files on disk) and the bytes per
+    line of its largest columns and of each skip index."""
+    db = {"db": database}
+    with connect(config) as client:
+        rows, parts, comp, raw, skip, disk = client.query(
+            "SELECT sum(rows), count(), sum(data_compressed_bytes), sum(data_uncompressed_bytes), "
+            "sum(secondary_indices_compressed_bytes), sum(bytes_on_disk) FROM system.parts "
+            "WHERE active AND database = {db:String} AND table = 'logs'", parameters=db).result_rows[0]
+        cols = client.query(
+            "SELECT column, sum(column_data_compressed_bytes) AS c FROM system.parts_columns WHERE active AND "
+            "database = {db:String} AND table = 'logs' GROUP BY column ORDER BY c DESC", parameters=db).result_rows
+        indexes = client.query(
+            "SELECT name, data_compressed_bytes FROM system.data_skipping_indices WHERE database = {db:String} "
+            "AND table = 'logs' ORDER BY data_compressed_bytes DESC", parameters=db).result_rows
+    per_col = ", ".join(f"{name} {c / rows:.1f}" for name, c in cols[:6])
+    per_idx = ", ".join(f"{name} {c / rows:.1f}" for name, c in indexes)
+    return (f"{database}.logs: {rows:,} lines in {parts} parts; {disk / 2**20:,.0f} MiB on disk = "
+            f"{disk / rows:.1f} B/line (columns {comp / rows:.1f} compressed, {raw / rows:.1f} uncompressed; skip "
+            f"indexes {skip / rows:.1f}); B/line by column: {per_col}; by skip index: {per_idx}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=20, help="renders per page")
@@ -481,6 +895,14 @@ def main() -> None:
                         help="history stored (the pages still show the last 24 h): what unbounded queries pay for")
     parser.add_argument("--no-hopping", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the temporary store (its path is printed)")
+    parser.add_argument("--log-lines", type=int, default=0,
+                        help="also fill the logs table with this many lines and time the Logs page's searches")
+    parser.add_argument("--log-hours", type=float, default=LogLoad.hours, help="span the log lines cover")
+    parser.add_argument("--log-live-minutes", type=float, default=LogLoad.live_minutes,
+                        help="the newest minutes of lines written one 5 s micro-batch per insert (0: all in blocks)")
+    parser.add_argument("--log-variant", action="store_true",
+                        help="also time a copy of the logs table with explicit codecs (LOG_CODECS)")
+    parser.add_argument("--logs-only", action="store_true", help="only the log search part (no window tables)")
     args = parser.parse_args()
     load = Load(tumbling_s=tuple(sorted(int(s) for s in args.tumbling.split(","))), versions=args.versions,
                 hours=args.hours,
@@ -490,7 +912,12 @@ def main() -> None:
         config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data)},
                              store={"database": "bench", "port": free_port()})
         with served_store(config):
-            run(config, load, data, args.repeat)
+            apply_migrations(config)
+            if not args.logs_only:
+                run(config, load, data, args.repeat)
+            if args.log_lines:
+                run_logs(config, LogLoad(args.log_lines, args.log_hours, live_minutes=args.log_live_minutes),
+                         args.repeat, args.log_variant)
         if args.keep:
             print(f"\nstore kept at {data} (serve it with EVENTIDE_PATHS__DATA_DIR={data} eventide store serve)")
     finally:
@@ -505,7 +932,6 @@ def _percentile(values: list[float], q: float) -> float:
 
 def run(config: Config, load: Load, data: Path, repeat: int) -> None:
     """Fill the store, then render every page ``repeat`` times and print the timings."""
-    apply_migrations(config)
     t = time.perf_counter()
     until = datetime.now(UTC).replace(second=0, microsecond=0)
     written = populate(config, load, until)
@@ -545,6 +971,68 @@ def run(config: Config, load: Load, data: Path, repeat: int) -> None:
         detail = ", ".join(f"{c} {s * 1000:.0f} ({runs[0].rows[c]:,})" for c, s in top)
         print(f"{name:<32} {_percentile(totals, 0.5):>7.3f} {_percentile(totals, 0.95):>7.3f} "
               f"{max(totals):>7.3f}   {detail}")
+
+
+
+def run_logs(config: Config, load: LogLoad, repeat: int, variant: bool) -> None:
+    """Fill ``logs`` with the load's lines, then time each log search ``repeat`` times: as written, and after the
+    table is merged (one part per day, as background merges leave a day's partition). ``variant``: the same lines
+    in a copy of the table with :data:`LOG_CODECS`, merged, timed the same way."""
+    until = datetime.now(UTC).replace(second=0, microsecond=0)
+    fill = populate_logs(config, load, until)
+    db = config.store.database
+    print(f"\nlogs: {load.lines:,} lines over {load.hours:g} h ({load.per_hour:,.0f} per hour, "
+          f"{load.per_hour / 4:,.0f} in the last 15 min), generated in {fill.generate_s:.1f} s; "
+          f"{fill.bulk_lines:,} in blocks of {load.block:,}: inserted in {fill.bulk_insert_s:.1f} s "
+          f"({fill.bulk_lines / max(fill.bulk_insert_s, 1e-9):,.0f} lines/s); the last {load.live_minutes:g} min's "
+          f"{fill.live_lines:,} in {fill.live_inserts} micro-batches of {load.trigger_s} s: {fill.live_insert_s:.1f} s "
+          f"({fill.live_insert_s / max(fill.live_inserts, 1) * 1000:.0f} ms per insert)")
+    print(log_storage(config, db))
+    log_search(config, until, repeat, "as written")
+    print(f"\nOPTIMIZE TABLE logs FINAL: {_optimize(config, db):.0f} s")
+    print(log_storage(config, db))
+    log_search(config, until, repeat, "merged")
+    if variant:
+        other = f"{db}_codecs"
+        t = time.perf_counter()
+        with connect(config, database=None) as client:
+            client.command(f"CREATE DATABASE {other}")
+            client.command(f"CREATE TABLE {other}.stragglers AS {db}.stragglers")
+            client.command(logs_variant_ddl(other))
+            client.command(f"INSERT INTO {other}.logs SELECT * FROM {db}.logs")
+        print(f"\nvariant {other}.logs ({', '.join(f'{c} {codec}' for c, codec in LOG_CODECS.items())}): copied in "
+              f"{time.perf_counter() - t:.0f} s")
+        print(log_storage(config, other))
+        log_search(config, until, repeat, "variant, as copied", database=other)
+        print(f"\nOPTIMIZE TABLE {other}.logs FINAL: {_optimize(config, other):.0f} s")
+        print(log_storage(config, other))
+        log_search(config, until, repeat, "variant, merged", database=other)
+
+
+def _optimize(config: Config, database: str) -> float:
+    t = time.perf_counter()
+    with connect(config, database=database) as client:
+        client.command("OPTIMIZE TABLE logs FINAL")
+    return time.perf_counter() - t
+
+
+LOG_CODECS = {column: "CODEC(ZSTD(1))" for column in ("corrected_event_time", "event_time", "received_time",
+                                                      "device", "user", "message", "tags", "event_id")}
+"""Explicit codecs for the logs table's large columns, as ClickHouse's OpenTelemetry exporter declares them
+(``Delta`` before ``ZSTD`` on the times, as it has, measured no smaller here). A server compresses with LZ4 unless
+told otherwise."""
+
+
+def logs_variant_ddl(database: str) -> str:
+    """sql/0013_logs.sql's table in ``database`` with :data:`LOG_CODECS` on its columns."""
+    ddl = (REPO / "sql" / "0013_logs.sql").read_text()
+    ddl = "\n".join(line.split("--", 1)[0].rstrip() for line in ddl.splitlines() if not line.startswith("--"))
+    ddl = ddl.replace("CREATE TABLE IF NOT EXISTS logs", f"CREATE TABLE {database}.logs")
+    for column, codec in LOG_CODECS.items():
+        ddl, n = re.subn(rf"^(\s+{column}\s+.+?),$", rf"\1 {codec},", ddl, count=1, flags=re.MULTILINE)
+        if n != 1:
+            raise ValueError(f"sql/0013_logs.sql: no column {column} to give {codec}")
+    return ddl.rstrip().rstrip(";")
 
 
 if __name__ == "__main__":
