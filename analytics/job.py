@@ -82,7 +82,8 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         # watermark has passed would still take events for one more batch.
         .config("spark.sql.streaming.statefulOperator.allowMultiple", "false")
         # The window aggregation's sketch buffers are objects: past this many groups per task Spark's default
-        # (128) switches to a sort-based aggregation, measured 1.8x slower on a 400k-event batch.
+        # (128) switches to a sort-based aggregation, much slower for object buffers
+        # (docs/performance.md#spark-and-jvm-settings).
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "1000000")
         .config("spark.sql.warehouse.dir", str(config.data_dir / "spark-warehouse"))
         .getOrCreate()

@@ -105,7 +105,8 @@ def first_copies(batch: pa.Table, remembered: pa.ChunkedArray) -> pa.BooleanArra
         keep[repeated] = earliest
     if len(remembered):
         # The horizon's keys (rate x horizon, millions at 15k ev/s) are probed against the batch's distinct keys, not
-        # hashed into a set of their own in every batch (~10x the time, docs/benchmarks.md).
+        # hashed into a set of their own in every batch (millions of keys at a high rate: that dominated accept's
+        # driver; docs/performance.md#dedup-in-the-driver).
         seen = pc.drop_null(pc.index_in(remembered, value_set=encoded.dictionary))
         if len(seen):
             accepted_before = np.zeros(len(encoded.dictionary), dtype=bool)

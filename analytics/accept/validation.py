@@ -57,8 +57,8 @@ _FAST_SHAPE = (
     r"(, value: (BIGINT|DOUBLE|DECIMAL\(\d+,\d+\)))?>$"
 )
 # The tags: every value a string, every key unquoted (``schema_of_variant`` quotes a key that is not a plain
-# identifier, so ``\w+`` matches exactly the keys it leaves bare). Checked in the one pattern: each separate search
-# of every record's shape cost 5-7 % of the accept query's executor time.
+# identifier, so ``\w+`` matches exactly the keys it leaves bare). Checked in the one pattern: a separate search is
+# one more regex per record in accept's hottest code (docs/performance.md#validation-one-parse-and-a-fast-path).
 _KAFKA_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp", "value")
 _FAST_SCHEMA = ", ".join(f"{field} {spark_type}" for field, spark_type in _FIELDS.items())
 
@@ -67,14 +67,15 @@ def _fast_path() -> Column:
     """``_root`` (the record's JSON schema) and ``_fj`` (its fields cast from the variant: exact for a record of
     the fast shape, whose JSON types are all as expected), from which ``_fast_accept`` decides.
 
-    Checking one schema string and a few values costs a fraction of the full rules (per-field JSON types and
-    typed reads, ~5x the time); only records that fail it pay for those (``_extract_fields``). The fast check
-    accepts a subset of what the full rules accept, with the same values, so the outcome is the same."""
+    Checking one schema string and a few values costs a fraction of the full rules (per-field JSON types and typed
+    reads; docs/performance.md#validation-one-parse-and-a-fast-path); only records that fail it pay for those
+    (``_extract_fields``). The fast check accepts a subset of what the full rules accept, with the same values, so the
+    outcome is the same."""
     root = F.expr("schema_of_variant(_json)")
-    # Read from the variant already parsed, not parsed again with from_json: Spark's from_json allocates a reader
-    # and its buffers per record, and the second parse cost more than the first (docs/benchmarks.md). The cast is
-    # lenient ("5" would become 5), which is harmless here: ``_fj`` is only used for records of the fast shape,
-    # whose JSON types are exactly the cast's.
+    # Read from the variant already parsed, not parsed again with from_json: Spark's from_json allocates a reader and
+    # its buffers per record, a second parse no cheaper than this cast
+    # (docs/performance.md#validation-one-parse-and-a-fast-path). The cast is lenient ("5" would become 5), which is
+    # harmless here: ``_fj`` is only used for records of the fast shape, whose JSON types are exactly the cast's.
     fields = F.expr(f"try_variant_get(_json, '$', 'struct<{_FAST_SCHEMA}>')")
     return F.inline(F.array(F.struct(root.alias("_root"), fields.alias("_fj"))))
 
@@ -102,8 +103,9 @@ def _extract_fields() -> Column:
 
     They sit behind a generator (``inline`` of a one-element array) on purpose: Spark pushes the
     ``dead_letter_reason IS NULL`` filter below plain projections by inlining their expressions, which would
-    re-evaluate every ``schema_of_variant`` in every rule that mentions it (measured 5x slower); it cannot push a
-    filter below a generator, so the rules read these columns instead.
+    re-evaluate every ``schema_of_variant`` in every rule that mentions it (several times the validation's cost,
+    docs/performance.md#validation-one-parse-and-a-fast-path); it cannot push a filter below a generator, so the
+    rules read these columns instead.
     """
     fast = F.col("_fast")
     parts = [fast.alias("_fast"), F.col("_root").alias("_t_root")]
@@ -209,8 +211,9 @@ def parse(records: DataFrame, config: Config) -> DataFrame:
 def _projections(limit: int, tag_keys: tuple[str, ...]) -> tuple[tuple[Column, ...], ...]:
     """The columns of ``parse``'s projections, one tuple per ``select``, built once per process and settings.
 
-    Built anew they cost ~5,700 calls into Spark's JVM (0.4-0.7 s), which every start of the ``accept`` query paid
-    (docs/benchmarks.md). Columns are unresolved expressions, valid for any DataFrame and session of the JVM."""
+    Built anew they cost thousands of calls into Spark's JVM at every start of the ``accept`` query
+    (docs/performance.md#query-columns-built-once-per-process). Columns are unresolved expressions, valid for any
+    DataFrame and session of the JVM."""
     kafka = [F.col(c) for c in _KAFKA_COLUMNS]
     read = (
         *kafka[:3], F.col("timestamp").alias("kafka_timestamp"), F.col("value"),

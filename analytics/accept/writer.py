@@ -165,7 +165,8 @@ class _DeadLetterTopic:
     for the life of the query.
 
     The producer is created with the writer, not at the first rejected record: an idempotent producer first
-    obtains its producer id from the broker, which took 0.5-1 s before its first delivery (docs/benchmarks.md),
+    obtains its producer id from the broker, a round of requests before its first delivery
+    (docs/performance.md#arrows-allocator-and-the-dead-letter-producer),
     and that wait then held up the batch. Created at the query's start, it connects while Spark runs the first
     batch."""
 

@@ -64,7 +64,8 @@ class KeyedWindowsLogic:
 
     # State (de)serialization: numpy arrays as raw bytes, one state row per key ---------------------------------
     # Each state call is a round trip to Spark's JVM, the largest cost of the query after the input itself
-    # (docs/benchmarks.md): a state is read with ``get`` alone (None when absent), and timers are not kept in state.
+    # (docs/performance.md#the-python-stateful-operator): a state is read with ``get`` alone (None when absent),
+    # and timers are not kept in state.
     def _load_sliding(self) -> sliding.SlidingState:
         stored = self.sliding_state.get()
         if stored is None:

@@ -1,11 +1,11 @@
 """The stateful processor of the ``keyed_windows`` query, in a module whose imports are light.
 
-Spark pickles the processor by reference to its class, so every process that runs it imports this module: the
-executors' Python workers, and a driver-side process that ``transformWithStateInPandas`` starts at every start of
-the query only to run :meth:`KeyedWindowsProcessor.init` (which declares the state variables). That process has
-pyspark's processor API loaded already; the window logic's imports (pandas, pyarrow, the job's configuration) took
-it another 0.5-0.7 s, on the path of the query's first batch (docs/benchmarks.md). So they are imported where rows
-are handled: ``analytics.keyed.logic.KeyedWindowsLogic``, in the workers only.
+Spark pickles the processor by reference to its class, so every process that runs it imports this module: the executors'
+Python workers, and a driver-side process that ``transformWithStateInPandas`` starts at every start of the query only to
+run :meth:`KeyedWindowsProcessor.init` (which declares the state variables). That process has pyspark's processor API
+loaded already; the window logic's imports (pandas, pyarrow, the job's configuration) would be most of its start, on the
+path of the query's first batch (docs/performance.md#the-python-stateful-operator). So they are imported where rows are
+handled: ``analytics.keyed.logic.KeyedWindowsLogic``, in the workers only.
 """
 
 from __future__ import annotations

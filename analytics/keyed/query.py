@@ -50,8 +50,9 @@ _INPUT_COLUMNS: dict[tuple[int, int, int], tuple[Column, tuple[Column, ...]]] = 
 
 def _input_columns(config: Config) -> tuple[Column, tuple[Column, ...]]:
     """(the rows of a file to read, the processor's input columns), built once per process and the settings that
-    decide them: built anew they took ~0.2 s of calls into Spark's JVM at every start of the query
-    (docs/benchmarks.md). Columns are unresolved expressions, valid for any DataFrame and session of the JVM."""
+    decide them: built anew they cost thousands of calls into Spark's JVM at every start of the query
+    (docs/performance.md#query-columns-built-once-per-process). Columns are unresolved expressions, valid for any
+    DataFrame and session of the JVM."""
     key = (keyed_rows.selection(config), config.stream.session_gap_s, config.stream.session_buckets)
     if key not in _INPUT_COLUMNS:
         _INPUT_COLUMNS[key] = (keyed_rows.read_filter(config), _build_input_columns(config))

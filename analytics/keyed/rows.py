@@ -1,10 +1,10 @@
 """The accepted events ``keyed_windows`` reads, written first in each batch file so Spark can skip the rest.
 
-``keyed_windows`` takes one row per session run (its head, ``analytics.keyed.runs``) and every event of a
-sliding series: 8 % of a batch in the bench's mix. Reading the whole file to find them cost it 0.3–1 s of CPU per
-million events (docs/benchmarks.md). So ``accept``, which marks the runs, also marks these rows (``keyed_row``)
-and writes them as the file's first row group(s), the others after. The query filters on the mark; Spark pushes
-the filter down to its Parquet reader, whose row-group statistics let it skip the unmarked rows undecoded.
+``keyed_windows`` takes one row per session run (its head, ``analytics.keyed.runs``) and every event of a sliding
+series: a small part of a batch. Reading the whole file to find them decoded every other row for nothing
+(docs/performance.md#sessions-as-runs-keyed-rows-first). So ``accept``, which marks the runs, also marks these rows
+(``keyed_row``) and writes them as the file's first row group(s), the others after. The query filters on the mark; Spark
+pushes the filter down to its Parquet reader, whose row-group statistics let it skip the unmarked rows undecoded.
 
 The marks depend on the configuration (the session gap forms the runs, the sliding series pick events), so each
 row also carries ``keyed_selection``, a fingerprint of what the marks were chosen for. A file marked for another

@@ -1,12 +1,12 @@
 """Session runs: a micro-batch's events of one session key joined wherever they are less than G apart.
 
 The session rule (``analytics.keyed.sessions``) joins events of one (app, session key) whose gaps are under G, so the
-events of a key within one batch that are less than G apart always end up in one session, or are dropped
-together. The ``accept`` query already holds each batch's accepted events in its driver, so it marks those runs
-there (sorted by key and time, in array operations) before publishing the batch: the run's first event (the
-**head**) carries the run's last time and its counts, the other events carry ``session_run_events = 0``. The
-``keyed_windows`` query then sends one row per run, not per event, through Spark's Python stateful operator,
-whose rows are most of its cost (docs/benchmarks.md). A run it drops is expanded back into its events by
+events of a key within one batch that are less than G apart always end up in one session, or are dropped together. The
+``accept`` query already holds each batch's accepted events in its driver, so it marks those runs there (sorted by key
+and time, in array operations) before publishing the batch: the run's first event (the **head**) carries the run's last
+time and its counts, the other events carry ``session_run_events = 0``. The ``keyed_windows`` query then sends one row
+per run, not per event, through Spark's Python stateful operator, whose rows are most of its cost
+(docs/performance.md#sessions-as-runs-keyed-rows-first). A run it drops is expanded back into its events by
 :func:`events_of_runs` from the same batch file: within its key a run is contiguous in time, so the key and
 ``[first, last]`` select exactly its events.
 

@@ -9,7 +9,7 @@ from analytics.vocabulary import LEVEL_COLUMNS, LEVEL_FIELDS
 SLIDING, SESSION = "sliding", "session"
 # The grouping key is one column, a JSON array [family, app, kind, name, series_tags], and the payload is as
 # narrow as the logic allows: every column crosses into Python row by row in PySpark's transformWithStateInPandas
-# serializer, which is most of this query's cost (docs/benchmarks.md); 16 columns cost ~2x what 9 do.
+# serializer, so every column is paid per row (docs/performance.md#the-python-stateful-operator).
 KEY = "key"
 OUTPUT_SCHEMA = ", ".join([
     "row_type string", "window_kind string", "app string", "kind string", "name string", "series_tags string",

@@ -111,10 +111,10 @@ def add_bucket_runs(bucket: SessionBucket, session_keys: np.ndarray, first: np.n
     rule joins all the same. Returns, for each dropped run, its session key, its position in the input and the
     session it is attributed to (start, end).
 
-    All keys in one pass of array operations: a bucket sees tens of keys per batch, and a pass per key cost more
-    than the rest of the stateful query (docs/benchmarks.md). Per key the rule is the module's: the key's closed
-    sessions, open sessions and new runs, sorted as (first, last, source, index) intervals, merge into runs
-    wherever an interval starts less than G after the run's latest end. A run is dropped or merged whole, as each
+    All keys in one pass of array operations: a bucket sees tens of keys per batch, and a pass per key cost more than
+    the rest of the stateful query (docs/performance.md#the-python-stateful-operator). Per key the rule is the module's:
+    the key's closed sessions, open sessions and new runs, sorted as (first, last, source, index) intervals, merge into
+    runs wherever an interval starts less than G after the run's latest end. A run is dropped or merged whole, as each
     of its events would be: its events are less than G apart, so they always end up in one run."""
     empty = np.empty(0, np.int64)
     if not len(first):

@@ -1,14 +1,14 @@
 """Spark's Python worker daemon (``spark.python.daemon.module``), run without Spark's zipped copy of pyspark.
 
-Spark puts its ``pyspark.zip``, py4j's zip and its own ``spark-core`` jar (a zip of 5,362 entries, for builds that
-ship pyspark inside it) first on its Python workers' ``PYTHONPATH``, even when the same pyspark is installed in the
-workers' interpreter (as it is here: the job's venv). Imported from a zip, pyspark's modules are compiled from
-source in every new worker (zipimport writes no bytecode cache), and before every task a worker invalidates the
-import caches, which makes each zip importer re-read its archive's directory: together ~24 % of the Python
-workers' CPU in ``bench/pipeline.py`` (docs/benchmarks.md). So when this interpreter has the very same pyspark
-version installed, and py4j, those archives are dropped from ``sys.path`` before anything of pyspark is imported,
-and the daemon and its forked workers import the installed copy. Otherwise (e.g. a Spark distribution's Python
-without pyspark) the path is left as Spark set it.
+Spark puts its ``pyspark.zip``, py4j's zip and its own ``spark-core`` jar (a zip of 5,362 entries, for builds that ship
+pyspark inside it) first on its Python workers' ``PYTHONPATH``, even when the same pyspark is installed in the workers'
+interpreter (as it is here: the job's venv). Imported from a zip, pyspark's modules are compiled from source in every
+new worker (zipimport writes no bytecode cache), and before every task a worker invalidates the import caches, which
+makes each zip importer re-read its archive's directory: together a large share of the Python workers' CPU
+(docs/performance.md#python-worker-daemon-and-launcher). So when this interpreter has the very same pyspark version
+installed, and py4j, those archives are dropped from ``sys.path`` before anything of pyspark is imported, and the daemon
+and its forked workers import the installed copy. Otherwise (e.g. a Spark distribution's Python without pyspark) the
+path is left as Spark set it.
 
 It also puts ``analytics.spark.tws_input``'s vectorised loader in place of PySpark's row-by-row one for
 ``transformWithStateInPandas`` (the query ``keyed_windows``), and Arrow's jemalloc allocator in place of its default

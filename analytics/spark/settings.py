@@ -7,9 +7,9 @@ written atomically, several per query per micro-batch. On a local or NFS path, H
 its native library (which Maven Central does not ship) runs a shell command for every file it creates (``chmod``
 of the file and of its ``.crc`` checksum) and, through the FileContext API Spark uses by default, more for every
 rename (``readlink`` of source, target and their checksum files). Each is a process spawned by the JVM, and a
-spawn costs more the more descriptors the JVM holds. Renaming through the FileSystem API instead leaves the two
-``chmod``: one atomic write measured 56 -> 22 ms with 316 descriptors open, 188 -> 53 ms with 3,316
-(docs/benchmarks.md, "Checkpoint writes"). The rename is still one ``rename(2)``, atomic on a POSIX filesystem.
+spawn costs more the more descriptors the JVM holds. Renaming through the FileSystem API instead leaves only the
+two ``chmod``, so a write spawns fewer processes and slows down less as the JVM's descriptors grow
+(docs/performance.md#checkpoint-writes). The rename is still one ``rename(2)``, atomic on a POSIX filesystem.
 """
 
 from __future__ import annotations
@@ -50,32 +50,30 @@ enough compiler threads on a small machine, and the parallel (throughput) collec
 
 HotSpot leaves any method over 8,000 bytes of bytecode to its interpreter. The code Spark generates for the
 validation (dozens of rules in one projection) and for the window aggregation's input has such methods, so every
-record ran through them interpreted: the parse and validation measured 12.4-13.9 -> 9.6-10.5 us per record with
-the option, the windows query 59-62k -> 82-87k events/s (docs/benchmarks.md).
+record ran through them interpreted, the validation's and the aggregation's hottest code
+(docs/performance.md#spark-and-jvm-settings).
 
 On 2 cores HotSpot starts 2 compiler threads, one C1 and one C2, and the job's hot methods (Spark's, Kafka's,
-generated ones, one of which takes C2 ~2.8 s) wait in one C2 queue for minutes, running in slower, profiling code
-meanwhile. With 4 (a maximum: HotSpot adds them as its queues grow), three 1M pairs: a second drain in the same JVM
-43.9-52.5k -> 54.8-55.9k events/s, live 50.0-52.4k -> 48.1-62.1k, a first drain unchanged (docs/benchmarks.md).
+generated ones, some taking C2 seconds each) wait in one C2 queue for minutes, running in slower, profiling code
+meanwhile. With 4 (a maximum: HotSpot adds them as its queues grow) the JVM reaches its compiled code sooner, and
+spends less CPU per event from then on; a first drain is no faster (docs/performance.md#spark-and-jvm-settings).
 From 8 cores on HotSpot's default is 4 or more and is left alone. (The count is taken where the job starts: on a
 cluster the executors' machines may differ.)
 
 The job allocates short-lived objects at a high rate (Spark's variant cast builds expressions per field and record)
 and its heaps are small (``stream.driver_memory`` 2g, ``cluster.executor_memory`` 1g). The parallel collector's
-young collections and write barriers cost less CPU than G1's (the JVM's default): seven alternating 1M pairs, the
-whole job 39.3k -> 41.7k events/s drained, 48.7k -> 55.3k drained again, 50.3k -> 55.2k live, 13-14 % less CPU
-per event once warm (docs/benchmarks.md). Its pauses are longer (whole-heap collections stop the JVM), which a
+young collections and write barriers cost less CPU than G1's (the JVM's default), so a warm job does more per core
+(docs/performance.md#spark-and-jvm-settings). Its pauses are longer (whole-heap collections stop the JVM), which a
 micro-batch job of a few GB of heap absorbs; with much larger executor heaps G1's shorter pauses may matter more."""
 
 
 def use_jemalloc_for_arrow() -> None:
     """Arrow buffers of this process (and of processes it forks) from Arrow's jemalloc allocator.
 
-    pyarrow's default allocator (mimalloc) made the driver's work on each batch several times slower than the same
-    calls on a warm process: ``dictionary_encode`` of a batch's 300k ids 107-177 ms against 21-61 ms with jemalloc,
-    the driver's whole dedup stage 300-320 ms against 89 ms (docs/benchmarks.md). Called by the driver before its
-    first batch and by the Python worker daemon before it forks a worker. A pyarrow built without jemalloc keeps
-    its default."""
+    pyarrow's default allocator (mimalloc) made the driver's work on each batch several times slower than the same calls
+    on a warm process: each batch allocates fresh buffers
+    (docs/performance.md#arrows-allocator-and-the-dead-letter-producer). Called by the driver before its first batch and
+    by the Python worker daemon before it forks a worker. A pyarrow built without jemalloc keeps its default."""
     import pyarrow as pa
 
     with contextlib.suppress(NotImplementedError):

@@ -2,8 +2,8 @@
 
 PySpark 4.1 hands each key's rows to a stateful processor by converting every Arrow batch to pandas, walking it
 row by row (``itertuples``), grouping the rows by key in Python and building a new ``DataFrame`` from the row
-tuples of each key: 4-9 µs per row on this machine, about two thirds of the Python workers' time in
-``keyed_windows`` with a processor that does nothing (``bench/stateful_overhead.py``, docs/benchmarks.md).
+tuples of each key: most of the Python workers' time in ``keyed_windows``
+(docs/performance.md#the-python-stateful-operator; ``bench/probes/tws_input.py`` times the two loaders).
 The rows arrive sorted by key, so the same frames come out of slicing each batch's frame at the key changes.
 
 :func:`load_stream` does that and yields exactly what PySpark's loader yields, key by key and chunk by chunk

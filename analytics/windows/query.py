@@ -23,7 +23,7 @@ def _windows_of(spec: WindowSpec, t: Column) -> list[Column]:
     newest = F.floor(t / spec.hop_ms) * spec.hop_ms
     # One struct per k written out (k = 0 .. L/H - 1), not a sequence mapped by a lambda: Spark generates code
     # for literal arrays of structs, while higher-order functions (and the generator over them) run interpreted,
-    # which cost about a quarter of the aggregation's executor time (docs/benchmarks.md).
+    # per event (docs/performance.md#spark-and-jvm-settings).
     return [F.struct(
         F.lit(spec.kind).alias("window_kind"),
         F.lit(spec.length_ms).cast("long").alias("window_length_ms"),
@@ -66,7 +66,8 @@ def aggregate(partials: DataFrame, config: Config) -> DataFrame:
 def _aggregation_columns(specs: tuple[WindowSpec, ...], kll_k: int, watermark_delay: int) -> tuple[
         Column, Column, tuple[Column, ...], tuple[Column, ...], tuple[Column, ...]]:
     """The columns of :func:`aggregate`'s projections, grouping and aggregates, built once per process and settings:
-    built anew they took ~0.2-0.3 s of calls into Spark's JVM at every start of the query (docs/benchmarks.md).
+    built anew they cost thousands of calls into Spark's JVM at every start of the query
+    (docs/performance.md#query-columns-built-once-per-process).
     Columns are unresolved expressions, valid for any DataFrame and session of the JVM."""
     expand = F.inline(window_assignments(list(specs), F.col(BUCKET_START)))
     marker = {WATERMARK_DELAY_KEY: watermark_delay}

@@ -12,7 +12,8 @@ The late events whose window was still open are the **corrections**: the same pa
 
 Late events are a few percent of a batch, so the pass runs in the driver on Arrow: the batch's files are read
 with pyarrow (the columns it needs), late events filtered and assigned their windows with numpy. A Spark job for
-the same work cost ~1 s per micro-batch whatever its size (planning, scheduling, reading the files again).
+the same work pays Spark's fixed cost per job in every micro-batch whatever its size (planning, scheduling,
+reading the files again; docs/performance.md#one-spark-job-per-accept-batch).
 """
 
 from __future__ import annotations
