@@ -257,8 +257,8 @@ class StreamConfig(_Section):
     def partitions(self) -> int:
         """``shuffle_partitions``, else one per core of a local master (``local[N]``: N; ``local[*]``: this
         machine's; ``local``: 1) and 4 on a cluster. Each partition's task pays fixed costs per micro-batch
-        (a state store commit, a Python worker's setup in ``keyed_windows``): on 2 cores, 2 partitions drained the
-        whole job 10-15 % faster than 4 (docs/benchmarks.md)."""
+        (a state store commit, a Python worker's setup in ``keyed_windows``), so on a small machine fewer are faster
+        (docs/performance.md#batch-size-and-state-partitions)."""
         if self.shuffle_partitions is not None:
             return self.shuffle_partitions
         local = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", self.master)
