@@ -2,7 +2,8 @@
 interface (the subset clickhouse-connect's ``http://`` client uses) on loopback.
 
 Why a process of its own: chDB allows one process per data directory and has no server. Opening it per unit of
-work cost 55-70 ms and left 5 threads and ~8 descriptors behind each time (docs/architecture.md, "Store access").
+work was slow and left threads and descriptors behind at every open (docs/architecture.md, "Store access";
+docs/performance.md#one-store-server-dashboard-queries).
 Here the engine starts once, kept alive by an anchor connection held for the life of the process, and the job,
 the dashboard, the evaluator, the tests and the benches all use the code path of a production ClickHouse server.
 
