@@ -281,7 +281,8 @@ def session_shapes(client: Client, since: datetime, until: datetime, limit: int 
 def _frame(client: Client, sql: str, since: datetime, until: datetime, **parameters: Any) -> pd.DataFrame:
     """The result of ``sql`` over ``[since, until)`` (``{lo}``, ``{hi}``) as a DataFrame, read as Arrow columns.
 
-    Building the frame from Python row tuples cost ~300 ms for the 100,000 rows of a histogram, Arrow ~40 ms.
+    Read as Arrow: building the frame from Python row tuples cost several times as much for a histogram's 100,000
+    rows (docs/performance.md#one-store-server-dashboard-queries).
     ``DateTime64`` columns are given back naive (UTC), as the row API gives them, so tables show them as before;
     Arrow carries a plain ``DateTime`` as seconds since the epoch (UInt32), see :func:`_bucketed`.
     """
@@ -317,7 +318,8 @@ def device_clock_offsets(client: Client, since: datetime, until: datetime) -> pd
     """Per device seen in the range: its latest clock offset (received − sent, s; positive = clock behind).
 
     Read from ``device_clocks_per_minute`` (each device's newest offset per minute, sql/0008) rather than from the
-    1.7M ``device_clocks`` rows a day of 100 devices leaves (~0.2–0.6 s), with the same answer as ``argMax`` over
+    1.7M ``device_clocks`` rows a day of 100 devices leaves (a scan that grows with the history kept;
+    docs/performance.md#one-store-server-dashboard-queries), with the same answer as ``argMax`` over
     those rows. A minute's row (or each unmerged part of it) is the newest of a set of rows: when it lies in the
     range, no other row of the set in the range is newer; when it is older than the range, none of them is in it.
     Only a set with a row at or after ``until`` (the range ends inside its minute) is unknown: those devices' rows
