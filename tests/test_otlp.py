@@ -298,3 +298,88 @@ def test_kafka_down_is_a_retryable_503(kafka: Config) -> None:
         response = client.post("/v1/metrics", content=request.SerializeToString(), headers=PROTOBUF)
     assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
     assert status_pb2.Status.FromString(response.content).code == 14
+
+
+# ----------------------------------------------------------------------------------------------------------
+# End to end: the SDK's data through the gateway, Kafka and the stream job into the store
+
+
+def test_sdk_logs_and_metrics_reach_the_store_as_windows_counted_once(kafka: Config, spark: Any) -> None:
+    import random
+
+    from tests.conftest import fresh_stack
+    from tests.support import rows, run_job
+    from tests.test_gateway import _wait_for_topic
+
+    stack = fresh_stack(kafka, "otlp_job")
+    config = stack.model_copy(update={"gateway": stack.gateway.model_copy(update={"tokens": [TOKEN]})})
+    _wait_for_topic(config)
+    rng = random.Random(39)
+    observations = [round(rng.lognormvariate(3.5, 1.0), 3) for _ in range(60)]
+    levels = [logging.INFO] * 3 + [logging.WARNING] * 2 + [logging.ERROR]
+    resource = Resource.create({"service.name": "shop", "host.name": "box-9"})
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with serving(config) as url:
+        log_provider = LoggerProvider(resource=resource)
+        log_provider.add_log_record_processor(BatchLogRecordProcessor(
+            RecordingLogExporter(endpoint=f"{url}/v1/logs", headers=auth)))
+        logger = logging.getLogger("shop.audit")
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        handler = LoggingHandler(level=logging.DEBUG, logger_provider=log_provider)
+        logger.addHandler(handler)
+        exporter = RecordingMetricExporter(endpoint=f"{url}/v1/metrics", headers=auth)
+        meter_provider = MeterProvider(resource=resource, metric_readers=[
+            PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)])
+        meter = meter_provider.get_meter("shop.meter")
+        latency, orders = meter.create_histogram("latency_ms"), meter.create_counter("orders")
+        try:
+            for level in levels:
+                logger.log(level, "audit line")
+            for value in observations:
+                latency.record(value)
+            orders.add(5)
+            meter_provider.force_flush()
+            orders.add(3)
+            log_provider.force_flush()
+        finally:
+            logger.removeHandler(handler)
+            log_provider.shutdown()
+            meter_provider.shutdown()
+        # A client re-sending a request whose answer it lost: the same records twice.
+        replayed = log_request(["sent twice"], now_ms() - 500).SerializeToString()
+        for _ in range(2):
+            with TestClient(create_app(config)) as client:
+                assert client.post("/v1/logs", content=replayed, headers=PROTOBUF).status_code == 200
+    assert {r.name for r in exporter.results} == {"SUCCESS"}
+
+    run_job(spark, config)
+    windows = {r["name"]: r for r in rows(config, (
+        "SELECT name, sum(event_count) AS events, sum(sum) AS total, min(min) AS low, max(max) AS high, "
+        "sum(level_info) AS info, sum(level_warning) AS warning, sum(level_error) AS error, "
+        "any(p50) AS p50, any(p90) AS p90, any(p99) AS p99, count() AS windows "
+        "FROM window_aggregates FINAL WHERE window_kind = 'tumbling' AND window_length_ms = 60000 "
+        "GROUP BY name"))}
+    audit = windows["shop.audit"]
+    assert (audit["events"], audit["info"], audit["warning"], audit["error"]) == (6, 3, 2, 1)
+    assert windows["api"]["events"] == 1                          # the replayed request counted once
+    assert windows["orders"]["total"] == 8.0                     # cumulative 5, 8 (and 8 at shutdown): 5 + 3 + 0
+    assert windows["latency_ms.count"]["total"] == len(observations)
+    assert windows["latency_ms.sum"]["total"] == pytest.approx(sum(observations))
+    samples = windows["latency_ms"]
+    assert (samples["events"], samples["windows"]) == (len(observations), 1)
+    assert (samples["low"], samples["high"]) == (min(observations), max(observations))
+    ordered = sorted(observations)
+    n = len(ordered)
+    for q, got in ((0.5, samples["p50"]), (0.9, samples["p90"]), (0.99, samples["p99"])):
+        # In a bucket between those of the true quantiles one rank either side (sketch rank conventions differ).
+        low, high = (bisect.bisect_left(DEFAULT_BOUNDS, ordered[min(n - 1, max(0, round(r * n) - 1))])
+                     for r in (q - 1 / n, q + 1 / n))
+        assert low <= bisect.bisect_left(DEFAULT_BOUNDS, got) <= high, (q, got)
+    assert rows(config, "SELECT count() AS n FROM duplicates")[0]["n"] == 1
+    # The log lines themselves, searchable, with the SDK's levels and the resource's app and device.
+    lines = rows(config, "SELECT app, device, name, level, message FROM logs ORDER BY level, name")
+    assert sorted((r["app"], r["device"], r["name"], r["level"], r["message"]) for r in lines) == sorted(
+        [("shop", "box-9", "shop.audit", {logging.INFO: "info", logging.WARNING: "warning",
+                                          logging.ERROR: "error"}[level], "audit line") for level in levels]
+        + [("web", "h1", "api", "info", "sent twice")])
