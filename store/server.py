@@ -27,6 +27,9 @@ carry session state (database, settings): a handle is reused only by requests as
 settings, and carries only what the pool applied when it opened it, since the guard lets no statement that
 changes session state through. An acknowledged insert has been committed by chDB as a part on disk.
 
+The parts, one job each, are in ``store/embedded/`` (its ``__init__`` lists them); this module puts them
+together and runs them.
+
     python -m store.server            (or: eventide store serve)
 """
 
