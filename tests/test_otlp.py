@@ -8,10 +8,13 @@ import bisect
 import gzip
 import json
 import logging
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,16 +33,51 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from eventide import broker
 from eventide.config import Config, GatewayToken
 from eventide.services import free_port
 from ingest.envelope import now_ms
 from ingest.gateway import create_app
-from tests.test_gateway import AUTH, TOKEN, committed, gateway_config
 
 pytestmark = pytest.mark.integration
 
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PROTOBUF = {**AUTH, "Content-Type": "application/x-protobuf"}
 JSON_HEADERS = {**AUTH, "Content-Type": "application/json"}
+
+
+def gateway_config(kafka: Config, name: str, *, create_topics: bool = True, **gateway: Any) -> Config:
+    """``kafka`` with its own events topic and gateway settings (cheaper than a whole stack)."""
+    return with_gateway(kafka.model_copy(update={"kafka": kafka.kafka.model_copy(update={
+        "events_topic": f"otlp.{name}", "dead_letter_topic": f"otlp-dl.{name}"})}), create_topics, **gateway)
+
+
+def with_gateway(config: Config, create_topics: bool = True, **gateway: Any) -> Config:
+    """``config`` whose gateway takes ``TOKEN``, with its topics made and visible to the gateway's metadata probe."""
+    config = config.model_copy(update={"gateway": config.gateway.model_copy(update={
+        "tokens": [TOKEN], "producers": 2, "ack_timeout_s": 5.0, **gateway})})
+    if create_topics:
+        broker.ensure_topics(config)
+        admin, deadline = broker.admin(config), time.monotonic() + 15
+        topic = config.kafka.events_topic
+        while (found := admin.list_topics(topic, timeout=5).topics.get(topic)) is None or found.error is not None:
+            assert time.monotonic() < deadline, f"topic {topic} not visible"
+            time.sleep(0.05)
+    return config
+
+
+def committed(config: Config, timeout_s: float = 20.0) -> list[Any]:
+    """Every record of the events topic a ``read_committed`` reader sees."""
+    return broker.read_committed(config, timeout_s=timeout_s)
+
+
+def rows(config: Config, sql: str) -> list[dict[str, Any]]:
+    from store.client import connect
+
+    with connect(config) as client:
+        result = client.query(sql)
+        return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
 
 @contextmanager
@@ -205,6 +243,35 @@ def test_python_sdk_metrics_counter_histogram_gauge(kafka: Config) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# A second real client in another language: OpenTelemetry's JavaScript logs SDK on Node (OTLP/HTTP JSON)
+
+JS_CLIENT = Path(__file__).resolve().parent / "otlp_js"
+JS_LEVELS = {9: "info", 13: "warning", 17: "error", 21: "critical"}
+
+
+def test_javascript_sdk_logs_over_otlp_json(kafka: Config) -> None:
+    assert (JS_CLIENT / "node_modules").is_dir(), "./run test installs tests/otlp_js (npm ci) before the tests"
+    config = gateway_config(kafka, "otlp_js")
+    with serving(config) as url:
+        sent = subprocess.run(["node", "send_logs.mjs"], cwd=JS_CLIENT, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "OTLP_LOGS_URL": f"{url}/v1/logs", "OTLP_TOKEN": TOKEN})
+    assert sent.returncode == 0, sent.stderr
+    *emitted, summary = [json.loads(line) for line in sent.stdout.splitlines()]
+    assert summary == {"results": [0]}                    # ExportResultCode.SUCCESS: the gateway answered 200
+    written = sorted(events(config), key=lambda e: e["event_time"])
+    assert len(written) == len(emitted) == 4
+    for record, event in zip(emitted, written, strict=True):
+        assert (event["app"], event["device"], event["name"]) == ("storefront", "node-1", "storefront.checkout")
+        assert event["level"] == JS_LEVELS[record["severityNumber"]]
+        assert event["event_time"] == record["timestamp"]
+        body = record["body"]
+        assert (event["message"] if isinstance(body, str) else json.loads(event["message"])) == body
+        attributes = {k: str(v) for k, v in record.get("attributes", {}).items()}
+        assert event.get("user") == attributes.pop("enduser.id", None)
+        assert event.get("tags", {}) == attributes
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Raw requests
 
 
@@ -304,16 +371,12 @@ def test_kafka_down_is_a_retryable_503(kafka: Config) -> None:
 # End to end: the SDK's data through the gateway, Kafka and the stream job into the store
 
 
-def test_sdk_logs_and_metrics_reach_the_store_as_windows_counted_once(kafka: Config, spark: Any) -> None:
+def test_sdk_logs_and_metrics_reach_the_store_as_windows_counted_once(stack: Config, spark: Any) -> None:
     import random
 
-    from tests.conftest import fresh_stack
-    from tests.support import rows, run_job
-    from tests.test_gateway import _wait_for_topic
+    from analytics.job import run_until_idle
 
-    stack = fresh_stack(kafka, "otlp_job")
-    config = stack.model_copy(update={"gateway": stack.gateway.model_copy(update={"tokens": [TOKEN]})})
-    _wait_for_topic(config)
+    config = with_gateway(stack)
     rng = random.Random(39)
     observations = [round(rng.lognormvariate(3.5, 1.0), 3) for _ in range(60)]
     levels = [logging.INFO] * 3 + [logging.WARNING] * 2 + [logging.ERROR]
@@ -353,7 +416,7 @@ def test_sdk_logs_and_metrics_reach_the_store_as_windows_counted_once(kafka: Con
                 assert client.post("/v1/logs", content=replayed, headers=PROTOBUF).status_code == 200
     assert {r.name for r in exporter.results} == {"SUCCESS"}
 
-    run_job(spark, config)
+    run_until_idle(spark, config)
     windows = {r["name"]: r for r in rows(config, (
         "SELECT name, sum(event_count) AS events, sum(sum) AS total, min(min) AS low, max(max) AS high, "
         "sum(level_info) AS info, sum(level_warning) AS warning, sum(level_error) AS error, "
