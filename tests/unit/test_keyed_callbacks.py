@@ -1,0 +1,165 @@
+"""The keyed query's callbacks in Spark's order, over an in-memory state and timer table (no Spark).
+
+Spark's ``transformWithStateInPandas`` calls a processor per key and micro-batch: first ``handleInputRows`` for
+every key with rows, then ``handleExpiredTimer`` once per registered timer the watermark has reached (and deletes
+that timer). These tests drive ``KeyedWindowsLogic`` the same way and check that every window comes out exactly
+once, and that a key's timer fires only when it has windows to emit (each firing costs the key state calls, round
+trips to Spark's JVM). The Spark integration tests (tests/integration/test_sliding_and_sessions.py) check
+windows through the real operator.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analytics.keyed.logic import KeyedWindowsLogic
+from analytics.keyed.schema import RUN_EVENTS, RUN_LAST, RUN_LEVELS, SESSION, SLIDING
+
+L = 60_000     # sliding window length
+G = 60_000     # session gap
+MEMORY = 3_600_000
+
+
+@dataclass
+class _SparkLike:
+    """State rows and timers per key, in the order and with the calls Spark's operator makes."""
+
+    state: dict[tuple[str, str], object] = field(default_factory=dict)
+    timers: set[tuple[str, int]] = field(default_factory=set)
+    calls: Counter = field(default_factory=Counter)
+    fired_with_windows: list[tuple[str, int]] = field(default_factory=list)
+    key: str = ""
+
+    def value_state(self, name: str) -> _ValueState:
+        return _ValueState(self, name)
+
+    def registerTimer(self, at: int) -> None:   # Spark's handle API, by name
+        self.calls["registerTimer"] += 1
+        self.timers.add((self.key, at))
+
+    def deleteTimer(self, at: int) -> None:
+        self.calls["deleteTimer"] += 1
+        self.timers.discard((self.key, at))
+
+    def batch(self, logic: KeyedWindowsLogic, rows: dict[str, pd.DataFrame], watermark: int) -> list[pd.DataFrame]:
+        out = []
+        values = _Watermark(watermark)
+        for key, frame in rows.items():
+            self._set_key(key)
+            out += list(logic.handle_input_rows((key,), iter([frame]), values))
+        for key, at in sorted(t for t in self.timers if t[1] <= watermark):
+            self._set_key(key)
+            emitted = list(logic.handle_expired_timer((key,), values))
+            if any((frame["row_type"] == "window").any() for frame in emitted):
+                self.fired_with_windows.append((key, at))
+            out += emitted
+            self.timers.discard((key, at))
+            self.calls["deleteTimer (by Spark)"] += 1
+        return out
+
+    def _set_key(self, key: str) -> None:
+        self.calls["setImplicitKey"] += 1
+        self.key = key
+
+
+@dataclass
+class _ValueState:
+    spark: _SparkLike
+    name: str
+
+    def get(self) -> object:
+        self.spark.calls["get"] += 1
+        return self.spark.state.get((self.spark.key, self.name))
+
+    def update(self, value: object) -> None:
+        self.spark.calls["update"] += 1
+        self.spark.state[(self.spark.key, self.name)] = value
+
+    def clear(self) -> None:
+        self.spark.calls["clear"] += 1
+        self.spark.state.pop((self.spark.key, self.name), None)
+
+
+@dataclass
+class _Watermark:
+    watermark: int
+
+    def getCurrentWatermarkInMs(self) -> int:
+        return self.watermark
+
+
+def _logic(spark: _SparkLike) -> KeyedWindowsLogic:
+    return KeyedWindowsLogic(spark, spark.value_state("sliding"), spark.value_state("session"), L, G, MEMORY)
+
+
+def _key(family: str, name: str) -> str:
+    return json.dumps([family, "shop", "metric", name, ""])
+
+
+def _rows(times: list[int], first_offset: int, sessions: list[str] | None = None) -> pd.DataFrame:
+    """The processor's input: one row per event (sliding) or per run of one event (sessions)."""
+    n = len(times)
+    frame = pd.DataFrame({
+        "t": np.array(times, np.int64), "level_code": np.full(n, -1, np.int8),
+        "metric_value": np.ones(n), "partition": np.zeros(n, np.int32),
+        "offset": np.arange(first_offset, first_offset + n, dtype=np.int64),
+        "id": [f"e{first_offset + i}" for i in range(n)], "device": ["d"] * n,
+        RUN_LAST: np.array(times, np.int64), RUN_EVENTS: np.ones(n, np.int64),
+        "session": sessions or [""] * n,
+    })
+    for column in RUN_LEVELS:
+        frame[column] = 0
+    return frame
+
+
+def _windows(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["row_type"])
+    return out[out["row_type"] == "window"]
+
+
+def test_a_series_gets_each_window_once_and_its_timer_fires_only_when_a_window_is_due():
+    # Given a series with two events 10 s apart in every batch, the watermark 35 s behind each batch's last event,
+    spark, batches = _SparkLike(), []
+    logic = _logic(spark)
+    series = _key(SLIDING, "cpu")
+    times: list[int] = []
+    for b in range(1, 9):
+        batch_times = [b * 20_000 - 10_000, b * 20_000]
+        batches += spark.batch(logic, {series: _rows(batch_times, len(times))}, watermark=b * 20_000 - 35_000)
+        times += batch_times
+    batches += spark.batch(logic, {}, watermark=10**12)   # then the stream's end closes the rest
+
+    # then every event's trailing window (t - 60 s, t] comes out exactly once, over every event in it,
+    windows = _windows(batches).sort_values("window_end_ms")
+    assert windows["window_end_ms"].tolist() == times
+    expected = [sum(1 for u in times if t - L < u <= t) for t in times]
+    assert windows["event_count"].tolist() == expected
+    # and a timer fires only when a window is due: the key's one timer is always its next window's time.
+    assert spark.calls["deleteTimer (by Spark)"] == len(spark.fired_with_windows) == 7
+    assert spark.calls["get"] == 8 + 7 and not spark.timers
+
+
+def test_each_session_of_a_bucket_closes_once_on_the_bucket_s_timer():
+    # Given two users of one bucket, ann active in every batch and bob only at the start,
+    spark, out = _SparkLike(), []
+    logic = _logic(spark)
+    bucket = _key(SESSION, "7")
+    ann, bob = "user\x1eann", "user\x1ebob"
+    offset = 0
+    for b in range(1, 7):
+        # ann pauses 70 s (> G) after her third batch; bob is seen in the first batch only.
+        t = b * 30_000 + (70_000 if b > 3 else 0)
+        users = [ann, bob] if b == 1 else [ann]
+        out += spark.batch(logic, {bucket: _rows([t] * len(users), offset, users)}, watermark=t - 40_000)
+        offset += len(users)
+    out += spark.batch(logic, {}, watermark=10**12)
+
+    # then each session is emitted once: bob's [30 s, 90 s), ann's [30 s, 150 s) and [190 s, 310 s).
+    sessions = _windows(out).sort_values(["name", "window_start_ms"])
+    assert sessions[["name", "window_start_ms", "window_end_ms", "event_count"]].values.tolist() == [
+        ["ann", 30_000, 150_000, 3], ["ann", 190_000, 310_000, 3], ["bob", 30_000, 90_000, 1]]

@@ -1,0 +1,100 @@
+"""The stream job's tree is its architecture (docs/architecture.md): ``analytics/`` holds one folder per stage —
+``accept/`` → ``windows/`` and ``keyed/`` — the engine patches behind ``spark/``, and at its top what the stages
+share (``vocabulary``, ``event_time``, ``checkpoint``, ``accepted_log``, ``sinks``) and the ``job`` that joins them.
+
+Checked on the project's own import graph: no import circle, the stages meet only through the shared modules (and
+the accepted-events log), and the rule modules import no pyspark, so they run and are tested without a JVM.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ANALYTICS = Path(__file__).resolve().parents[2] / "analytics"
+STAGES = ("accept", "windows", "keyed")
+RULES = (
+    "analytics.vocabulary", "analytics.checkpoint", "analytics.accepted_log", "analytics.accept.dedup",
+    "analytics.windows.stragglers", "analytics.windows.partials", "analytics.keyed.events", "analytics.keyed.sliding",
+    "analytics.keyed.sessions", "analytics.keyed.runs", "analytics.keyed.schema", "analytics.keyed.logic",
+)
+"""Pure rules and file formats: numpy, pyarrow, datasketches; never pyspark."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ANALYTICS.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """The analytics modules ``path`` imports when it is loaded: its top-level imports, not those inside functions
+    (loaded where they are used) or under ``TYPE_CHECKING`` (annotations only)."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("analytics"):
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if (ANALYTICS.parent / (submodule.replace(".", "/") + ".py")).exists()
+                          else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("analytics")}
+    return found - {"analytics"}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in ANALYTICS.rglob("*.py")}
+
+
+def test_the_analytics_imports_have_no_circle():
+    graph = import_graph()
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        assert module not in visiting, f"import circle: {' -> '.join([*visiting[visiting.index(module):], module])}"
+        if module in done:
+            return
+        visiting.append(module)
+        for imported in graph.get(module, ()):
+            visit(imported)
+        visiting.pop()
+        done.add(module)
+
+    for module in graph:
+        visit(module)
+
+
+def test_the_stages_meet_only_through_the_shared_modules():
+    """``accept`` writes what ``windows`` and ``keyed`` read (the accepted-events log), so it may use their file
+    formats (``windows.partials``, ``keyed.rows``, ``keyed.runs``); ``windows`` and ``keyed`` never import each
+    other's queries or writers, and no stage imports ``job``."""
+    allowed = {("accept", "windows.partials"), ("accept", "keyed.rows"), ("accept", "keyed.runs"),
+               ("keyed", "windows.stragglers")}   # the straggler table's columns, shared by both queries' writers
+    for module, imported in import_graph().items():
+        stage = module.split(".")[1] if module.count(".") >= 2 else None
+        for target in imported:
+            assert target != "analytics.job", f"{module} imports the job"
+            target_stage = target.split(".")[1] if target.count(".") >= 2 else None
+            if stage in STAGES and target_stage in STAGES and target_stage != stage:
+                assert (stage, target.removeprefix("analytics.")) in allowed, f"{module} imports {target}"
+
+
+@pytest.mark.parametrize("module", RULES)
+def test_a_rule_module_imports_no_pyspark(module: str):
+    loaded = subprocess.run([sys.executable, "-c", f"import sys, {module}; print('pyspark' in sys.modules)"],
+                            capture_output=True, text=True, check=True, cwd=ANALYTICS.parent)
+    assert loaded.stdout.strip() == "False", f"{module} pulls in pyspark"
+
+
+def test_every_engine_patch_is_behind_the_spark_fence():
+    """A PySpark upgrade touches one folder: the modules that reach into Spark's internals (its Python worker
+    daemon, the transformWithState input reader, the launcher and logging) live in ``analytics/spark/``."""
+    names = {p.name for p in (ANALYTICS / "spark").iterdir()}
+    assert {"settings.py", "python_daemon.py", "python.sh", "tws_input.py", "log4j2.properties"} <= names
+    outside = [p for p in ANALYTICS.rglob("*.py") if "spark" not in p.relative_to(ANALYTICS).parts
+               and "pyspark.sql.pandas.serializers" in p.read_text()]
+    assert not outside, f"engine internals used outside analytics/spark/: {outside}"
