@@ -454,3 +454,39 @@ def test_the_clock_estimate_uses_observed_times_when_records_have_them() -> None
     own_time = logs_pb2.LogRecord(time_unix_nano=(T0 + 3_600_000) * NS, observed_time_unix_nano=T0 * NS)
     assert latest_log_times(log_request(own_time), SETTINGS) == {"web-1": T0}
     assert latest_log_times(log_request(logs_pb2.LogRecord(time_unix_nano=T0 * NS)), SETTINGS) == {"web-1": T0}
+
+
+@pytest.mark.parametrize("signal", ["logs", "metrics"])
+def test_corrupted_bodies_are_refused_or_mapped_never_an_error(signal: str) -> None:
+    """A few hundred truncated, bit-flipped and spliced bodies, protobuf and JSON: each is a 400 or an outcome."""
+    from eventide.config import load_config
+    from ingest.otlp_http import OtlpIngest
+
+    config = load_config(environ={})
+    ingest = OtlpIngest(config, T0)
+    rng = random.Random(signal)
+    if signal == "logs":
+        valid = log_request(logs_pb2.LogRecord(time_unix_nano=T0 * NS, body=AnyValue(string_value="x"),
+                                               attributes=[kv("a", 1)]))
+    else:
+        valid = metric_request(counter(4, T0, region="eu"))
+    bodies = [valid.SerializeToString(), json_format.MessageToJson(valid).encode()]
+    for _ in range(300):
+        body = bytearray(rng.choice(bodies))
+        for _ in range(rng.randint(1, 4)):
+            if not body:
+                break
+            choice, at = rng.random(), rng.randrange(len(body))
+            if choice < 0.4:
+                body[at] = rng.randrange(256)
+            elif choice < 0.7:
+                del body[at:]
+            else:
+                body[at:at] = body[rng.randrange(len(body)):][:rng.randint(1, 40)]
+        for media in ("protobuf", "json"):
+            try:
+                outcome = ingest.handle(signal, bytes(body), "", media, T0 + 1_000, None)  # type: ignore[arg-type]
+            except OtlpRefused as refused:
+                assert refused.status == 400
+            else:
+                assert 0 <= outcome.rejected <= outcome.total
