@@ -1,16 +1,16 @@
 """Throughput of the whole job on the 2-worker Spark standalone cluster next to ``local[*]``, same machine (issue 13).
 
-Starts ``eventide cluster`` (3 brokers, master + workers) on free ports with a temporary data dir and a store
-server of its own, produces one backlog of bench/pipeline.py's event mix, then drains it twice with every query
-of the job, each time through ``spark-submit --until-idle`` (``eventide job --submit``) on a fresh checkpoint and
-store database: once with ``--master local[*]``, once with the cluster's master. Both read the same topic on the
-same 3 brokers, so only the Spark deployment differs.
+Starts ``eventide cluster`` (3 brokers, master + workers) on free ports with a temporary data dir and a store server of
+its own, produces one backlog of the bench's event mix (``bench.harness``), then drains it twice with every query of the
+job, each time through ``spark-submit --until-idle`` (``eventide job --submit``) on a fresh checkpoint and store
+database: once with ``--master local[*]``, once with the cluster's master. Both read the same topic on the same 3
+brokers, so only the Spark deployment differs.
 
 Each drain is timed from its first micro-batch (the first offsets file of ``accept``) to its last commit (the
 last of ``windows`` / ``keyed_windows``): JVM start and executor registration are not in it. Spark's JVM is not
 warmed up beforehand in either run.
 
-    .venv/bin/python -m bench.cluster --events 100000     (from the checkout: it imports bench.pipeline)
+    .venv/bin/python -m bench.cluster --events 100000
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 from analytics.job import QUERIES
 from analytics.vocabulary import ACCEPT_QUERY
-from bench.pipeline import Load, fresh, produce_backlog
+from bench.harness import Load, fresh, produce_backlog
 from eventide import cluster
 from eventide.config import ClusterConfig, Config, load_config
 from eventide.services import free_port

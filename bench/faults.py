@@ -1,7 +1,7 @@
 """The fault suite, longer, with figures (issue 12): faults injected, events checked, events lost and counted twice.
 
-Runs the scenarios of tests/fault_injection.py (the ones tests/test_faults.py runs small) on a broker, store and
-Spark session of its own:
+Runs the scenarios of tests/support/fault_injection.py (the ones tests/integration/test_faults.py runs small)
+on a broker, store and Spark session of its own:
 
 - ``fuzz``: ``--fuzz`` fuzzed records among ``--fuzz-good`` good events;
 - ``job_kills``: the stream job SIGKILLed ``--job-kills`` times while it drains ``--events`` workload events,
@@ -17,7 +17,7 @@ Spark session of its own:
 
 Prints one JSON summary (and writes it to ``--out``):
 
-    .venv/bin/python bench/faults.py --out /tmp/faults.json
+    .venv/bin/python -m bench.faults --out /tmp/faults.json
 """
 
 from __future__ import annotations
@@ -25,23 +25,19 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.pipeline import emit, report  # noqa: E402
-from eventide import broker  # noqa: E402
-from eventide.config import load_config  # noqa: E402
-from eventide.services import free_port  # noqa: E402
-from store.server import child as served_store  # noqa: E402
-from tests import fault_injection as faults  # noqa: E402
-from tests.conftest import fresh_stack  # noqa: E402
+from bench.harness import REPO, emit, report
+from eventide import broker
+from eventide.config import load_config
+from eventide.services import free_port
+from store.server import child as served_store
+from tests.support import fault_injection as faults
+from tests.support.stack import fresh_stack
 
 SCENARIOS = ("fuzz", "job_kills", "broker_kills", "store_outage")
 SCENARIOS += ("spool_full",)
@@ -59,8 +55,8 @@ def comparison_figures(c: faults.Comparison, seconds: float) -> dict[str, Any]:
 
 
 def spool_full_figures(config: Any, parent: Path, events: int) -> dict[str, Any]:
-    """The SDK's spool on a full file system (tests/fault_injection.py ``spool_on_a_full_disk``), as figures."""
-    from tests.sdk_support import fresh_topic
+    """The SDK's spool on a full file system (tests/support/fault_injection.py ``spool_on_a_full_disk``), as figures."""
+    from tests.support.sdk import fresh_topic
 
     t = time.perf_counter()
     outcome = faults.spool_on_a_full_disk(fresh_topic(config, "spool-full", parent), parent, events=events)
@@ -76,7 +72,7 @@ def spool_full_figures(config: Any, parent: Path, events: int) -> dict[str, Any]
 
 
 def webhook_figures(config: Any, later: int) -> dict[str, Any]:
-    """Alert webhooks that refuse, hang or reset one notification each (tests/fault_injection.py
+    """Alert webhooks that refuse, hang or reset one notification each (tests/support/fault_injection.py
     ``webhook_faults``), as figures: how late the later notifications arrived against the deadline."""
     t = time.perf_counter()
     outcome = faults.webhook_faults(config, later=later)

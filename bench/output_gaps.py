@@ -5,7 +5,7 @@ runs − 1 = restarts), and the gaps between consecutive batch ends (``batch_tim
 batch's rows were written), max and p99, against the trigger interval. The goal of the 2-hour demo run is no gap
 longer than 2 trigger intervals and no restart.
 
-    .venv/bin/python bench/output_gaps.py --since "2026-11-23 19:40:45"
+    .venv/bin/python -m bench.output_gaps --since "2026-11-23 19:40:45"
 """
 
 from __future__ import annotations

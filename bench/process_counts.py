@@ -6,7 +6,7 @@ and Python workers). Prints one JSON line per sample: ``{"at": …, "<service>:<
 dashboard queries the store as it does for a user.
 
     ./run demo        # e.g. with EVENTIDE_PATHS__DATA_DIR and ports of its own
-    .venv/bin/python bench/process_counts.py --every 60 --minutes 25 --tab http://127.0.0.1:8501
+    .venv/bin/python -m bench.process_counts --every 60 --minutes 25 --tab http://127.0.0.1:8501
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""The peer of bench/pipeline.py: Quix Streams computing 1-s tumbling count + mean per series over the events topic.
+"""The peer of ``bench.pipeline``: Quix Streams computing 1-s tumbling count + mean per series over the events topic.
 
 Its idiomatic form: JSON values, the job's corrected event time as the message time, ``group_by`` the series
 (Quix keys windows by the message key, which is the device here, so it repartitions through a topic of its own),
 a 1-s tumbling window with count and mean that takes events up to ``--grace-ms`` late (the job's allowed lateness,
-as bench/pipeline.py passes it: the same rule for late events on both sides), RocksDB state, results produced to an
+as ``bench.pipeline`` passes it: the same rule for late events on both sides), RocksDB state, results produced to an
 output topic. Malformed records are skipped. Timed from its first record to its last window result (after
 ``--events`` source records); prints one JSON line.
 
-    .venv/bin/python bench/quix_peer.py --bootstrap 127.0.0.1:19092 --topic eventide.events --events 500000
+    .venv/bin/python -m bench.quix_peer --bootstrap 127.0.0.1:19092 --topic eventide.events --events 500000
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Starts its own broker (free ports, temporary data dir). Three measurements:
 3. sustained throughput: N histogram observations from one thread with the ``block`` policy (so nothing is
    dropped), timed from the first call until ``flush()`` reports every event acknowledged by Kafka.
 
-    .venv/bin/python bench/sdk_throughput.py --events 2000000
+    .venv/bin/python -m bench.sdk_throughput --events 2000000
 """
 
 from __future__ import annotations

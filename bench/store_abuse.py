@@ -27,9 +27,9 @@ Goals (issue 36): probe p99 <= 50 ms in every phase, RSS growth <= 64 MiB, the w
 has a timeout and every phase a deadline; a store that no longer answers ``/ping`` after its phase is killed (and
 reported as stuck), so the bench finishes even against a server that does not.
 
-    .venv/bin/python bench/store_abuse.py                  # ~3 min
-    .venv/bin/python bench/store_abuse.py --quick          # shorter holds, 128 MiB bodies, fewer sends
-    .venv/bin/python bench/store_abuse.py --phases idle,slow_500 --out /tmp/abuse.json
+    .venv/bin/python -m bench.store_abuse                  # ~3 min
+    .venv/bin/python -m bench.store_abuse --quick          # shorter holds, 128 MiB bodies, fewer sends
+    .venv/bin/python -m bench.store_abuse --phases idle,slow_500 --out /tmp/abuse.json
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ the query to the other one could save at most (issue 10). Writes 2 Parquet files
 columns as the query's input: time, level code, value, Kafka position, id, device, JSON key, session key; 64
 buckets x 5 apps = 320 keys) and drains them one file per micro-batch, as the job's readers do.
 
-    .venv/bin/python bench/stateful_overhead.py --api tws --events 300000
-    .venv/bin/python bench/stateful_overhead.py --api applyInPandasWithState --events 300000
+    .venv/bin/python -m bench.probes.stateful_overhead --api tws --events 300000
+    .venv/bin/python -m bench.probes.stateful_overhead --api applyInPandasWithState --events 300000
 
 Prints one JSON line: events/s of the drain and ``addBatch`` / ``allUpdatesTimeMs`` per micro-batch (the second
 batch is the warm one: the first includes the Python workers' start).
@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
 
 APIS = ("tws", "applyInPandasWithState")
 KEYS_PER_APP, APPS, USERS = 64, 5, 5_000

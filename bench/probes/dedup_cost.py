@@ -8,7 +8,7 @@ On a local Spark session, a cached batch of ``--batch`` events shaped like accep
 
 Dedup's own cost per event = (first_copies + publish without copies - publish as is) / batch. Prints JSON:
 
-    .venv/bin/python bench/dedup_cost.py --batch 150000 --horizon-ids 400000
+    .venv/bin/python -m bench.probes.dedup_cost --batch 150000 --horizon-ids 400000
 """
 
 from __future__ import annotations

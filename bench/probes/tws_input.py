@@ -5,7 +5,7 @@ key, batches of ``spark.sql.execution.arrow.maxRecordsPerBatch`` = 10,000 rows; 
 code, value, Kafka position, id, device, session key) and times each loader handing every key's frames to a
 consumer that only selects the value columns, as the worker does. No Spark: the loaders' own cost per row.
 
-    .venv/bin/python bench/tws_input.py --rows 150000 --keys 130
+    .venv/bin/python -m bench.probes.tws_input --rows 150000 --keys 130
 
 Prints one JSON line: seconds per pass (min of ``--repeat``) and µs per row for each loader.
 """
@@ -15,16 +15,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
 from analytics.spark import tws_input

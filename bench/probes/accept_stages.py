@@ -1,6 +1,6 @@
 """Where ``accept``'s Spark time goes, stage by stage, on records held in memory (no broker, no store).
 
-The bench's record mix (bench/pipeline.py ``records``) is put in a DataFrame of the Kafka source's schema, cached,
+The bench's record mix (``bench.harness.records``) is put in a DataFrame of the Kafka source's schema, cached,
 and each stage below runs over it as a batch job writing to Spark's ``noop`` sink, adding one step at a time:
 
 - ``scan``: the cached records, nothing computed
@@ -14,7 +14,7 @@ and each stage below runs over it as a batch job writing to Spark's ``noop`` sin
 
 Prints JSON: per stage the minimum over ``--repeat`` runs, in seconds and µs per record.
 
-    .venv/bin/python bench/accept_stages.py --events 300000
+    .venv/bin/python -m bench.probes.accept_stages --events 300000
 """
 
 from __future__ import annotations
@@ -27,10 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-
-from pipeline import Load, emit, records  # noqa: E402
+from bench.harness import REPO, Load, emit, records
 
 
 def main() -> None:

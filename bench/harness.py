@@ -1,0 +1,475 @@
+"""What the benches share: a stack of their own (broker, store server, a warmed Spark session), the bench's event
+mix and its backlog, drains timed with the machine's CPU and the JIT's, and how results are printed.
+
+``bench.pipeline`` (the headline benchmark) is built from these, and so are ``bench.cluster``, ``bench.faults``
+and the probes (``bench.probes``). Nothing here runs on its own: each bench's ``main`` decides what to measure.
+
+- **stack**: :func:`bench_config` (free ports, a temporary data dir) and :func:`stack` (broker, store server, the
+  job's Spark session, warmed up on a topic of its own);
+- **load**: :class:`Load` and :func:`records` (the event mix), :func:`produce_backlog`, :func:`live_load`;
+- **drains and timers**: :func:`fresh` (a store database and checkpoints per run), :func:`drain`,
+  :func:`drain_live`, :func:`drain_alone`, :func:`spark_count_only` (the read limit), :class:`Spent`,
+  :func:`cpu_seconds`, :func:`stage_breakdown`, :func:`stored_summary`;
+- **output**: :func:`report` (a phase's result on stderr as it comes), :func:`emit` (the JSON summary).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from analytics.job import QUERIES
+from analytics.vocabulary import ACCEPT_QUERY
+from eventide import broker
+from eventide.config import Config, load_config
+from eventide.services import free_port
+from ingest.envelope import now_ms, uuid7
+from store.client import connect
+from store.migrations import apply_migrations
+from store.server import child as served_store
+
+REPO = Path(__file__).resolve().parent.parent
+
+APPS = [f"app-{a}" for a in range(5)]
+METRICS = [f"metric_{m}" for m in range(10)]              # 5 apps x 10 names: 50 metric series
+LOGGERS = ["app.http", "app.db"]
+LEVEL_MIX = ["info"] * 6 + ["debug", "warning", "warning", "error"]
+
+
+# The stack -----------------------------------------------------------------------------------------------------
+def bench_config(stream: dict[str, Any] | None = None) -> Config:
+    """The default configuration on free ports and a new temporary data dir, with ``stream`` overrides."""
+    data = Path(tempfile.mkdtemp(prefix="eventide-bench-"))
+    return load_config(environ={}, root=str(REPO),
+                       paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
+                       kafka={"port": free_port(), "controller_port": free_port()},
+                       store={"port": free_port()},
+                       stream=stream or {})
+
+
+def warm_up(spark: Any, config: Config) -> None:
+    """Spark's JVM and the Kafka connector warmed (code generation, class loading): the whole job drained over
+    50,000 events of a topic of its own, so no measured drain pays the JVM's start."""
+    warm = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "warmup"})})
+    broker.ensure_topics(warm)
+    produce_backlog(warm, Load(events=50_000, seed=2), now_ms() - 3 * 3_600_000)
+    drain(spark, fresh(warm, "warm"), QUERIES, 50_000)
+
+
+@contextlib.contextmanager
+def stack(config: Config, keep_data: bool = False, app_name: str = "eventide-bench") -> Iterator[Any]:
+    """A broker and a store server of the bench's own (``config``'s ports and data dir) and the job's Spark session,
+    warmed up (:func:`warm_up`); yields the session. Afterwards the broker is stopped and the data dir removed
+    (a 1M-event run leaves ~2 GB of checkpoints, accepted-events files and store behind) unless ``keep_data``."""
+    broker.start(config)
+    try:
+        with served_store(config):   # the store the job writes to: its own, on a free port
+            from analytics.job import spark_session
+
+            spark = spark_session(config, app_name=app_name)
+            warm_up(spark, config)
+            yield spark
+            spark.stop()
+    finally:
+        broker.stop(config)
+        if not keep_data:
+            shutil.rmtree(config.data_dir, ignore_errors=True)
+
+
+# The load ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Load:
+    """A realistic event mix. Event time advances ``event_rate`` events per second from ``start_ms``; every
+    ``late_fraction``-th event is sent up to ``max_offline_s`` after it happened (some land behind the watermark),
+    every ``malformed_fraction``-th is broken in one of several ways (dead letters), every
+    ``duplicate_fraction``-th is sent twice (counted once, as a duplicate)."""
+
+    events: int
+    event_rate: int = 1_000
+    devices_per_app: int = 40
+    users: int = 5_000
+    active_users: int = 1_000          # a block of users active per minute of event time: sessions end
+    skewed_fraction: float = 0.2
+    late_fraction: float = 0.03
+    max_offline_s: int = 120
+    malformed_fraction: float = 0.005
+    duplicate_fraction: float = 0.01   # re-sent: the same record again, right after (a retried send)
+    seed: int = 1
+
+
+def _malformed(i: int, good: dict[str, Any]) -> bytes:
+    broken = dict(good)
+    match i % 5:
+        case 0:
+            return b'{"v": 1, "id": "truncated'
+        case 1:
+            broken.pop("value", None)
+            broken.pop("level", None)
+        case 2:
+            broken["event_time"] = str(broken["event_time"])
+        case 3:
+            broken["event_time"] = broken["sent_time"] + 1
+        case _:
+            broken["v"] = 2
+    return json.dumps(broken).encode()
+
+
+def records(load: Load, start_ms: int, clock: Callable[[], int] = now_ms) -> Iterator[tuple[bytes, bytes, str]]:
+    """(key, value, what) per record, what in {"metric", "log", "late", "malformed", "duplicate"}. ``sent_time``
+    is the device clock at encoding time, so ``corrected_event_time`` follows the load's event-time line."""
+    rng = random.Random(load.seed)
+    devices = [(app, f"{app}-dev-{d}", (rng.randrange(-3_600_000, 3_600_000)
+                                        if rng.random() < load.skewed_fraction else 0))
+               for app in APPS for d in range(load.devices_per_app)]
+    late_every = round(1 / load.late_fraction) if load.late_fraction else 0
+    bad_every = round(1 / load.malformed_fraction) if load.malformed_fraction else 0
+    copy_every = round(1 / load.duplicate_fraction) if load.duplicate_fraction else 0
+    for i in range(load.events):
+        at = start_ms + i * 1000 // load.event_rate
+        app, device, skew = devices[rng.randrange(len(devices))]
+        block = (at // 60_000) % max(1, load.users // load.active_users)
+        user = f"user-{block * load.active_users + rng.randrange(load.active_users)}"
+        what = "metric"
+        if late_every and i % late_every == late_every // 2:
+            at -= rng.randrange(load.max_offline_s * 1000)
+            what = "late"
+        now = clock()
+        event: dict[str, Any] = {"v": 1, "id": uuid7(now), "app": app, "device": device, "user": user,
+                                 "event_time": at + skew, "sent_time": now + skew}
+        if i % 10 == 9:
+            event.update(kind="log", name=LOGGERS[i % 2], level=LEVEL_MIX[rng.randrange(len(LEVEL_MIX))],
+                         message="request done")
+            what = "log" if what == "metric" else what
+        else:
+            event.update(kind="metric", name=METRICS[rng.randrange(len(METRICS))],
+                         value=round(rng.lognormvariate(3, 1), 3))
+        if bad_every and i % bad_every == bad_every - 1:
+            yield device.encode(), _malformed(i, event), "malformed"
+        else:
+            value = json.dumps(event, separators=(",", ":")).encode()
+            yield device.encode(), value, what
+            if copy_every and i % copy_every == copy_every // 3:
+                yield device.encode(), value, "duplicate"
+
+
+def producer(config: Config) -> Producer:
+    return Producer({"bootstrap.servers": config.kafka.bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                     "compression.type": "lz4", "acks": "all", "queue.buffering.max.messages": 1_000_000})
+
+
+def produce_backlog(config: Config, load: Load, start_ms: int) -> dict[str, int]:
+    out = producer(config)
+    counts: dict[str, int] = defaultdict(int)
+    for key, value, what in records(load, start_ms):
+        while True:
+            try:
+                out.produce(config.kafka.events_topic, value, key)
+                break
+            except BufferError:
+                out.poll(0.05)
+        counts[what] += 1
+    if out.flush(120):
+        raise RuntimeError("backlog not acknowledged by Kafka")
+    return dict(counts)
+
+
+# Measuring -----------------------------------------------------------------------------------------------------
+def cpu_seconds() -> float:
+    """Busy CPU time of the whole machine (user + system, every core), from /proc/stat.
+
+    The machine runs nothing else during a benchmark, so this is the pipeline's CPU: the JVM, Spark's Python
+    workers and the broker serving the reads. A per-process sum misses Spark's short-lived Python workers, whose
+    parent ignores SIGCHLD (their time is never added to anyone's children time)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class CompilerThreadsCpu:
+    """CPU of the Spark JVM's JIT compiler threads (HotSpot names them ``C1/C2 CompilerThreadN``) from creation on.
+
+    Spark generates and loads new classes for every query it plans, and HotSpot compiles their hot methods (and
+    Spark's own) while the job runs: in a drain of a few hundred thousand events that is a visible share of the
+    machine's CPU. HotSpot starts extra compiler threads as its queues grow and ends them once idle, and a thread's
+    time leaves ``/proc`` with it, so two readings (before and after a drain) miss most of it: the threads are read
+    every ``POLL_S`` meanwhile, each one's CPU counted from its first reading (0 for a thread started since)."""
+
+    POLL_S = 0.1
+
+    def __init__(self, spark: Any) -> None:
+        self._tasks = Path(f"/proc/{spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}/task")
+        self._compiler: dict[str, bool] = {}   # thread id -> is a compiler thread (its name, read once)
+        self._start = self._read()
+        self._last = dict(self._start)
+        self._stopped = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="jit-cpu", daemon=True)
+        self._poller.start()
+
+    def _read(self) -> dict[str, float]:
+        """CPU seconds of each compiler thread alive now. Only their ``stat`` files are read, each other thread's
+        once: reading all ~300 of the JVM's took ~6 ms a poll, CPU and GIL taken from the job's driver."""
+        cpu = {}
+        for tid in os.listdir(self._tasks):
+            if self._compiler.get(tid) is False:
+                continue
+            try:
+                stat = (self._tasks / tid / "stat").read_text()
+            except OSError:   # the thread ended meanwhile
+                continue
+            if tid not in self._compiler:
+                name = stat[stat.index("(") + 1:stat.rindex(")")]
+                self._compiler[tid] = name.startswith(("C1 CompilerThre", "C2 CompilerThre"))
+                if not self._compiler[tid]:
+                    continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            cpu[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+        return cpu
+
+    def _poll(self) -> None:
+        while not self._stopped.wait(self.POLL_S):
+            self._last.update(self._read())
+
+    def stop(self) -> float:
+        """Stop reading; the compiler threads' CPU since creation, in seconds."""
+        self._stopped.set()
+        self._poller.join()
+        self._last.update(self._read())
+        return sum(cpu - self._start.get(tid, 0.0) for tid, cpu in self._last.items())
+
+
+class Spent:
+    """Wall time, the machine's CPU and the JVM's JIT CPU from its creation to :meth:`per` (one drain)."""
+
+    def __init__(self, spark: Any) -> None:
+        self._jit, self._cpu, self._t = CompilerThreadsCpu(spark), cpu_seconds(), time.perf_counter()
+
+    def per(self, events: int) -> dict[str, Any]:
+        """What was spent so far, and the rates for ``events`` events."""
+        seconds, cpu = time.perf_counter() - self._t, cpu_seconds() - self._cpu
+        jit = self._jit.stop()
+        return {"seconds": round(seconds, 2), "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
+                "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jit, 1)}
+
+
+def stage_breakdown(queries: list[Any]) -> dict[str, Any]:
+    """Per query: Spark's durationMs summed over data batches, state operator metrics, and sink stages."""
+    from analytics import sinks
+
+    out: dict[str, Any] = {}
+    for query in queries:
+        batches = [p for p in query.recentProgress if p["numInputRows"]]
+        durations: dict[str, int] = defaultdict(int)
+        per_batch: dict[str, list[float]] = defaultdict(list)
+        state: dict[str, float] = defaultdict(float)
+        for p in batches:
+            for k, v in p["durationMs"].items():
+                durations[k] += v
+                per_batch[k].append(v / 1000)
+            for op in p.get("stateOperators", []):
+                for k in ("numRowsTotal", "numRowsUpdated", "allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs",
+                          "memoryUsedBytes", "numRowsDroppedByWatermark"):
+                    state[k] = state[k] + op.get(k, 0) if k != "numRowsTotal" else op.get(k, 0)
+                for k, v in (op.get("customMetrics") or {}).items():
+                    state[f"custom.{k}"] += v
+        stages = {stage: v for (q, stage), v in sinks.sink_seconds.items() if q == query.name}
+        out[query.name] = {"batches": len(batches), "input_rows": sum(p["numInputRows"] for p in batches),
+                           "duration_ms": dict(durations), "state": dict(state),
+                           # per micro-batch: its fixed costs show here when batches are small (freshness)
+                           "duration_batch_ms": {k: _percentiles_ms(v) for k, v in per_batch.items()},
+                           "sink_s": {stage: round(sum(v), 3) for stage, v in stages.items()},
+                           # per micro-batch: what one batch waits for each sink stage (e.g. the store write)
+                           "sink_batch_ms": {stage: _percentiles_ms(v) for stage, v in stages.items()}}
+    return out
+
+
+def fresh(config: Config, label: str, **stream: Any) -> Config:
+    """Same broker and topic; its own store database and checkpoints, and ``stream`` overrides."""
+    slug = f"{label}_{int(time.time() * 1000) % 10**9}"
+    cfg = config.model_copy(update={
+        "store": config.store.model_copy(update={"database": f"b_{slug}"}),
+        "stream": config.stream.model_validate({**config.stream.model_dump(), **stream,
+                                                "checkpoint_dir": config.data_dir / "checkpoints" / slug}),
+    })
+    apply_migrations(cfg)
+    return cfg
+
+
+def _percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000, 1)
+
+    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95), "max": at(1.0)}
+
+
+def drain(spark: Any, config: Config, only: tuple[str, ...], events: int) -> dict[str, Any]:
+    """Run the job's ``only`` queries over the topic from its first offset until idle; events/s and CPU."""
+    from analytics import sinks
+    from analytics.job import run_until_idle
+
+    sinks.sink_seconds.clear()
+    spent = Spent(spark)
+    queries = run_until_idle(spark, config, only)
+    return {"queries": list(only), **spent.per(events), "stages": stage_breakdown(queries)}
+
+
+def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
+    """The whole job as it runs live (every query at once, processing-time triggers: the readers take each accept
+    batch while ``accept`` reads the next) over the backlog; timed until both readers have committed the batch
+    holding the topic's last offsets, and the batch without data that may follow it."""
+    from analytics import accepted_log, sinks
+    from analytics.job import start_queries
+    from analytics.vocabulary import WINDOWS_QUERY
+
+    sinks.sink_seconds.clear()
+    end = topic_end_offsets(config)
+    readers = [config.checkpoint_dir / q for q in QUERIES if q != ACCEPT_QUERY]
+    spent = Spent(spark)
+    queries = start_queries(spark, config)
+    try:
+        while True:
+            time.sleep(0.05)
+            failed = [q for q in queries if q.exception() is not None]
+            if failed:
+                raise RuntimeError(f"query {failed[0].name} failed: {failed[0].exception()}")
+            published = accepted_log.metas(config)
+            last = published[-1] if published else None
+            reached = last is not None and {int(p): o for p, o in last.end_offsets.get(
+                config.kafka.events_topic, {}).items()} == end
+            if reached and all(accepted_log.last_read(r) == last.batch_id for r in readers):
+                break
+        # As a drain's last trigger does, the readers' next trigger may run a batch without data that only moves the
+        # watermark (closing windows and sessions); it is part of the work.
+        read_last = {q.name: q.lastProgress["batchId"] for q in queries if q.name != ACCEPT_QUERY}
+        while not all(q.lastProgress["batchId"] > read_last[q.name]
+                      or q.status["message"] == "Waiting for data to arrive"
+                      for q in queries if q.name in read_last):
+            time.sleep(0.05)
+        measured = spent.per(events)
+    finally:
+        for query in queries:
+            query.stop()
+    windows_query = next(q for q in queries if q.name == WINDOWS_QUERY)
+    return {"queries": list(QUERIES), "mode": "live", **measured, "accept_batches": len(published),
+            "windows_batches": len([p for p in windows_query.recentProgress if p["numInputRows"]]),
+            "stages": stage_breakdown(queries)}
+
+
+def topic_end_offsets(config: Config) -> dict[int, int]:
+    """The events topic's end offset per partition (every record of the backlog is below it)."""
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap, "group.id": f"ends-{time.time()}"})
+    try:
+        topic = config.kafka.events_topic
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    finally:
+        consumer.close()
+
+
+def drain_alone(spark: Any, config: Config, query: str, events: int) -> dict[str, Any]:
+    """One query alone; a query reading the accepted-events log gets it filled first (not timed)."""
+    from analytics.job import run_until_idle
+
+    if query != ACCEPT_QUERY:
+        run_until_idle(spark, config, (ACCEPT_QUERY,))
+    return drain(spark, config, (query,), events)
+
+
+def spark_count_only(spark: Any, config: Config, events: int) -> dict[str, Any]:
+    """The read limit: Spark's Kafka source over the same topic, counting records and nothing else."""
+    from analytics.job import kafka_records
+
+    total = [0]
+
+    def count(batch: Any, _: int) -> None:
+        total[0] += batch.count()
+
+    cpu, t = cpu_seconds(), time.perf_counter()
+    query = (kafka_records(spark, config).writeStream.foreachBatch(count)
+             .option("checkpointLocation", str(config.checkpoint_dir / "count_only"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    seconds, cpu = time.perf_counter() - t, cpu_seconds() - cpu
+    return {"records": total[0], "seconds": round(seconds, 2), "events_per_s": round(total[0] / seconds),
+            "cpu_us_per_event": round(cpu * 1e6 / max(total[0], 1), 1)}
+
+
+
+def stored_summary(config: Config) -> dict[str, Any]:
+    """Rows stored per table, and the largest dedup memory a batch was checked against (ids, bytes on disk)."""
+    with connect(config) as ch:
+        stored: dict[str, Any] = {
+            t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0]
+            for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers", "dead_letters", "duplicates")}
+        ids, size, memory = ch.query("SELECT max(horizon_ids), max(horizon_bytes), max(horizon_memory_bytes) "
+                                     "FROM dedup_state FINAL").result_rows[0]
+    stored["dedup_horizon_ids_max"] = ids
+    stored["dedup_horizon_bytes_per_1m_ids"] = round(size / ids * 1e6) if ids else None
+    stored["dedup_memory_bytes_per_1m_ids"] = round(memory / ids * 1e6) if ids else None
+    return stored
+
+
+
+# A live load ---------------------------------------------------------------------------------------------------
+def live_load(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
+    """Produce ``rate`` on-time events/s for ``seconds`` (run in its own process by ``freshness``)."""
+    cfg = load_config(environ={}, root=str(REPO), kafka={"bootstrap_servers": bootstrap, "events_topic": topic})
+    out = producer(cfg)
+    load = Load(events=int(rate * seconds), event_rate=rate, late_fraction=0, malformed_fraction=0,
+                duplicate_fraction=0, seed=7)
+    start, sent = time.monotonic(), 0
+
+    def paced_clock() -> int:
+        # The n-th event is sent when it is due, not before: sent ahead of its event time, the job would
+        # dead-letter it (event_time after sent_time).
+        nonlocal sent
+        ahead = start + sent / rate - time.monotonic()
+        if ahead > 0.005:
+            time.sleep(ahead)
+        sent += 1
+        return now_ms()
+
+    # Event times start 10 ms back: the clock may read up to 5 ms before an event is due, never after its time.
+    for key, value, _ in records(load, now_ms() - 10, clock=paced_clock):
+        while True:
+            try:
+                out.produce(topic, value, key)
+                break
+            except BufferError:
+                out.poll(0.05)
+        out.poll(0)
+    out.flush(60)
+
+
+
+
+# Output --------------------------------------------------------------------------------------------------------
+def report(phase: str, result: Any) -> Any:
+    """Print a phase's result as soon as it is known (stderr), so a long run shows progress."""
+    print(f"[{phase}] {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
+    return result
+
+
+def emit(summary: dict[str, Any], out: Path | None) -> None:
+    """Print a benchmark's JSON summary (stdout) and also write it to ``out`` when given."""
+    text = json.dumps(summary, indent=1, default=str)
+    print(text)
+    if out:
+        out.write_text(text)
+
+
