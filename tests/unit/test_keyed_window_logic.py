@@ -54,8 +54,12 @@ def test_batched_window_computation_equals_a_scan_per_window(points):
     times = [t for t, _ in points]
     values = [None if v is None else float(v) for _, v in points]
     state = sliding.SlidingState()
-    sliding.add_events(state, _events(times, values), watermark=0, length_ms=L)
+    late = sliding.add_events(state, _events(times, values), watermark=0, length_ms=L)
     out = pd.DataFrame(sliding.emit_due(state, watermark=10**9, length_ms=L)).sort_values(["t", "offset"])
+    # Every event after the watermark has its window (t_e - L, t_e], once; one at it (t = 0) is late, its own window
+    # already closed. An empty or short output fails here instead of passing the loop below vacuously.
+    assert sorted(late.t.tolist()) == [t for t in sorted(times) if t <= 0]
+    assert sorted(zip(out.t, out.offset, strict=True)) == sorted((t, i) for i, t in enumerate(times) if t > 0)
     for row in out.itertuples():
         members = [v for t, v in zip(times, values, strict=True) if row.t - L < t <= row.t]
         present = [v for v in members if v is not None]
