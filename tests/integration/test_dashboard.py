@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from analytics.windows.writer import WINDOW_COLUMNS
 from dashboard import common, queries
 from eventide.config import load_config, to_environ
+from eventide.services import free_port
 from store.client import connect
 from store.migrations import apply_migrations
 from tests.support.stack import REPO, own_database
@@ -127,9 +128,11 @@ def test_series_page_charts_rate_and_p99(store):
 
 
 def test_unreachable_store_shows_the_url_it_tried(store, monkeypatch):
-    monkeypatch.setenv("EVENTIDE_STORE__URL", "http://127.0.0.1:1")
+    tried = f"http://127.0.0.1:{free_port()}"          # nothing listens there; not a prefix of any other URL shown
+    monkeypatch.setenv("EVENTIDE_STORE__URL", tried)
     at = AppTest.from_file(APP, default_timeout=30).run()
-    assert any("127.0.0.1:1" in err.value for err in at.error)
+    assert [err.value for err in at.error if err.value.startswith(f"Store unreachable at {tried}: ")], \
+        [err.value for err in at.error]
 
 
 ALERTS_PAGE = str(REPO / "dashboard" / "views" / "alerts.py")
