@@ -71,6 +71,79 @@ def url_select(label: str, key: str, options: Sequence[T], format_func: Callable
     return chosen
 
 
+def url_multiselect(label: str, key: str, options: Sequence[str], container: Any = None) -> list[str]:
+    """A multiselect whose choices live in the URL as repeated ``?key=a&key=b``. A value the URL names but the
+    options lack (a link to an app with no lines in the range) is offered too, so the link's filter still shows."""
+    wanted = st.query_params.get_all(key)
+    offered = list(dict.fromkeys([*options, *wanted]))
+    chosen = (container or st.sidebar).multiselect(label, offered, default=wanted, key=f"url_{key}")
+    set_url_list(key, chosen)
+    return chosen
+
+
+def url_text(label: str, key: str, container: Any = None, max_chars: int | None = None, help: str | None = None) \
+        -> str:
+    """A text input whose text lives in the URL as ``?key=...`` (absent when empty)."""
+    text = (container or st.sidebar).text_input(label, st.query_params.get(key, ""), max_chars=max_chars,
+                                                key=f"url_{key}", help=help)
+    set_url_list(key, [text] if text else [])
+    return text
+
+
+def set_url_list(key: str, values: Sequence[str]) -> None:
+    """``?key=`` repeated once per value; removed when there is none."""
+    if values:
+        st.query_params[key] = list(values)
+    elif key in st.query_params:
+        del st.query_params[key]
+
+
+def forget_widgets(*keys: str) -> None:
+    """Drop the state of the URL-backed widgets of these URL keys, so their next run reads the URL again (after a
+    drill-down rewrote it). Only before the widgets of this run exist."""
+    for key in keys:
+        st.session_state.pop(f"url_{key}", None)
+
+
+def selected_points(state: Any, names: Sequence[str]) -> list[tuple[str, datetime]]:
+    """(trace name, x as a UTC datetime) of each point selected in a time chart drawn with ``on_select`` (``state``:
+    the chart's selection state; ``names``: its traces' names, by curve number): the series and bucket chosen."""
+    points = ((state or {}).get("selection") or {}).get("points") or []
+    chosen = []
+    for point in points:
+        curve, x = point.get("curve_number"), point.get("x")
+        if curve is None or x is None or not 0 <= curve < len(names):
+            continue
+        t = pd.Timestamp(x)
+        t = t.tz_localize("UTC") if t.tzinfo is None else t.tz_convert("UTC")
+        chosen.append((names[curve], t.to_pydatetime()))
+    return chosen
+
+
+def drill_chart(container: Any, fig: go.Figure, key: str) -> list[tuple[str, datetime]]:
+    """Draw a time chart whose points can be clicked (shift-click adds more); the (trace name, time) pairs a click
+    just selected, once (empty on every other run).
+
+    Read in the selection's callback: Streamlit identifies a chart by its figure too, and a refreshed figure (the
+    range ends at "now") is a new chart whose selection starts empty, so the script would never see the click.
+    Points only: with a box or lasso mode as well, Streamlit makes a drag select and a click select nothing.
+    """
+    # Plotly selects markers, never a bare line: a line trace gets small markers, its points to click.
+    fig.update_traces(mode="lines+markers", marker_size=5, selector={"type": "scatter", "mode": "lines"})
+    names = [str(trace.name) for trace in fig.data]
+    picked = f"{key}__picked"
+
+    def on_select() -> None:
+        st.session_state[picked] = selected_points(st.session_state.get(key), names)
+
+    container.plotly_chart(fig, width="stretch", key=key, on_select=on_select, selection_mode="points")
+    return st.session_state.pop(picked, [])
+
+
+LOGS_PAGE_SCRIPT = "views/logs.py"
+"""The Logs page's script, relative to dashboard/app.py (what ``st.switch_page`` takes)."""
+
+
 MAX_RANGE_MINUTES = 24 * 60
 
 

@@ -256,21 +256,26 @@ LOGS_PAGE = "logs"
 """The Logs page's URL path (dashboard/app.py)."""
 
 
+def logs_params(*, apps: Iterable[str] = (), levels: Iterable[str] = (), names: Iterable[str] = (),
+                since: datetime | None = None, until: datetime | None = None, text: str = "",
+                tags: Iterable[tuple[str, str]] = ()) -> dict[str, list[str]]:
+    """The Logs page's URL parameters for these filters (each a list: apps, levels, names and tags repeat their
+    key): ``from``/``to`` the absolute window (ISO 8601, UTC), ``q`` the text, ``tag`` each ``k=v``. For
+    ``st.switch_page(..., query_params=...)``; :func:`logs_url` makes a link of them."""
+    params = {"app": list(apps), "level": list(levels), "name": list(names),
+              "from": [format_time(since)] if since is not None else [],
+              "to": [format_time(until)] if until is not None else [],
+              "q": [text] if text else [], "tag": [f"{k}={v}" for k, v in tags]}
+    return {key: values for key, values in params.items() if values}
+
+
 def logs_url(*, apps: Iterable[str] = (), levels: Iterable[str] = (), names: Iterable[str] = (),
              since: datetime | None = None, until: datetime | None = None, text: str = "",
              tags: Iterable[tuple[str, str]] = ()) -> str:
-    """A link (relative to the dashboard's root) that opens the Logs page on these filters: ``from``/``to`` the
-    absolute window (ISO 8601, UTC), the other filters as the page keeps them in its URL (repeated keys)."""
-    params: list[tuple[str, str]] = [*(("app", a) for a in apps), *(("level", lv) for lv in levels),
-                                     *(("name", n) for n in names)]
-    if since is not None:
-        params.append(("from", format_time(since)))
-    if until is not None:
-        params.append(("to", format_time(until)))
-    if text:
-        params.append(("q", text))
-    params.extend(("tag", f"{k}={v}") for k, v in tags)
-    return f"{LOGS_PAGE}?{urlencode(params)}" if params else LOGS_PAGE
+    """A link (relative to the dashboard's root, so it works wherever the dashboard is served) that opens the Logs
+    page on these filters (:func:`logs_params`): one click from a chart, an alert or a table to the lines."""
+    params = logs_params(apps=apps, levels=levels, names=names, since=since, until=until, text=text, tags=tags)
+    return f"{LOGS_PAGE}?{urlencode(params, doseq=True)}" if params else LOGS_PAGE
 
 
 def format_time(t: datetime) -> str:

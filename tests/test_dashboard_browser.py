@@ -31,9 +31,9 @@ from eventide.services import free_port, tail
 from store.client import connect
 from store.migrations import apply_migrations
 from store.range_query import SeriesKey
-from tests import dashboard_data as data
-from tests.conftest import REPO, own_database
-from tests.window_rows import SECOND, Event, window_row
+from tests.support import dashboard_data as data
+from tests.support.stack import REPO, own_database
+from tests.support.window_rows import SECOND, Event, window_row
 
 pytestmark = pytest.mark.integration
 
@@ -141,11 +141,11 @@ def populate(config: Config) -> None:
 
 
 @contextmanager
-def serving(root: Path, config: Config) -> Iterator[str]:
+def serving(root: Path, config: Config, rules_text: str = RULES) -> Iterator[str]:
     """Base URL of ``streamlit run dashboard/app.py`` on a free port over ``config``'s store (its log is
-    ``root/streamlit.log``)."""
+    ``root/streamlit.log``), with the alert rules ``rules_text``."""
     rules = root / "alerts.toml"
-    rules.write_text(RULES)
+    rules.write_text(rules_text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
     env.update(to_environ(config), EVENTIDE_ALERTING__RULES_FILE=str(rules))
     port, log = free_port(), root / "streamlit.log"

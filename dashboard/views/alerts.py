@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
 
 from alerting.rules import AlertRule, load_rules
-from dashboard import common, queries
+from dashboard import common, log_search, queries
 from eventide.config import ConfigError
 
 STATE_COLOURS = {"firing": "#d62728", "pending": "#ff7f0e", "resolved": "#2ca02c", "ok": "#7f7f7f"}
@@ -45,7 +48,14 @@ def page() -> None:
         if states.empty:
             st.info("No rule has been evaluated yet (the evaluator runs with `./run demo` or `./run alerts`).")
         else:
-            st.dataframe(states, hide_index=True, width="stretch")
+            links = [_logs_link(rules, row) for row in states.itertuples()]
+            st.dataframe(states.assign(logs=links), hide_index=True, width="stretch",
+                         column_config={"logs": st.column_config.LinkColumn(
+                             "logs", display_text="error lines", help="A firing error_ratio alert: open its "
+                             "app's error and critical lines of the breaching windows on the Logs page")})
+            for row, link in zip(states.itertuples(), links, strict=True):
+                if link:
+                    st.markdown(f"🔎 [Error lines of **{_escape(row.rule)}** · {_escape(row.series)}]({link})")
         st.subheader("Failed deliveries")
         if failures.empty:
             st.info("No notification was given up in the chosen range.")
@@ -61,6 +71,29 @@ def page() -> None:
             "name": r.name, "series": _series_label(r), "window_s": r.window_s, "statistic": r.statistic,
             "comparator": r.comparator, "threshold": r.threshold, "for": r.for_windows, "severity": r.severity,
             "week_over_week": r.week_over_week} for r in rules]), hide_index=True, width="stretch")
+
+
+def _logs_link(rules: list[AlertRule], state: Any) -> str | None:
+    """For a firing ``error_ratio`` alert: a link to the Logs page on the series' app and logger, levels error and
+    critical, from the first breaching window (``for`` windows before it fired) to the last window evaluated."""
+    rule = next((r for r in rules if r.name == state.rule), None)
+    if state.state != "firing" or rule is None or rule.statistic != "error_ratio":
+        return None
+    # The series label is "app · kind · name {tags}" (SeriesKey.label).
+    parts = str(state.series).split(" · ")
+    if len(parts) < 3:
+        return None
+    app, name = parts[0], parts[2].split(" {")[0]
+    fired = pd.Timestamp(state.since).tz_localize(None).to_pydatetime()
+    until = pd.Timestamp(state.evaluated_until).tz_localize(None).to_pydatetime()
+    since = fired - timedelta(seconds=rule.window_s * rule.for_windows)
+    return log_search.logs_url(apps=[app], levels=["error", "critical"], names=[name], since=since,
+                               until=max(until, fired))
+
+
+def _escape(text: str) -> str:
+    """Rule and series names as literal text in Markdown."""
+    return "".join(f"\\{c}" if c in "\\`*_{}[]()#+-.!|<>~" else c for c in str(text))
 
 
 def _series_label(rule: AlertRule) -> str:

@@ -6,13 +6,13 @@ freshness (now − watermark), consumer lag per partition, records lost to Kafka
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import streamlit as st
 from clickhouse_connect.driver.client import Client
 
-from dashboard import common, queries
+from dashboard import common, log_search, queries
 from store import pipeline
 
 
@@ -65,8 +65,12 @@ def page() -> None:
         chart = common.time_chart
         left.plotly_chart(chart(rates, "events_per_s", "Events/s per app", "events / s", span, "app"),
                           width="stretch")
-        right.plotly_chart(chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s", span,
-                                 "app"), width="stretch")
+        errors = chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s", span, "app")
+        if picked := common.drill_chart(right, errors, "overview_errors"):
+            # A click on an app's point opens the Logs page on that app's error lines of that bucket.
+            st.switch_page(common.LOGS_PAGE_SCRIPT, query_params=log_search.logs_params(
+                apps=dict.fromkeys(app for app, _ in picked), levels=("error", "critical"),
+                since=min(t for _, t in picked), until=max(t for _, t in picked) + timedelta(seconds=resolution)))
         left, right = st.columns(2)
         if dropped.empty:
             left.info("No dropped stragglers in the chosen range.")
@@ -90,7 +94,8 @@ def page() -> None:
         if not firing.empty:
             st.subheader("Alerts firing")
             st.dataframe(firing, hide_index=True, width="stretch")
-        st.caption(f"buckets of {resolution} s · refreshes every {config.dashboard.refresh_s:g} s")
+        st.caption(f"buckets of {resolution} s · refreshes every {config.dashboard.refresh_s:g} s · click a point "
+                   "of the error chart to read its lines")
 
     live()
 

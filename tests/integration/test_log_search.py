@@ -1,6 +1,7 @@
-"""Log search (dashboard/log_search.py): how a search text is read and a message masked (pure), and what the store
-answers for a search, a page, a pattern count and the dead-lettered log records, on lines inserted into ``logs``
-as the stream job writes them."""
+"""Log search against a real store (dashboard/log_search.py): on lines inserted into ``logs`` as the stream job
+writes them, a search by words, phrases, app, level, logger and tags returns exactly the expected lines, newest
+first, page after page, marked late when their event was a dropped straggler; patterns count lines per masked
+message and level; dead-lettered log records come with their reason."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Any
 import pytest
 
 from dashboard import log_search
-from dashboard.log_search import LogQuery, logs_url, mask, parse_tag, parse_text, parse_time
+from dashboard.log_search import LogQuery, mask
 from eventide.config import Config, load_config
 from store.client import connect
 from store.migrations import apply_migrations
-from tests import dashboard_data as data
-from tests.conftest import own_database
+from tests.support import dashboard_data as data
+from tests.support.stack import own_database
 
 _ids = itertools.count()
 
@@ -30,65 +31,6 @@ def log_line(t: datetime, message: str, *, app: str = "shop", level: str = "info
             "app": app, "level": level, "name": name, "device": device, "user": user, "message": message,
             "tags": tags or {}, "event_id": event_id or f"ev-{n:06d}", "source_partition": 0,
             "source_offset": n if offset is None else offset}
-
-
-# Reading a search text ------------------------------------------------------------------------------------------
-
-def test_words_are_single_tokens_and_phrases_are_quoted_or_hold_separators():
-    assert parse_text('Refused "Connection refused" db-12 TIMEOUT') == (
-        ["refused", "timeout"], ["connection refused", "db 12"])
-
-
-def test_a_quoted_single_word_is_a_word_repeats_count_once_and_an_unclosed_quote_runs_to_the_end():
-    assert parse_text('"error" error ERROR "disk full') == (["error"], ["disk full"])
-
-
-def test_terms_without_tokens_are_ignored():
-    assert parse_text('  -  "" ... ') == ([], [])
-    assert parse_text("") == ([], [])
-
-
-def test_tokens_split_like_clickhouse_ascii_alphanumerics_and_non_ascii_characters():
-    assert log_search.tokens("café-au-lait naïve_x /api/v2?id=7") == ["café", "au", "lait", "naïve", "x", "api",
-                                                                     "v2", "id", "7"]
-    assert parse_text("Ünïcode") == (["ünïcode"], [])
-
-
-# Masking --------------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("message", "pattern"), [
-    ("user u42 logged in from 10.0.3.7", "user <*> logged in from <*>.<*>.<*>.<*>"),
-    ("GET /api/items/99887 200 in 187 ms", "GET /api/items/<*> <*> in <*> ms"),
-    ("trace 550e8400-e29b-41d4-a716-446655440000 done", "trace <*> done"),
-    ("lock 0xDEADbeef held", "lock <*> held"),
-    ("commit deadbeefcafe by bob", "commit <*> by bob"),
-    ("connection refused to db-12", "connection refused to db-<*>"),
-    ("disk full", "disk full"),
-])
-def test_variable_parts_of_a_message_are_masked(message, pattern):
-    assert mask(message) == pattern
-
-
-# Links ----------------------------------------------------------------------------------------------------------
-
-def test_a_logs_link_carries_every_filter_and_its_times_read_back():
-    since, until = datetime(2026, 11, 26, 18, 0, tzinfo=UTC), datetime(2026, 11, 26, 18, 10, 30, 250_000, tzinfo=UTC)
-    url = logs_url(apps=["shop"], levels=["error", "critical"], since=since, until=until, text='"db down"',
-                   tags=[("region", "eu")])
-    assert url == ("logs?app=shop&level=error&level=critical&from=2026-11-26T18%3A00%3A00.000Z"
-                   "&to=2026-11-26T18%3A10%3A30.250Z&q=%22db+down%22&tag=region%3Deu")
-    assert parse_time("2026-11-26T18:10:30.250Z") == until
-    assert parse_time("2026-11-26 18:00:00") == since                   # naive: UTC
-    assert parse_time(str(int(until.timestamp() * 1000))) == until      # epoch milliseconds
-    assert logs_url() == "logs"
-    with pytest.raises(ValueError):
-        parse_time("yesterday")
-
-
-def test_tag_filters_are_key_equals_value():
-    assert parse_tag("region=eu") == ("region", "eu")
-    assert parse_tag("k=a=b") == ("k", "a=b")
-    assert parse_tag("region") is None and parse_tag("=eu") is None
 
 
 # Against the store ----------------------------------------------------------------------------------------------

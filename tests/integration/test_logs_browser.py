@@ -1,0 +1,162 @@
+"""Finding a log line, in a real headless Chromium against ``streamlit run`` (as tests/test_dashboard_browser.py):
+a search typed on the Logs page lists exactly the matching lines, and the drill-downs (a firing ``error_ratio``
+alert's link on the Alerts page, a click on the Overview's error chart) open the Logs page with that app, level and
+window applied. The store is populated through the SQL layer: the dashboard fixture's windows and alerts, and lines
+in ``logs``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from playwright.sync_api import BrowserContext, Page
+
+from dashboard import log_search
+from eventide.config import Config, load_config
+from store.client import connect
+from store.migrations import apply_migrations
+from tests.integration.test_log_search import log_line
+from tests.support import dashboard_data as data
+from tests.support.stack import own_database
+from tests.test_dashboard_browser import RULES, browser, populate, screenshot, serving, settle, texts
+
+pytestmark = pytest.mark.integration
+__all__ = ["browser"]   # the shared Chromium fixture
+
+ERROR_RULE = """
+[[rule]]
+name = "shop errors"
+series = { app = "shop", kind = "log", name = "app.server" }
+window_s = 10
+statistic = "error_ratio"
+comparator = ">"
+threshold = 0.05
+for = 2
+severity = "critical"
+"""
+NOW = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+GRID = NOW - timedelta(seconds=NOW.second % 10)
+FIRED = GRID - timedelta(seconds=60)
+"""The alert fired at the end of this window, after two breaching 10 s windows: its lines start 20 s earlier."""
+ALERT_WINDOW = (FIRED - timedelta(seconds=20), GRID)
+
+
+def lines() -> list[dict]:
+    """Log lines around the alert; those the alert's link must list are named "in alert window"."""
+    at = ALERT_WINDOW[0]
+    return [
+        log_line(at + timedelta(seconds=5), "payment gateway timeout after 30 s (in alert window 1)", level="error",
+                 tags={"region": "eu"}),
+        log_line(at + timedelta(seconds=50), "payment gateway Timeout after 12 s (in alert window 2)",
+                 level="critical", tags={"region": "us"}),
+        log_line(at + timedelta(seconds=51), "checkout ok for cart 7", level="info"),
+        log_line(at + timedelta(seconds=52), "search shard timeout", app="search", level="error"),
+        log_line(at + timedelta(seconds=53), "db pool timeout", level="error", name="app.db"),
+        log_line(at - timedelta(seconds=30), "payment gateway timeout before the alert", level="error"),
+        log_line(at + timedelta(seconds=55), "gateway said: payment timeout", level="warning"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("logs-browser")
+    config: Config = load_config(environ={}, root=str(root),
+                                 store={"url": store_url, "database": own_database("logs_browser")},
+                                 dashboard={"refresh_s": 3600})
+    apply_migrations(config)
+    populate(config)
+    with connect(config) as client:
+        data.insert_rows(client, "logs", lines())
+        data.insert_rows(client, "alert_states", [data.alert_state(
+            "shop errors", "shop · log · app.server", "firing", evaluated_until=GRID, since=FIRED, value=0.3,
+            threshold=0.05, severity="critical", breaches=2)])
+    with serving(root, config, RULES + ERROR_RULE) as url:
+        yield url
+
+
+def grid_texts(page: Page) -> list[str]:
+    """The cells of the page's data grids (Streamlit draws them on a canvas; its accessible table holds the
+    text)."""
+    return texts(page, '[data-testid="stDataFrame"] [role="gridcell"]')
+
+
+def shown_messages(page: Page) -> list[str]:
+    return [t for t in grid_texts(page) if re.search(r"timeout|ok for cart", t, re.IGNORECASE)]
+
+
+def chosen(page: Page, label: str) -> list[str]:
+    """The values chosen in the multiselect labelled ``label``."""
+    name = page.locator('[data-testid="stWidgetLabel"]', has_text=re.compile(f"^{re.escape(label)}$"))
+    box = page.locator('[data-testid="stMultiSelect"]', has=name)
+    return [t.strip() for t in box.locator(".react-aria-ComboBox [data-tag] span[title]").all_inner_texts()]
+
+
+def test_a_typed_search_lists_exactly_the_matching_lines_newest_first(browser: BrowserContext, dashboard: str):
+    page = browser.new_page()
+    try:
+        page.goto(f"{dashboard}/logs?minutes=30")
+        settle(page)
+        box = page.get_by_role("textbox", name='Words and "phrases"')
+        box.fill('"payment gateway" timeout')
+        box.press("Enter")
+        settle(page)
+        shot = screenshot(page, "logs-search")
+        assert shown_messages(page) == ["payment gateway Timeout after 12 s (in alert window 2)",
+                                        "payment gateway timeout after 30 s (in alert window 1)",
+                                        "payment gateway timeout before the alert"], shot
+        assert parse_qs(urlparse(page.url).query)["q"] == ['"payment gateway" timeout']   # the link keeps it
+        assert texts(page, '[data-testid="stException"]') == [], shot
+    finally:
+        page.close()
+
+
+def test_a_firing_error_ratio_alert_links_to_its_error_lines(browser: BrowserContext, dashboard: str):
+    page = browser.new_page()
+    try:
+        page.goto(f"{dashboard}/alerts")
+        settle(page)
+        link = page.get_by_role("link", name=re.compile("Error lines of shop errors"))
+        href = link.get_attribute("href") or ""
+        assert href == log_search.logs_url(apps=["shop"], levels=["error", "critical"], names=["app.server"],
+                                           since=ALERT_WINDOW[0], until=ALERT_WINDOW[1])
+        page.goto(f"{dashboard}/{href}")
+        settle(page)
+        shot = screenshot(page, "logs-from-alert")
+        assert chosen(page, "App") == ["shop"] and chosen(page, "Level") == ["error", "critical"], shot
+        assert chosen(page, "Logger name") == ["app.server"], shot
+        assert shown_messages(page) == ["payment gateway Timeout after 12 s (in alert window 2)",
+                                        "payment gateway timeout after 30 s (in alert window 1)"], shot
+        assert any("from a link" in t for t in texts(page, '[data-testid="stAlertContentInfo"]')), shot
+        page.get_by_role("button", name=re.compile("Clear window")).click()
+        settle(page)
+        assert "from=" not in page.url and "app=shop" in page.url
+    finally:
+        page.close()
+
+
+def test_a_click_on_the_overviews_error_chart_opens_that_apps_error_lines(browser: BrowserContext, dashboard: str):
+    page = browser.new_page()
+    try:
+        page.goto(dashboard)
+        settle(page)
+        chart = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="Error + critical log lines/s")
+        chart.scroll_into_view_if_needed()
+        # The newest point of a trace: its marker, where Plotly takes the click.
+        marker = chart.locator(".scatterlayer .trace .points path.point").last
+        box = marker.bounding_box()
+        assert box is not None
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_url(re.compile(r"/logs\?"), timeout=15_000)
+        settle(page)
+        shot = screenshot(page, "logs-from-overview")
+        params = parse_qs(urlparse(page.url).query)
+        assert params["level"] == ["error", "critical"] and len(params["app"]) == 1, page.url
+        assert chosen(page, "Level") == ["error", "critical"] and chosen(page, "App") == params["app"], shot
+        since, until = (log_search.parse_time(params[k][0]) for k in ("from", "to"))
+        assert timedelta(0) < until - since <= timedelta(minutes=1), page.url
+    finally:
+        page.close()
