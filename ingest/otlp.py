@@ -239,7 +239,9 @@ class Source:
     device: str
     attributes: dict[str, str]
     digest: bytes
-    """Hash of the whole resource: part of every record id and cumulative series key."""
+    """Hash of the whole resource: part of every record id and cumulative series key, and the key of its clock
+    offset estimate (not the device name: resources without ``host.name`` share the default device, and one
+    skewed clock among them must not move the others' estimate)."""
 
 
 def source_of(resource: Resource, settings: OtlpConfig) -> Source:
@@ -351,32 +353,32 @@ def message_of(body: AnyValue) -> str:
     return "" if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def latest_log_times(request: ExportLogsServiceRequest, settings: OtlpConfig) -> dict[str, int]:
-    """Per device, the latest time (ms, device clock) among the request's records, which the clock offset estimate
-    compares with the receive time: the latest observed time (an SDK stamps it from its clock when the record is
-    emitted), else, when no record has one, the latest time the records happened (a time an application chose,
-    e.g. one read from a log file, could be anything)."""
-    latest: dict[str, int] = {}
+def latest_log_times(request: ExportLogsServiceRequest, settings: OtlpConfig) -> dict[bytes, int]:
+    """Per resource (:attr:`Source.digest`), the latest time (ms, device clock) among the request's records, which
+    the clock offset estimate compares with the receive time: the latest observed time (an SDK stamps it from its
+    clock when the record is emitted), else, when no record has one, the latest time the records happened (a time
+    an application chose, e.g. one read from a log file, could be anything)."""
+    latest: dict[bytes, int] = {}
     for resource_logs in request.resource_logs:
-        device = source_of(resource_logs.resource, settings).device
+        key = source_of(resource_logs.resource, settings).digest
         records = [r for s in resource_logs.scope_logs for r in s.log_records]
         newest = max((r.observed_time_unix_nano for r in records), default=0) or \
             max((r.time_unix_nano for r in records), default=0)
         newest //= 1_000_000
         if newest > 0:
-            latest[device] = max(latest.get(device, 0), newest)
+            latest[key] = max(latest.get(key, 0), newest)
     return latest
 
 
-def map_logs(request: ExportLogsServiceRequest, timings: Mapping[str, Timing], default: Timing,
+def map_logs(request: ExportLogsServiceRequest, timings: Mapping[bytes, Timing], default: Timing,
              settings: OtlpConfig) -> Mapped:
-    """Each ``LogRecord`` as one log envelope (docs/ingest.md has the table). ``timings``: per device (else
-    ``default``)."""
+    """Each ``LogRecord`` as one log envelope (docs/ingest.md has the table). ``timings``: per resource digest
+    (else ``default``)."""
     mapped = Mapped()
     user_key = settings.user_attribute
     for r, resource_logs in enumerate(request.resource_logs):
         source = source_of(resource_logs.resource, settings)
-        timing = timings.get(source.device, default)
+        timing = timings.get(source.digest, default)
         resource_user = source.attributes.get(user_key)
         for s, scope_logs in enumerate(resource_logs.scope_logs):
             scope = scope_digest(scope_logs.scope)

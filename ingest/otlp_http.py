@@ -76,11 +76,11 @@ class OtlpIngest:
         # Mapping is CPU under the GIL anyway; one lock keeps each request's view of the state consistent.
         self._lock = threading.Lock()
 
-    def _timings(self, latest: Mapping[str, int], received_ms: int) -> tuple[dict[str, Timing], Timing]:
+    def _timings(self, latest: Mapping[bytes, int], received_ms: int) -> tuple[dict[bytes, Timing], Timing]:
         settings = self.config.otlp
         future, age = int(settings.max_future_s * 1000), int(settings.max_age_s * 1000)
-        timings = {device: Timing(received_ms, self.clocks.observe(device, received_ms, newest), future, age)
-                   for device, newest in latest.items()}
+        timings = {key: Timing(received_ms, self.clocks.observe(key, received_ms, newest), future, age)
+                   for key, newest in latest.items()}
         return timings, Timing(received_ms, 0, future, age)
 
     def handle(self, signal: Signal, body: bytes, encoding: str, media: Media, received_ms: int,

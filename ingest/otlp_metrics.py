@@ -215,15 +215,15 @@ def _points(metric: metrics_pb2.Metric) -> Iterator[Any]:
         yield from getattr(metric, which).data_points
 
 
-def latest_point_times(request: ExportMetricsServiceRequest, settings: OtlpConfig) -> dict[str, int]:
-    """Per device, the latest point time (ms, device clock) of the request: when the SDK collected it."""
-    latest: dict[str, int] = {}
+def latest_point_times(request: ExportMetricsServiceRequest, settings: OtlpConfig) -> dict[bytes, int]:
+    """Per resource (its digest), the latest point time (ms, device clock) of the request: when the SDK collected it."""
+    latest: dict[bytes, int] = {}
     for resource_metrics in request.resource_metrics:
-        device = source_of(resource_metrics.resource, settings).device
+        key = source_of(resource_metrics.resource, settings).digest
         newest = max((p.time_unix_nano for s in resource_metrics.scope_metrics for m in s.metrics
                       for p in _points(m)), default=0) // 1_000_000
         if newest > 0:
-            latest[device] = max(latest.get(device, 0), newest)
+            latest[key] = max(latest.get(key, 0), newest)
     return latest
 
 
@@ -240,7 +240,7 @@ class _Emitter:
                                              self.tags if tags is None else {**self.tags, **tags}, value=value))
 
 
-def map_metrics(request: ExportMetricsServiceRequest, timings: Mapping[str, Timing], default: Timing,
+def map_metrics(request: ExportMetricsServiceRequest, timings: Mapping[bytes, Timing], default: Timing,
                 settings: OtlpConfig, state: MetricState) -> Mapped:
     """Each data point as metric envelopes (module docstring); ``state`` carries cumulative series and the
     cardinality guard across requests. Points are numbered across the request for ``partial_success``."""
@@ -248,7 +248,7 @@ def map_metrics(request: ExportMetricsServiceRequest, timings: Mapping[str, Timi
     user_key = settings.user_attribute
     for r, resource_metrics in enumerate(request.resource_metrics):
         source = source_of(resource_metrics.resource, settings)
-        timing = timings.get(source.device, default)
+        timing = timings.get(source.digest, default)
         for s, scope_metrics in enumerate(resource_metrics.scope_metrics):
             scope = scope_digest(scope_metrics.scope)
             for m, metric in enumerate(scope_metrics.metrics):

@@ -20,7 +20,7 @@ CLOCK_BUCKETS = 10
 
 
 class ClockOffsets:
-    """Per device, an estimate of ``server clock - device clock`` in ms.
+    """Per device (any key: the gateway uses the resource), an estimate of ``server clock - device clock`` in ms.
 
     OTLP carries no send time. Each request gives ``received - latest``: the gateway's receive time minus the latest
     time (device clock) among its records. That is the clock difference plus the delay between the newest record
@@ -32,9 +32,9 @@ class ClockOffsets:
     def __init__(self, window_ms: int, threshold_ms: int, max_devices: int) -> None:
         self.window_ms, self.threshold_ms, self.max_devices = window_ms, threshold_ms, max_devices
         self._bucket_ms = max(1, window_ms // CLOCK_BUCKETS)
-        self._devices: OrderedDict[str, deque[tuple[int, int]]] = OrderedDict()
+        self._devices: OrderedDict[Hashable, deque[tuple[int, int]]] = OrderedDict()
 
-    def observe(self, device: str, received_ms: int, latest_ms: int) -> int:
+    def observe(self, device: Hashable, received_ms: int, latest_ms: int) -> int:
         """Record one request of ``device`` and return the correction to apply to its records (ms to add to a
         device time to get server time; 0 within the threshold)."""
         sample = received_ms - latest_ms

@@ -83,7 +83,7 @@ def test_a_log_record_becomes_a_log_envelope() -> None:
         severity_text="ERROR", body=AnyValue(string_value="card declined"),
         attributes=[kv("order", 42), kv("enduser.id", "u-7"), kv("retry", True)],
         trace_id=bytes.fromhex("5b8efff798038103d269b633813fc60c"), span_id=bytes.fromhex("eee19b7ec3c1b174"))
-    mapped = map_logs(log_request(record), {"web-1": timing()}, timing(), SETTINGS)
+    mapped = map_logs(log_request(record), {}, timing(), SETTINGS)
     [event] = mapped.events
     assert mapped.records == 1 and not mapped.refused
     assert {k: v for k, v in event.items() if k != "id"} == {
@@ -452,8 +452,27 @@ def test_the_clock_estimate_uses_observed_times_when_records_have_them() -> None
     from ingest.otlp import latest_log_times
 
     own_time = logs_pb2.LogRecord(time_unix_nano=(T0 + 3_600_000) * NS, observed_time_unix_nano=T0 * NS)
-    assert latest_log_times(log_request(own_time), SETTINGS) == {"web-1": T0}
-    assert latest_log_times(log_request(logs_pb2.LogRecord(time_unix_nano=T0 * NS)), SETTINGS) == {"web-1": T0}
+    assert list(latest_log_times(log_request(own_time), SETTINGS).values()) == [T0]
+    assert list(latest_log_times(log_request(logs_pb2.LogRecord(time_unix_nano=T0 * NS)), SETTINGS).values()) == [T0]
+
+
+def test_resources_sharing_the_default_device_have_their_own_clock_estimates() -> None:
+    """Two processes without host.name (device "unknown"): one clock an hour ahead does not move the other's."""
+    from eventide.config import load_config
+    from ingest.otlp_http import OtlpIngest
+
+    ingest = OtlpIngest(load_config(environ={}), T0)
+    hour = 3_600_000
+    for instance, clock in (("skewed", T0 + hour), ("correct", T0)):
+        record = logs_pb2.LogRecord(time_unix_nano=(clock - 100) * NS, observed_time_unix_nano=clock * NS,
+                                    body=AnyValue(string_value=instance))
+        request = log_request(record, service_name="svc", process_pid=instance)
+        outcome = ingest.handle("logs", request.SerializeToString(), "", "protobuf", T0 + 50, None)
+        [event] = [json.loads(value) for _, value in outcome.records]
+        assert event["device"] == "unknown"
+        corrected = event["event_time"] + event["received_time"] - event["sent_time"]
+        # Each corrected to server time by its own estimate (the skewed one too large by the 50 ms delay seen).
+        assert T0 - 100 <= corrected <= T0 - 50
 
 
 @pytest.mark.parametrize("signal", ["logs", "metrics"])
