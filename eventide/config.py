@@ -423,7 +423,7 @@ class OtlpConfig(_Section):
     clock_threshold_ms: int = Field(2_000, ge=0)
     """Offsets smaller than this (in magnitude) are taken as 0: export batching delays records by about this much."""
     max_devices: int = Field(100_000, ge=1)
-    """Devices whose clock offset the gateway tracks (least recently seen forgotten first)."""
+    """Clock offset estimates the gateway keeps, one per resource (least recently seen forgotten first)."""
     max_future_s: float = Field(300.0, ge=0)
     """A record more than this ahead of its request's (clock-corrected) send time is rejected."""
     max_age_s: float = Field(7 * 86_400.0, gt=0)
