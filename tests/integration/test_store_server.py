@@ -30,7 +30,8 @@ from eventide.config import Config, load_config, to_environ
 from eventide.services import free_port
 from store.client import connect
 from store.migrations import apply_migrations
-from tests.support.stack import REPO, own_database, served_store
+from tests.support.pipeline import wait_until
+from tests.support.stack import REPO, own_database, served_store, writer_url
 
 TABLE = "CREATE TABLE IF NOT EXISTS {name} (key UInt64, batch UInt32, sketch String) ENGINE = MergeTree ORDER BY key"
 
@@ -112,8 +113,9 @@ def _authorized(url: str, body: bytes) -> urllib.request.Request:
                                   headers={"Authorization": f"Basic {token}"})
 
 
-def _half_request(url: str, database: str, chunked: bool) -> None:
-    """Send the headers and half of the body of an insert, then close the connection."""
+def _half_request(url: str, database: str, chunked: bool) -> bytes:
+    """Send the headers and half of the body of an insert, then close the sending side; returns what the server
+    answered before it closed the connection (waiting for that close is the barrier: the request is over)."""
     parsed = urlparse(url)
     statement = b"INSERT INTO t (key, batch, sketch) FORMAT TabSeparated\n"
     head = f"Host: {parsed.hostname}:{parsed.port}\r\nX-ClickHouse-User: {parsed.username}\r\n" \
@@ -126,15 +128,33 @@ def _half_request(url: str, database: str, chunked: bool) -> None:
             sock.sendall(b"POST / HTTP/1.1\r\n" + head.encode() + b"Content-Length: 100000\r\n\r\n" + statement
                          + b"2\t1\t")
         sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
 
 
-def test_a_client_that_disconnects_mid_request_changes_nothing(client: Client, config: Config) -> None:
-    for chunked in (False, True):
-        _half_request(config.store_url, config.store.database, chunked)
-    time.sleep(0.5)
-    assert client.command("SELECT count() FROM t") == 0          # nothing of the half-sent inserts was written
-    client.insert("t", [[3, 1, b"ok"]], column_names=["key", "batch", "sketch"])
-    assert client.command("SELECT count() FROM t") == 1
+def test_a_client_that_disconnects_mid_request_changes_nothing(tmp_path: Path) -> None:
+    with served_store(tmp_path / "store") as (config, _):
+        config = config.model_copy(update={"store": config.store.model_copy(update={"database": "gone"})})
+        apply_migrations(config)
+        with connect(config) as client:
+            client.command(TABLE.format(name="t"))
+            for chunked in (False, True):
+                answer = _half_request(writer_url(config), "gone", chunked)
+                assert not answer.startswith(b"HTTP/1.1 200"), answer
+            # Not a sleep: wait until both requests are over, which shows either as the line the server logs once
+            # the handler of a request whose client left has ended, or as a row written.
+            def gone() -> int:
+                return (tmp_path / "store" / "store.log").read_text().count("went away mid-request")
+
+            def written() -> int:
+                return client.command("SELECT count() FROM t")
+
+            wait_until(lambda: gone() == 2 or written() > 0, timeout_s=10)
+            assert (written(), gone()) == (0, 2)                     # nothing of the half-sent inserts was written
+            client.insert("t", [[3, 1, b"ok"]], column_names=["key", "batch", "sketch"])
+            assert client.command("SELECT count() FROM t") == 1
 
 
 def test_concurrent_readers_and_writers(client: Client, config: Config) -> None:
