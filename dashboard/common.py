@@ -73,20 +73,34 @@ def url_select(label: str, key: str, options: Sequence[T], format_func: Callable
 
 def url_multiselect(label: str, key: str, options: Sequence[str], container: Any = None) -> list[str]:
     """A multiselect whose choices live in the URL as repeated ``?key=a&key=b``. A value the URL names but the
-    options lack (a link to an app with no lines in the range) is offered too, so the link's filter still shows."""
-    wanted = st.query_params.get_all(key)
-    offered = list(dict.fromkeys([*options, *wanted]))
-    chosen = (container or st.sidebar).multiselect(label, offered, default=wanted, key=f"url_{key}")
+    options lack (a link to an app with no lines in the range) is offered too, so the link's filter still shows.
+
+    The URL gives the first value only: afterwards the widget's own state (or :func:`url_widgets_follow`) holds it,
+    and a default given beside a state set in code would be refused with a warning."""
+    state = f"url_{key}"
+    box = container or st.sidebar
+    if state in st.session_state:
+        offered = list(dict.fromkeys([*options, *st.session_state[state]]))
+        chosen = box.multiselect(label, offered, key=state)
+    else:
+        wanted = st.query_params.get_all(key)
+        chosen = box.multiselect(label, list(dict.fromkeys([*options, *wanted])), default=wanted, key=state)
     set_url_list(key, chosen)
     return chosen
 
 
-def url_text(label: str, key: str, container: Any = None, max_chars: int | None = None, help: str | None = None) \
-        -> str:
-    """A text input whose text lives in the URL as ``?key=...`` (absent when empty)."""
-    text = (container or st.sidebar).text_input(label, st.query_params.get(key, ""), max_chars=max_chars,
-                                                key=f"url_{key}", help=help)
-    set_url_list(key, [text] if text else [])
+def url_text(label: str, key: str, container: Any = None, max_chars: int | None = None, help: str | None = None,
+             many: bool = False) -> str:
+    """A text input whose text lives in the URL as ``?key=...`` (absent when empty); ``many``: each of its
+    space-separated items is a ``?key=`` of its own."""
+    state = f"url_{key}"
+    box = container or st.sidebar
+    if state in st.session_state:
+        text = box.text_input(label, max_chars=max_chars, key=state, help=help)
+    else:
+        value = " ".join(st.query_params.get_all(key)) if many else st.query_params.get(key, "")
+        text = box.text_input(label, value, max_chars=max_chars, key=state, help=help)
+    set_url_list(key, text.split() if many else [text] if text else [])
     return text
 
 
@@ -98,11 +112,16 @@ def set_url_list(key: str, values: Sequence[str]) -> None:
         del st.query_params[key]
 
 
-def forget_widgets(*keys: str) -> None:
-    """Drop the state of the URL-backed widgets of these URL keys, so their next run reads the URL again (after a
-    drill-down rewrote it). Only before the widgets of this run exist."""
-    for key in keys:
-        st.session_state.pop(f"url_{key}", None)
+def url_widgets_follow(lists: Sequence[str] = (), texts: Sequence[str] = (), many: Sequence[str] = ()) -> None:
+    """After code rewrote the URL (a drill-down), set the URL-backed widgets of these keys to what it now says:
+    ``lists`` multiselects, ``texts`` text inputs, ``many`` text inputs of space-separated items. Only before the
+    widgets of this run are drawn (Streamlit then sends the new values to the browser)."""
+    for key in lists:
+        st.session_state[f"url_{key}"] = st.query_params.get_all(key)
+    for key in texts:
+        st.session_state[f"url_{key}"] = st.query_params.get(key, "")
+    for key in many:
+        st.session_state[f"url_{key}"] = " ".join(st.query_params.get_all(key))
 
 
 def selected_points(state: Any, names: Sequence[str]) -> list[tuple[str, datetime]]:
@@ -118,6 +137,13 @@ def selected_points(state: Any, names: Sequence[str]) -> list[tuple[str, datetim
         t = t.tz_localize("UTC") if t.tzinfo is None else t.tz_convert("UTC")
         chosen.append((names[curve], t.to_pydatetime()))
     return chosen
+
+
+def bucket_start(t: datetime, bucket_s: int) -> datetime:
+    """The start of the ``bucket_s`` bucket holding ``t`` (buckets aligned to the epoch, as ``toStartOfInterval``):
+    a clicked bar reports its middle, not the bucket it stands for."""
+    seconds = t.timestamp()
+    return datetime.fromtimestamp(seconds - seconds % bucket_s, UTC)
 
 
 def drill_chart(container: Any, fig: go.Figure, key: str) -> list[tuple[str, datetime]]:

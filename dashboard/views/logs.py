@@ -59,13 +59,13 @@ def page() -> None:
         fig = common.time_chart(by_level, "lines", f"Log lines per {resolution} s by level", "lines", chart_span,
                                 "level", kind="bar", bucket_s=resolution)
         fig.for_each_trace(lambda trace: trace.update(marker_color=LEVEL_COLOURS.get(trace.name)))
-        _drill_chart(st, fig, "chart_levels",
+        _drill_chart(st, fig, "chart_levels", resolution,
                      lambda name, t: ((), (name,), t, t + timedelta(seconds=resolution)))
         severe = levels[levels["level"].isin(SEVERE)]
         errors = severe.groupby(["t", "app"], as_index=False)["lines"].sum()
         left, right = st.columns(2)
         _drill_chart(left, common.time_chart(errors, "lines", f"Error + critical lines per {resolution} s by app",
-                                             "lines", chart_span, "app"), "chart_errors",
+                                             "lines", chart_span, "app"), "chart_errors", resolution,
                      lambda name, t: ((name,), SEVERE, t, t + timedelta(seconds=resolution)))
         if peaks.empty:
             right.info("No sliding windows yet (they are emitted once the watermark passes each event).")
@@ -73,7 +73,7 @@ def page() -> None:
             length = int(peaks["window_s"].iloc[0])
             _drill_chart(right, common.time_chart(peaks, "peak", f"Error bursts: most error lines in any {length} s",
                                                   "lines in a sliding window", chart_span, "app"), "chart_peaks",
-                         lambda name, t: ((name,), SEVERE, t - timedelta(seconds=length),
+                         resolution, lambda name, t: ((name,), SEVERE, t - timedelta(seconds=length),
                                           t + timedelta(seconds=resolution)))
         st.caption("Click a bar or point (shift-click for more) to list those lines below.")
 
@@ -118,10 +118,8 @@ def _search(config: Any, span: Callable[[], tuple[datetime, datetime]], absolute
 
 def _tags(container: Any) -> tuple[tuple[str, str], ...]:
     """The tag filter: ``k=v`` pairs separated by spaces, each one ``?tag=k=v`` in the URL."""
-    text = container.text_input("Tags", " ".join(st.query_params.get_all("tag")), max_chars=MAX_TEXT,
-                                key="url_tag", help="k=v pairs separated by spaces (region=eu version=2); all must "
-                                                    "match")
-    common.set_url_list("tag", text.split())
+    text = common.url_text("Tags", "tag", container, max_chars=MAX_TEXT, many=True,
+                           help="k=v pairs separated by spaces (region=eu version=2); all must match")
     pairs = {t: log_search.parse_tag(t) for t in text.split()}
     if bad := [t for t, pair in pairs.items() if pair is None]:
         st.caption(f"Ignored (not k=v): {' '.join(bad)}")
@@ -242,23 +240,24 @@ def _fmt(t: datetime) -> str:
 DrillTarget = tuple[tuple[str, ...], tuple[str, ...], datetime, datetime]   # (apps, levels, since, until)
 
 
-def _drill_chart(container: Any, fig: Any, key: str, target: Callable[[str, datetime], DrillTarget]) -> None:
+def _drill_chart(container: Any, fig: Any, key: str, bucket_s: int,
+                 target: Callable[[str, datetime], DrillTarget]) -> None:
     """Draw ``fig``; a click on its points (shift-click for more) opens the search on their apps, levels and
-    window: ``target(trace name, point time)`` for each point, merged (all apps and levels, earliest to latest)."""
-    targets = [target(name, t) for name, t in common.drill_chart(container, fig, key)]
+    window: ``target(trace name, bucket start)`` for each point, merged (all apps and levels, earliest to latest)."""
+    targets = [target(name, common.bucket_start(t, bucket_s)) for name, t in common.drill_chart(container, fig, key)]
     if targets:
         apps = tuple(dict.fromkeys(a for tgt in targets for a in tgt[0]))
         levels = tuple(dict.fromkeys(lv for tgt in targets for lv in tgt[1]))
         st.session_state["logs_drill"] = {
             "params": log_search.logs_params(apps=apps, levels=levels, since=min(t[2] for t in targets),
                                              until=max(t[3] for t in targets)),
-            "chart": key}
+        }
         st.rerun(scope="app")
 
 
 def _apply_pending_drill_down() -> None:
-    """A selection in a chart (in the refreshing fragment) asked for other filters: rewrite the URL's filters,
-    let the filter widgets read them again, and clear the selection so it is not applied twice."""
+    """A click in a chart (in the refreshing fragment) asked for other filters: rewrite the URL's filters and set
+    the filter widgets to them."""
     drill = st.session_state.pop("logs_drill", None)
     if not drill:
         return
@@ -267,8 +266,7 @@ def _apply_pending_drill_down() -> None:
             del st.query_params[key]
     for key, values in drill["params"].items():
         st.query_params[key] = values
-    common.forget_widgets(*FILTER_KEYS)
-    st.session_state.pop(drill["chart"], None)
+    common.url_widgets_follow(lists=("app", "level", "name"), texts=("q",), many=("tag",))
 
 
 page()

@@ -66,7 +66,8 @@ def page() -> None:
         left.plotly_chart(chart(rates, "events_per_s", "Events/s per app", "events / s", span, "app"),
                           width="stretch")
         errors = chart(rates, "errors_per_s", "Error + critical log lines/s per app", "lines / s", span, "app")
-        if picked := common.drill_chart(right, errors, "overview_errors"):
+        if picked := [(app, common.bucket_start(t, resolution))
+                      for app, t in common.drill_chart(right, errors, "overview_errors")]:
             # A click on an app's point opens the Logs page on that app's error lines of that bucket.
             st.switch_page(common.LOGS_PAGE_SCRIPT, query_params=log_search.logs_params(
                 apps=dict.fromkeys(app for app, _ in picked), levels=("error", "critical"),

@@ -160,3 +160,43 @@ def test_a_click_on_the_overviews_error_chart_opens_that_apps_error_lines(browse
         assert timedelta(0) < until - since <= timedelta(minutes=1), page.url
     finally:
         page.close()
+
+
+def test_a_click_on_a_bar_of_the_logs_chart_searches_that_level_and_bucket(browser: BrowserContext, dashboard: str):
+    page = browser.new_page()
+    try:
+        page.goto(f"{dashboard}/logs?q=timeout")
+        settle(page)
+        chart = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="Log lines per 10 s by level")
+        # The error trace's newest bar (traces are drawn in legend order: critical, debug, error, ...).
+        bar = chart.locator(".barlayer .trace").nth(2).locator("path").last
+        box = bar.bounding_box()
+        assert box is not None
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_url(re.compile(r"from="), timeout=15_000)
+        settle(page)
+        shot = screenshot(page, "logs-from-chart")
+        params = parse_qs(urlparse(page.url).query)
+        assert params["level"] == ["error"] and "app" not in params and "q" not in params, page.url  # a new search
+        assert chosen(page, "Level") == ["error"] and chosen(page, "App") == [], shot
+        since, until = (log_search.parse_time(params[k][0]) for k in ("from", "to"))
+        assert until - since == timedelta(seconds=10) and since.second % 10 == 0, page.url
+        assert page.get_by_role("textbox", name='Words and "phrases"').input_value() == "", shot
+    finally:
+        page.close()
+
+
+def test_the_patterns_and_dead_letter_views_render(browser: BrowserContext, dashboard: str):
+    page = browser.new_page()
+    try:
+        page.goto(f"{dashboard}/logs?minutes=30&view=patterns&q=timeout")
+        settle(page)
+        shot = screenshot(page, "logs-patterns")
+        cells = grid_texts(page)
+        assert "payment gateway timeout after <*> s (in alert window <*>)" in cells, (cells, shot)
+        page.goto(f"{dashboard}/logs?minutes=30&view=dead")
+        settle(page)
+        shot = screenshot(page, "logs-dead-letters")
+        assert texts(page, '[data-testid="stException"]') == [], shot
+    finally:
+        page.close()
