@@ -10,26 +10,27 @@ side (``common.fetch`` = ``queries.concurrently``), so a render's time is what t
 median time of the slowest calls (overlapping calls each count their own wait). Plotly/Streamlit rendering is not
 included; Kafka (consumer lag) is skipped.
 
-    .venv/bin/python bench/dashboard_queries.py --repeat 20
-    .venv/bin/python bench/dashboard_queries.py --tumbling 10,60   # the default config's windows (6x the rows)
-    .venv/bin/python bench/dashboard_queries.py --hours 168        # a week stored, the pages still show 24 h
+    .venv/bin/python -m bench.dashboard_queries --repeat 20
+    .venv/bin/python -m bench.dashboard_queries --tumbling 10,60   # the default config's windows (6x the rows)
+    .venv/bin/python -m bench.dashboard_queries --hours 168        # a week stored, the pages still show 24 h
 
 Log search (issue 38), ``--log-lines N`` (``--logs-only`` skips the pages above): N log lines of the same 5 apps and
 2 loggers, levels by ``LEVEL_P``, in the ``logs`` table, then the Logs page's searches through
-``dashboard.log_search`` (the functions the page calls), each ``--repeat`` times: (a) a common and a rare word over
-the last hour, (b) a phrase, (c) a word with an app and a level, (d) the message patterns of the last 15 min, and,
-beyond those, the same over wider ranges. Messages come from 340 templates (31 common and 3 rare shapes x 10
-components; Zipf-like shares within a level, the rare ones at 1e-4 to 2e-6 of the lines) with numbers, durations,
-UUIDs, trace ids, IPs and users filled in; tags region/route/status (status by level); 1,000 users and 20 devices
-per app, UUIDv7 event ids. The lines cover ``--log-hours`` (default 24 h) evenly, so 10M lines put 417k in the last
-hour (116 a second, about 7x the log rate of the page bench's 10 log series): a last-hour search then scans a
-demanding share, where 10M lines over the 7-day retention would leave 60k an hour. The history goes in as Arrow
-blocks of 1M lines; the last hour one 5 s micro-batch per insert, as the job writes it, so the newest lines sit in
-the small parts background merges have not caught up with. Each search is timed as written and after ``OPTIMIZE
-TABLE logs FINAL`` (one part per day); ``--log-variant`` also times a copy of the table with explicit codecs. What a
-call reads comes from the store's ``system.events`` counters around one call and from ``EXPLAIN indexes = 1``.
+``dashboard.log_search`` (the functions the page calls), each ``--repeat`` times alone and as the page renders it
+(its pickers, then the lines beside the count of all matches): (a) a common and a rare word over the last hour, (b)
+a phrase, (c) a word with an app and a level, (d) the message patterns of the last 15 min, and, beyond those, the
+same over wider ranges. Messages come from 340 templates (31 common and 3 rare shapes x 10 components; Zipf-like
+shares within a level, the rare ones at 1e-4 to 2e-6 of the lines) with numbers, durations, UUIDs, trace ids, IPs
+and users filled in; tags region/route/status (status by level); 1,000 users and 20 devices per app, UUIDv7 event
+ids. The lines cover ``--log-hours`` (default 24 h) evenly, so 10M lines put 417k in the last hour (116 a second,
+about 7x the log rate of the page bench's 10 log series): a last-hour search then scans a demanding share, where 10M
+lines over the 7-day retention would leave 60k an hour. The history goes in as Arrow blocks of 1M lines; the last
+hour one 5 s micro-batch per insert, as the job writes it, so the newest lines sit in the small parts background
+merges have not caught up with. Each search is timed as written and after ``OPTIMIZE TABLE logs FINAL`` (one part
+per day); ``--log-variant`` also times a copy of the table with explicit codecs. What a call reads comes from the
+store's ``system.events`` counters around one call and from ``EXPLAIN indexes = 1``.
 
-    .venv/bin/python bench/dashboard_queries.py --logs-only --log-lines 10000000 --repeat 20 --log-variant
+    .venv/bin/python -m bench.dashboard_queries --logs-only --log-lines 10000000 --repeat 20 --log-variant
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from datasketches import hll_sketch, hll_union, kll_doubles_sketch
 
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY
 from dashboard import queries
-from dashboard.log_search import LogQuery, message_patterns, search_lines
+from dashboard.log_search import LogQuery, count_lines, distinct_values, message_patterns, search_lines
 from eventide.config import Config, load_config
 from eventide.services import free_port
 from ingest.envelope import LEVELS
@@ -760,7 +761,9 @@ def populate_logs(config: Config, load: LogLoad, until: datetime, database: str 
 
 @dataclass(frozen=True)
 class LogCase:
-    """One search the Logs page runs: the newest ``limit`` lines, or the top message patterns."""
+    """One search of the Logs page: the newest ``limit`` lines, or the top message patterns. ``run`` is that one
+    call; ``render`` what the page waits for when it shows the search (dashboard/views/logs.py): the pickers' app and
+    logger names of the range, then the lines beside the count of every matching line, or the patterns."""
 
     label: str
     minutes: int
@@ -778,6 +781,18 @@ class LogCase:
         if self.patterns:
             return message_patterns(client, self.query(until), top=20)
         return search_lines(client, self.query(until), self.limit)
+
+    def render(self, config: Config, until: datetime) -> int:
+        """The page's calls for this search; returns how many lines match (patterns: lines of the top ones)."""
+        query = self.query(until)
+        with connect(config, role="reader") as client:
+            for column in ("app", "name"):
+                distinct_values(client, query.since, query.until, column)
+        if self.patterns:
+            with connect(config, role="reader") as client:
+                return int(message_patterns(client, query, top=20)["lines"].sum())
+        return queries.concurrently(config, {"lines": lambda c: search_lines(c, query, self.limit),
+                                             "total": lambda c: count_lines(c, query)})["total"]
 
 
 LOG_CASES = (
@@ -847,21 +862,27 @@ def _reads(client: Client, case: LogCase, until: datetime) -> str:
             f"{read['ReadCompressedBytes'] / 2**20:.1f} MiB compressed; granules " + " | ".join(plans))
 
 
-def log_search(config: Config, until: datetime, repeat: int, title: str, database: str = "") -> None:
-    """Run each log case ``repeat`` times through the served store as the page's reader; print p50/p95."""
+def log_search(config: Config, until: datetime, repeat: int, title: str) -> None:
+    """Each log case ``repeat`` times through the served store as the page's reader, alternately the one call and
+    the page's render; p50/p95 of each, and what one call reads."""
     load = " ".join(f"{v:.1f}" for v in os.getloadavg())
-    print(f"{title:<36} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'rows':>6}   what one call reads (load avg {load})")
+    print(f"{title:<34} {'call p50':>8} {'p95':>6} {'page p50':>8} {'p95':>6} {'max':>6} {'rows':>4} {'match':>9}   "
+          f"what the call reads (load avg {load})")
     for case in LOG_CASES:
-        times = []
+        calls, renders = [], []
         for _ in range(repeat):
-            with connect(config, database=database, role="reader") as client:
+            with connect(config, role="reader") as client:
                 t = time.perf_counter()
                 out = case.run(client, until)
-                times.append(time.perf_counter() - t)
-        with connect(config, database=database, role="reader") as client:
+                calls.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            matched = case.render(config, until)
+            renders.append(time.perf_counter() - t)
+        with connect(config, role="reader") as client:
             reads = _reads(client, case, until)
-        print(f"{case.label:<36} {_percentile(times, 0.5):>7.3f} {_percentile(times, 0.95):>7.3f} "
-              f"{max(times):>7.3f} {len(out):>6}   {reads}")
+        print(f"{case.label:<34} {_percentile(calls, 0.5):>8.3f} {_percentile(calls, 0.95):>6.3f} "
+              f"{_percentile(renders, 0.5):>8.3f} {_percentile(renders, 0.95):>6.3f} {max(renders):>6.3f} "
+              f"{len(out):>4} {matched:>9,}   {reads}")
 
 
 def log_storage(config: Config, database: str) -> str:
@@ -1003,10 +1024,11 @@ def run_logs(config: Config, load: LogLoad, repeat: int, variant: bool) -> None:
         print(f"\nvariant {other}.logs ({', '.join(f'{c} {codec}' for c, codec in LOG_CODECS.items())}): copied in "
               f"{time.perf_counter() - t:.0f} s")
         print(log_storage(config, other))
-        log_search(config, until, repeat, "variant, as copied", database=other)
+        variant_config = config.model_copy(update={"store": config.store.model_copy(update={"database": other})})
+        log_search(variant_config, until, repeat, "variant, as copied")
         print(f"\nOPTIMIZE TABLE {other}.logs FINAL: {_optimize(config, other):.0f} s")
         print(log_storage(config, other))
-        log_search(config, until, repeat, "variant, merged", database=other)
+        log_search(variant_config, until, repeat, "variant, merged")
 
 
 def _optimize(config: Config, database: str) -> float:
