@@ -863,24 +863,31 @@ def _reads(client: Client, case: LogCase, until: datetime) -> str:
 
 
 def log_search(config: Config, until: datetime, repeat: int, title: str) -> None:
-    """Each log case ``repeat`` times through the served store as the page's reader, alternately the one call and
-    the page's render; p50/p95 of each, and what one call reads."""
+    """Each log case ``repeat`` times through the served store as the page's reader, alternately the one call (and
+    ``count_lines`` alone) and the page's render; p50/p95 of each, and what one call reads."""
     load = " ".join(f"{v:.1f}" for v in os.getloadavg())
-    print(f"{title:<34} {'call p50':>8} {'p95':>6} {'page p50':>8} {'p95':>6} {'max':>6} {'rows':>4} {'match':>9}   "
-          f"what the call reads (load avg {load})")
+    print(f"{title:<34} {'call p50':>8} {'p95':>6} {'count':>6} {'page p50':>8} {'p95':>6} {'max':>6} {'rows':>4} "
+          f"{'match':>9}   what the call reads (load avg {load})")
     for case in LOG_CASES:
-        calls, renders = [], []
+        calls: list[float] = []
+        counts: list[float] = []
+        renders: list[float] = []
         for _ in range(repeat):
             with connect(config, role="reader") as client:
                 t = time.perf_counter()
                 out = case.run(client, until)
                 calls.append(time.perf_counter() - t)
+                if not case.patterns:
+                    t = time.perf_counter()
+                    count_lines(client, case.query(until))
+                    counts.append(time.perf_counter() - t)
             t = time.perf_counter()
             matched = case.render(config, until)
             renders.append(time.perf_counter() - t)
         with connect(config, role="reader") as client:
             reads = _reads(client, case, until)
-        print(f"{case.label:<34} {_percentile(calls, 0.5):>8.3f} {_percentile(calls, 0.95):>6.3f} "
+        count = statistics.median(counts) if counts else float("nan")
+        print(f"{case.label:<34} {_percentile(calls, 0.5):>8.3f} {_percentile(calls, 0.95):>6.3f} {count:>6.3f} "
               f"{_percentile(renders, 0.5):>8.3f} {_percentile(renders, 0.95):>6.3f} {max(renders):>6.3f} "
               f"{len(out):>4} {matched:>9,}   {reads}")
 
