@@ -250,7 +250,7 @@ JS_LEVELS = {9: "info", 13: "warning", 17: "error", 21: "critical"}
 
 
 def test_javascript_sdk_logs_over_otlp_json(kafka: Config) -> None:
-    assert (JS_CLIENT / "node_modules").is_dir(), "./run test installs tests/otlp_js (npm ci) before the tests"
+    assert (JS_CLIENT / "node_modules").is_dir(), "./run test installs it (npm ci in tests/integration/otlp_js)"
     config = gateway_config(kafka, "otlp_js")
     with serving(config) as url:
         sent = subprocess.run(["node", "send_logs.mjs"], cwd=JS_CLIENT, capture_output=True, text=True, timeout=120,

@@ -1,6 +1,6 @@
 // Sends log records with OpenTelemetry's JavaScript SDK and its OTLP/HTTP exporter (JSON encoding) to
 // $OTLP_LOGS_URL with $OTLP_TOKEN, then prints one JSON line per record it emitted and a last line with the
-// exporter's results, so tests/test_otlp.py can compare what reached Kafka with what this client sent.
+// exporter's results, so tests/integration/test_otlp.py can compare what reached Kafka with what this client sent.
 import { SeverityNumber } from "@opentelemetry/api-logs";
 import { OTLPLogExporter } from "@opentelemetry/exporter-logs-otlp-http";
 import { resourceFromAttributes } from "@opentelemetry/resources";
