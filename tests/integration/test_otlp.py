@@ -24,7 +24,10 @@ from google.rpc import status_pb2
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
@@ -446,3 +449,31 @@ def test_sdk_logs_and_metrics_reach_the_store_as_windows_counted_once(stack: Con
         [("shop", "box-9", "shop.audit", {logging.INFO: "info", logging.WARNING: "warning",
                                           logging.ERROR: "error"}[level], "audit line") for level in levels]
         + [("web", "h1", "api", "info", "sent twice")])
+
+
+def test_the_series_cap_and_the_rate_limit(kafka: Config) -> None:
+    """Points of series beyond otlp.max_series_per_app are refused in partial_success and counted in the stats;
+    a token over its rate gets a retryable 429 with Retry-After and nothing is written."""
+    config = gateway_config(kafka, "otlp_caps", tokens=[GatewayToken(token=TOKEN, rate=0.01, burst=5)])
+    config = config.model_copy(update={"otlp": config.otlp.model_copy(update={"max_series_per_app": 2})})
+    request = ExportMetricsServiceRequest()
+    resource = request.resource_metrics.add(resource={"attributes": [
+        KeyValue(key="service.name", value=AnyValue(string_value="api"))]})
+    gauge = resource.scope_metrics.add().metrics.add(name="in_flight").gauge
+    for route in ("/a", "/b", "/c"):
+        gauge.data_points.add(time_unix_nano=now_ms() * 1_000_000, as_int=1,
+                              attributes=[KeyValue(key="route", value=AnyValue(string_value=route))])
+    with TestClient(create_app(config)) as client:
+        capped = client.post("/v1/metrics", content=request.SerializeToString(), headers=PROTOBUF)
+        stats = client.get("/v1/otlp/stats", headers=AUTH).json()
+        limited = client.post("/v1/metrics", content=request.SerializeToString(), headers=PROTOBUF)
+        unauthorized = client.get("/v1/otlp/stats")
+    partial = ExportMetricsServiceResponse.FromString(capped.content).partial_success
+    assert (capped.status_code, partial.rejected_data_points) == (200, 1)
+    assert "otlp.max_series_per_app (2)" in partial.error_message
+    assert stats["series_refused"] == {"api": 1}
+    # The first request took 3 of the burst's 5 units (every point counts, the refused one too): 3 more do not fit.
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert status_pb2.Status.FromString(limited.content).code == 8
+    assert unauthorized.status_code == 401
+    assert sorted(e["tags"]["route"] for e in events(config)) == ["/a", "/b"]
