@@ -25,9 +25,9 @@ holding a digit) becomes ``<*>`` in place, so ``user u42 logged in from 10.0.3.7
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -166,16 +166,54 @@ def _where(query: LogQuery) -> _Where:
     return where
 
 
+FIRST_SLICE = timedelta(minutes=15)
+"""A search reads its range newest first in slices, the first this long and each next one :data:`SLICE_GROWTH`
+times longer, and stops once it has its lines: a word in every minute's lines is answered from the newest minutes
+instead of being sorted out of a whole day."""
+SLICE_GROWTH = 4
+
+
+def _slices(since: datetime, until: datetime) -> Iterator[tuple[datetime, datetime]]:
+    """``[since, until)`` cut into consecutive spans, newest first, each :data:`SLICE_GROWTH` times the last."""
+    length, hi = FIRST_SLICE, until
+    while hi > since:
+        lo = max(since, hi - length)
+        yield lo, hi
+        hi, length = lo, length * SLICE_GROWTH
+
+
 def search_lines(client: Client, query: LogQuery, limit: int, offset: int = 0) -> pd.DataFrame:
     """The matching lines ``offset`` to ``offset + limit``, newest first (``corrected_event_time`` descending, then
     ``event_id``): :data:`LINE_COLUMNS` and ``late``, true when the event is a dropped straggler (its app and id are
     in ``stragglers``: it arrived after a window it belonged to had closed). ``tags`` is a dict.
 
-    ``late`` is computed on the page's rows only (an outer query over the inner ``LIMIT``), against the stragglers
-    of the query's range (``stragglers`` keeps the event's corrected time; a window holding it starts no later,
-    which prunes the table's partitions). One round trip: the ids are not sent back as a parameter, which would
-    outgrow the URL the store reads parameters from.
+    The range is read newest first in growing slices (:func:`_slices`) until ``offset + limit`` lines are found: the
+    slices do not overlap and a timestamp lies in one only, so their answers, one after the other, are the whole
+    range's order. ``late`` is computed on each slice's rows only (an outer query over its ``LIMIT``), against the
+    stragglers of that slice (``stragglers`` keeps the event's corrected time; a window holding it starts no later,
+    which prunes the table's partitions). The ids are not sent back as a parameter: parameters travel in the URL,
+    which the store bounds.
     """
+    wanted = offset + limit
+    found: list[pd.DataFrame] = []
+    count = 0
+    for lo, hi in _slices(_utc(query.since), _utc(query.until)):
+        part = _search_slice(client, replace(query, since=lo, until=hi), wanted - count)
+        if not part.empty:
+            found.append(part)
+            count += len(part)
+        if count >= wanted:
+            break
+    columns = [*LINE_COLUMNS, "late"]
+    lines = pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=columns)
+    lines = lines.iloc[offset:offset + limit].reset_index(drop=True)
+    lines["tags"] = [dict(t) for t in lines["tags"]]
+    lines["late"] = lines["late"].astype(bool)
+    return lines
+
+
+def _search_slice(client: Client, query: LogQuery, limit: int) -> pd.DataFrame:
+    """The newest ``limit`` matching lines of ``query``'s range, with ``late``."""
     where = _where(query)
     apps = "AND app IN {apps:Array(String)} " if query.apps else ""
     result = client.query(
@@ -184,13 +222,10 @@ def search_lines(client: Client, query: LogQuery, limit: int, offset: int = 0) -
         " AND corrected_event_time >= {since:DateTime64(3)} AND corrected_event_time < {until:DateTime64(3)} "
         f" {apps}) AS late "
         f"FROM (SELECT {', '.join(LINE_COLUMNS)} FROM logs WHERE {where.sql} "
-        " ORDER BY corrected_event_time DESC, event_id LIMIT {limit:UInt32} OFFSET {offset:UInt64}) "
+        " ORDER BY corrected_event_time DESC, event_id LIMIT {limit:UInt32}) "
         "ORDER BY corrected_event_time DESC, event_id",
-        parameters={**where.parameters, "limit": limit, "offset": offset})
-    lines = pd.DataFrame(result.result_rows, columns=[*LINE_COLUMNS, "late"])
-    lines["tags"] = [dict(t) for t in lines["tags"]]
-    lines["late"] = lines["late"].astype(bool)
-    return lines
+        parameters={**where.parameters, "limit": limit})
+    return pd.DataFrame(result.result_rows, columns=[*LINE_COLUMNS, "late"])
 
 
 def count_lines(client: Client, query: LogQuery) -> int:
@@ -200,17 +235,42 @@ def count_lines(client: Client, query: LogQuery) -> int:
                .result_rows[0][0])
 
 
-def message_patterns(client: Client, query: LogQuery, top: int = 20) -> pd.DataFrame:
+def message_patterns(client: Client, query: LogQuery, top: int = 20, max_lines: int | None = None) -> pd.DataFrame:
     """The ``top`` most frequent (pattern, level) pairs among the matching lines: a pattern is the message with its
     variable parts masked (:func:`mask`). Columns: pattern, level, lines, example (one original message), newest
-    (the latest ``corrected_event_time`` of the pattern); most lines first."""
-    where = _where(query)
+    (the latest ``corrected_event_time`` of the pattern); most lines first.
+
+    ``max_lines``: mask at most about this many lines, the newest (each is a regular expression pass): when the
+    range holds more, the patterns are those of its newest whole minutes holding no more than that (at least its
+    newest minute). ``attrs["since"]`` is the start of the span counted, ``attrs["lines"]`` its matching lines.
+    """
+    since = _pattern_start(client, query, max_lines) if max_lines is not None else _utc(query.since)
+    counted = replace(query, since=max(_utc(query.since), since))
+    where = _where(counted)
     result = client.query(
         "SELECT replaceRegexpAll(message, {mask_re:String}, {mask:String}) AS pattern, level, count() AS lines, "
-        "any(message) AS example, max(corrected_event_time) AS newest "
+        "any(message) AS example, max(corrected_event_time) AS newest, sum(count()) OVER () AS total "
         f"FROM logs WHERE {where.sql} GROUP BY pattern, level ORDER BY lines DESC, pattern, level LIMIT {{top:UInt32}}",
         parameters={**where.parameters, "mask_re": MASK_PATTERN, "mask": MASK, "top": top})
-    return pd.DataFrame(result.result_rows, columns=["pattern", "level", "lines", "example", "newest"])
+    patterns = pd.DataFrame(result.result_rows, columns=["pattern", "level", "lines", "example", "newest", "total"])
+    patterns.attrs.update(since=counted.since, lines=int(patterns["total"].iloc[0]) if len(patterns) else 0)
+    return patterns.drop(columns="total")
+
+
+def _pattern_start(client: Client, query: LogQuery, max_lines: int) -> datetime:
+    """The start of the newest whole minutes of ``query``'s range that hold at most ``max_lines`` matching lines
+    (the newest minute's start if it alone holds more); ``query.since`` if the whole range does. One pass over the
+    time column (and the text index, for a text query), no message masked."""
+    where = _where(query)
+    minutes = client.query(
+        "SELECT toStartOfMinute(corrected_event_time) AS minute, count() FROM logs "
+        f"WHERE {where.sql} GROUP BY minute ORDER BY minute DESC", parameters=where.parameters).result_rows
+    total, start = 0, _utc(query.since)
+    for i, (minute, lines) in enumerate(minutes):
+        total += lines
+        if total > max_lines:
+            return _utc(minutes[i - 1][0]) if i else _utc(minute)
+    return start
 
 
 DEAD_LETTER_COLUMNS = ("kafka_timestamp", "reason", "app", "level", "device", "message", "raw", "raw_bytes",

@@ -166,13 +166,18 @@ def _lines(config: Any, query: LogQuery) -> None:
 
 
 def _patterns(config: Any, query: LogQuery) -> None:
-    data = common.fetch(config, patterns=lambda c: log_search.message_patterns(c, query, PATTERNS_SHOWN))
+    budget = config.dashboard.log_pattern_lines
+    data = common.fetch(config, patterns=lambda c: log_search.message_patterns(c, query, PATTERNS_SHOWN, budget))
     patterns: pd.DataFrame = data["patterns"]
     if patterns.empty:
         st.info("No line matches in this range, so no patterns.")
         return
-    st.caption(f"The {len(patterns)} most frequent messages per level, numbers, hex strings and ids masked as "
-               f"`{log_search.MASK}`. Follow \"lines\" to search for a pattern's fixed words.")
+    counted = f"{patterns.attrs['lines']:,} lines"
+    if patterns.attrs["since"] > _utc_naive(query.since):
+        counted += (f", the newest: since {_fmt(patterns.attrs['since'])} UTC (at most about {budget:,}, "
+                    "`dashboard.log_pattern_lines`)")
+    st.caption(f"The {len(patterns)} most frequent messages per level among {counted}; numbers, hex strings and "
+               f"ids masked as `{log_search.MASK}`. Follow \"lines\" to search for a pattern's fixed words.")
     links = [log_search.logs_url(apps=query.apps, levels=(level,), names=query.names, since=query.since,
                                  until=query.until, tags=query.tags,
                                  text=" ".join([query.text, *_fixed_words(pattern)]).strip())
@@ -234,7 +239,11 @@ def _url_window() -> tuple[datetime, datetime] | None:
 
 
 def _fmt(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return (t.astimezone(UTC) if t.tzinfo else t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _utc_naive(t: datetime) -> datetime:
+    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t
 
 
 DrillTarget = tuple[tuple[str, ...], tuple[str, ...], datetime, datetime]   # (apps, levels, since, until)

@@ -126,8 +126,11 @@ def test_a_word_search_reads_only_granules_the_token_index_keeps(searched):
 
 
 def test_pages_of_lines_follow_each_other_newest_first(store):
-    # 25 lines, two of each second share a time: ties are ordered by event id.
-    lines = [log_line(NOW - timedelta(seconds=k // 2), f"tick {k}", event_id=f"id-{k:02d}") for k in range(25)]
+    # 25 lines over 20 minutes (past the first slice a search reads, log_search.FIRST_SLICE), two at each time:
+    # ties are ordered by event id.
+    assert log_search.FIRST_SLICE < timedelta(seconds=100 * 12)
+    lines = [log_line(NOW - timedelta(seconds=100 * (k // 2)), f"tick {k}", event_id=f"id-{k:02d}")
+             for k in range(25)]
     insert(store, "logs", lines)
     pages = [search(store, limit=10, offset=offset) for offset in (0, 10, 20)]
     assert [len(p) for p in pages] == [10, 10, 5]
@@ -206,3 +209,24 @@ def test_dead_lettered_log_records_are_listed_with_their_reason(store):
         [1, "level: not one of debug, info, warning, error, critical", "shop", "fatal", "boom"],
     ]
     assert shop["source_offset"].tolist() == [1]
+
+
+def test_patterns_of_a_busy_range_are_those_of_its_newest_minutes_up_to_a_line_budget(store):
+    minute = NOW.replace(second=0) - timedelta(minutes=3)
+    at = [minute + timedelta(minutes=m, seconds=s) for m in range(3) for s in (5, 10, 15)]
+    insert(store, "logs", [log_line(at[0], "job 1 started"), log_line(at[1], "job 2 started"),
+                           log_line(at[2], "job 3 started"),                               # the oldest minute: 3
+                           log_line(at[3], "job 4 done"), log_line(at[4], "job 5 done"),    # the next one: 2
+                           log_line(at[6], "job 6 done"), log_line(at[7], "job 7 failed")])  # the newest: 2
+
+    def patterns(max_lines: int | None) -> tuple[list, datetime, int]:
+        with connect(store, role="reader") as client:
+            found = log_search.message_patterns(client, LogQuery(*RANGE), max_lines=max_lines)
+        return found[["pattern", "lines"]].values.tolist(), found.attrs["since"], found.attrs["lines"]
+
+    assert patterns(None) == ([["job <*> done", 3], ["job <*> started", 3], ["job <*> failed", 1]], RANGE[0], 7)
+    assert patterns(7) == patterns(None)
+    # 4 lines at most: the two newest minutes (4 lines); the oldest minute would make 7.
+    assert patterns(4) == ([["job <*> done", 3], ["job <*> failed", 1]], minute + timedelta(minutes=1), 4)
+    # The newest minute alone is over the budget: it is counted whole.
+    assert patterns(1) == ([["job <*> done", 1], ["job <*> failed", 1]], minute + timedelta(minutes=2), 2)
