@@ -396,6 +396,8 @@ def map_logs(request: ExportLogsServiceRequest, timings: Mapping[bytes, Timing],
                     tags["trace_id"] = record.trace_id.hex()
                 if record.span_id:
                     tags["span_id"] = record.span_id.hex()
+                if record.event_name:
+                    tags["event.name"] = record.event_name
                 event_id = record_id(source, scope, (r, s, i), record.SerializeToString(deterministic=True))
                 mapped.add(owner, envelope("log", event_id, source, name, *stamped, user, tags,
                                            level=level_of(record.severity_number, record.severity_text),

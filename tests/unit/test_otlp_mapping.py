@@ -82,7 +82,8 @@ def test_a_log_record_becomes_a_log_envelope() -> None:
         time_unix_nano=(T0 - 250) * NS, observed_time_unix_nano=(T0 - 200) * NS, severity_number=17,
         severity_text="ERROR", body=AnyValue(string_value="card declined"),
         attributes=[kv("order", 42), kv("enduser.id", "u-7"), kv("retry", True)],
-        trace_id=bytes.fromhex("5b8efff798038103d269b633813fc60c"), span_id=bytes.fromhex("eee19b7ec3c1b174"))
+        trace_id=bytes.fromhex("5b8efff798038103d269b633813fc60c"), span_id=bytes.fromhex("eee19b7ec3c1b174"),
+        event_name="payment.declined")
     mapped = map_logs(log_request(record), {}, timing(), SETTINGS)
     [event] = mapped.events
     assert mapped.records == 1 and not mapped.refused
@@ -90,7 +91,7 @@ def test_a_log_record_becomes_a_log_envelope() -> None:
         "v": 1, "kind": "log", "app": "checkout", "device": "web-1", "name": "checkout.payments",
         "level": "error", "message": "card declined", "event_time": T0 - 250, "sent_time": T0 + 1_000,
         "user": "u-7", "tags": {"order": "42", "retry": "true", "trace_id": "5b8efff798038103d269b633813fc60c",
-                                "span_id": "eee19b7ec3c1b174"}}
+                                "span_id": "eee19b7ec3c1b174", "event.name": "payment.declined"}}
 
 
 def test_non_string_bodies_are_json_and_missing_names_have_defaults() -> None:
