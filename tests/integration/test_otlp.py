@@ -449,6 +449,25 @@ def test_sdk_logs_and_metrics_reach_the_store_as_windows_counted_once(stack: Con
         [("shop", "box-9", "shop.audit", {logging.INFO: "info", logging.WARNING: "warning",
                                           logging.ERROR: "error"}[level], "audit line") for level in levels]
         + [("web", "h1", "api", "info", "sent twice")])
+    # The dashboard's own queries see OTLP data as any other: the series, a chart's buckets, the device's clock.
+    from datetime import UTC, datetime, timedelta
+
+    from dashboard import queries
+    from store.client import connect
+    from store.range_query import SeriesKey
+
+    until = datetime.now(UTC) + timedelta(minutes=2)
+    since = until - timedelta(minutes=30)
+    with connect(config) as client:
+        catalog = queries.series_catalog(client)
+        histogram = SeriesKey("shop", "metric", "latency_ms", "")
+        assert {SeriesKey("shop", "log", "shop.audit", ""), histogram} <= set(catalog.series)
+        buckets = queries.series_buckets(client, histogram, 60, since, until, catalog.lengths_ms)
+        assert int(buckets["event_count"].sum()) == len(observations)
+        assert list(buckets["p50"].dropna()) == [samples["p50"]]
+        clocks = queries.device_clock_offsets(client, since, until)
+    [box] = clocks[clocks["device"] == "box-9"].to_dict("records")
+    assert abs(box["offset_s"]) < 2      # a correct clock: within the threshold, no correction applied
 
 
 def test_the_series_cap_and_the_rate_limit(kafka: Config) -> None:
