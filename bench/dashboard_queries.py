@@ -761,8 +761,9 @@ def populate_logs(config: Config, load: LogLoad, until: datetime, database: str 
 
 @dataclass(frozen=True)
 class LogCase:
-    """One search of the Logs page: the newest ``limit`` lines, or the top message patterns. ``run`` is that one
-    call; ``render`` what the page waits for when it shows the search (dashboard/views/logs.py): the pickers' app and
+    """One search of the Logs page, with the page's sizes (``[dashboard]``): the newest ``log_lines_per_page``
+    lines, or the top 20 message patterns of at most ``log_pattern_lines`` lines. ``run`` is that one call;
+    ``render`` what the page waits for when it shows the search (dashboard/views/logs.py): the pickers' app and
     logger names of the range, then the lines beside the count of every matching line, or the patterns."""
 
     label: str
@@ -771,27 +772,26 @@ class LogCase:
     apps: tuple[str, ...] = ()
     levels: tuple[str, ...] = ()
     patterns: bool = False
-    limit: int = 100
 
     def query(self, until: datetime) -> LogQuery:
         return LogQuery(since=until - timedelta(minutes=self.minutes), until=until, apps=self.apps,
                         levels=self.levels, text=self.text)
 
-    def run(self, client: Client, until: datetime) -> pd.DataFrame:
+    def run(self, client: Client, config: Config, until: datetime) -> pd.DataFrame:
         if self.patterns:
-            return message_patterns(client, self.query(until), top=20)
-        return search_lines(client, self.query(until), self.limit)
+            return message_patterns(client, self.query(until), 20, config.dashboard.log_pattern_lines)
+        return search_lines(client, self.query(until), config.dashboard.log_lines_per_page)
 
     def render(self, config: Config, until: datetime) -> int:
-        """The page's calls for this search; returns how many lines match (patterns: lines of the top ones)."""
+        """The page's calls for this search; returns how many lines match (patterns: how many were masked)."""
         query = self.query(until)
         with connect(config, role="reader") as client:
             for column in ("app", "name"):
                 distinct_values(client, query.since, query.until, column)
         if self.patterns:
             with connect(config, role="reader") as client:
-                return int(message_patterns(client, query, top=20)["lines"].sum())
-        return queries.concurrently(config, {"lines": lambda c: search_lines(c, query, self.limit),
+                return int(self.run(client, config, until).attrs.get("lines", 0))
+        return queries.concurrently(config, {"lines": lambda c: self.run(c, config, until),
                                              "total": lambda c: count_lines(c, query)})["total"]
 
 
@@ -838,12 +838,12 @@ def _counters(client: Client) -> dict[str, int]:
     return {name: int(value) for name, value in rows}
 
 
-def _reads(client: Client, case: LogCase, until: datetime) -> str:
+def _reads(client: Client, config: Config, case: LogCase, until: datetime) -> str:
     """What one call of ``case`` reads (the store's counters around it, nothing else running) and the granules each
     index keeps in its statements (EXPLAIN indexes = 1)."""
     recorder = _Recorder(client)
     before = _counters(client)
-    case.run(recorder, until)    # type: ignore[arg-type]
+    case.run(recorder, config, until)    # type: ignore[arg-type]
     after = _counters(client)
     read = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
     plans = []
@@ -858,8 +858,12 @@ def _reads(client: Client, case: LogCase, until: datetime) -> str:
             else:
                 label = m.group(1).removeprefix("Name: ")
         plans.append(" ".join(steps))
+    if len(plans) > 1:     # one statement per slice of the range: the granules each keeps after every index
+        detail = f"{len(plans)} statements, granules kept " + ", ".join(p.split()[-1] if p else "-" for p in plans)
+    else:
+        detail = "granules " + " ".join(plans)
     return (f"{read['SelectedRows']:,} rows ({read['SelectedMarks']:,} granules, {read['SelectedParts']} parts), "
-            f"{read['ReadCompressedBytes'] / 2**20:.1f} MiB compressed; granules " + " | ".join(plans))
+            f"{read['ReadCompressedBytes'] / 2**20:.1f} MiB compressed; {detail}")
 
 
 def log_search(config: Config, until: datetime, repeat: int, title: str) -> None:
@@ -875,7 +879,7 @@ def log_search(config: Config, until: datetime, repeat: int, title: str) -> None
         for _ in range(repeat):
             with connect(config, role="reader") as client:
                 t = time.perf_counter()
-                out = case.run(client, until)
+                out = case.run(client, config, until)
                 calls.append(time.perf_counter() - t)
                 if not case.patterns:
                     t = time.perf_counter()
@@ -885,7 +889,7 @@ def log_search(config: Config, until: datetime, repeat: int, title: str) -> None
             matched = case.render(config, until)
             renders.append(time.perf_counter() - t)
         with connect(config, role="reader") as client:
-            reads = _reads(client, case, until)
+            reads = _reads(client, config, case, until)
         count = statistics.median(counts) if counts else float("nan")
         print(f"{case.label:<34} {_percentile(calls, 0.5):>8.3f} {_percentile(calls, 0.95):>6.3f} {count:>6.3f} "
               f"{_percentile(renders, 0.5):>8.3f} {_percentile(renders, 0.95):>6.3f} {max(renders):>6.3f} "
