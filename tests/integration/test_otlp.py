@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 from google.rpc import status_pb2
+from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
@@ -84,10 +85,19 @@ def rows(config: Config, sql: str) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def serving(config: Config) -> Iterator[str]:
-    """The gateway on a real uvicorn server (the SDK's exporter speaks HTTP through ``requests``); its base URL."""
+def serving(config: Config, seen: list[tuple[str, str, str, int]] | None = None) -> Iterator[str]:
+    """The gateway on a real uvicorn server (the SDK's exporter speaks HTTP through ``requests``); its base URL.
+    ``seen`` collects each request's (path, Content-Type, Content-Encoding, status): what the client really sent."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(config)
+    if seen is not None:
+        @app.middleware("http")
+        async def record(request: Any, call_next: Any) -> Any:
+            response = await call_next(request)
+            seen.append((request.url.path, request.headers.get("content-type", ""),
+                         request.headers.get("content-encoding", ""), response.status_code))
+            return response
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
@@ -186,8 +196,9 @@ DEFAULT_BOUNDS = (0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 
 
 def test_python_sdk_metrics_counter_histogram_gauge(kafka: Config) -> None:
     config = gateway_config(kafka, "otlp_sdk_metrics")
-    with serving(config) as url:
-        exporter = RecordingMetricExporter(endpoint=f"{url}/v1/metrics",
+    seen: list[tuple[str, str, str, int]] = []
+    with serving(config, seen) as url:
+        exporter = RecordingMetricExporter(endpoint=f"{url}/v1/metrics", compression=Compression.Gzip,
                                            headers={"Authorization": f"Bearer {TOKEN}"})
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
         provider = MeterProvider(resource=Resource.create({"service.name": "shop", "host.name": "box-2"}),
@@ -210,6 +221,7 @@ def test_python_sdk_metrics_counter_histogram_gauge(kafka: Config) -> None:
         finally:
             provider.shutdown()
     assert {r.name for r in exporter.results} == {"SUCCESS"}
+    assert seen == [("/v1/metrics", "application/x-protobuf", "gzip", 200)] * 3
     written = events(config)
     assert {(e["app"], e["device"]) for e in written} == {("shop", "box-2")}
 
@@ -255,12 +267,14 @@ JS_LEVELS = {9: "info", 13: "warning", 17: "error", 21: "critical"}
 def test_javascript_sdk_logs_over_otlp_json(kafka: Config) -> None:
     assert (JS_CLIENT / "node_modules").is_dir(), "./run test installs it (npm ci in tests/integration/otlp_js)"
     config = gateway_config(kafka, "otlp_js")
-    with serving(config) as url:
+    seen: list[tuple[str, str, str, int]] = []
+    with serving(config, seen) as url:
         sent = subprocess.run(["node", "send_logs.mjs"], cwd=JS_CLIENT, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "OTLP_LOGS_URL": f"{url}/v1/logs", "OTLP_TOKEN": TOKEN})
     assert sent.returncode == 0, sent.stderr
     *emitted, summary = [json.loads(line) for line in sent.stdout.splitlines()]
     assert summary == {"results": [0]}                    # ExportResultCode.SUCCESS: the gateway answered 200
+    assert seen == [("/v1/logs", "application/json", "", 200)]   # OTLP/JSON, as this exporter sends
     written = sorted(events(config), key=lambda e: e["event_time"])
     assert len(written) == len(emitted) == 4
     for record, event in zip(emitted, written, strict=True):
