@@ -79,28 +79,34 @@ def media_of(content_type: str) -> Media:
     raise OtlpRefused(415, f"unsupported Content-Type {content_type!r}: OTLP/HTTP takes {PROTOBUF} or {JSON}")
 
 
+_WINDOW_BITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""zlib's ``wbits`` per Content-Encoding: 16 + window for the gzip wrapper, the window alone for zlib's."""
+
+
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decoded per its Content-Encoding (``gzip`` or none), refused (413) once the decoded bytes exceed
-    ``limit``: a small compressed body may expand a thousandfold, so it is never inflated beyond the limit."""
+    """``body`` decoded per its Content-Encoding (``gzip``, ``deflate`` (zlib, as HTTP defines it; the Python
+    exporter offers it) or none), refused (413) once the decoded bytes exceed ``limit``: a small compressed body may
+    expand a thousandfold, so it is never inflated beyond the limit."""
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
-    if encoding not in ("gzip", "x-gzip"):
-        raise OtlpRefused(415, f"unsupported Content-Encoding {encoding!r}: gzip or none")
+    window = _WINDOW_BITS.get(encoding)
+    if window is None:
+        raise OtlpRefused(415, f"unsupported Content-Encoding {encoding!r}: gzip, deflate or none")
     out = bytearray()
     data = body
     try:
         while data:
-            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            inflater = zlib.decompressobj(window)
             out += inflater.decompress(data, limit + 1 - len(out))
             if len(out) > limit:
                 raise OtlpRefused(413, f"body larger than gateway.max_body_bytes ({limit}) once decompressed",
                                   {"Connection": "close"})
             if not inflater.eof:
-                raise OtlpRefused(400, "gzip body is truncated")
+                raise OtlpRefused(400, f"{encoding} body is truncated")
             data = inflater.unused_data   # a further gzip member (concatenated members are one stream)
     except zlib.error as exc:
-        raise OtlpRefused(400, f"body is not valid gzip: {exc}") from None
+        raise OtlpRefused(400, f"body is not valid {encoding}: {exc}") from None
     return bytes(out)
 
 

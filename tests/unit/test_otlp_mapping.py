@@ -8,6 +8,7 @@ import gzip
 import json
 import math
 import random
+import zlib
 
 import pytest
 from google.protobuf import json_format
@@ -159,8 +160,10 @@ def test_gzip_is_decompressed_up_to_the_limit() -> None:
     data = b"x" * 10_000
     assert decompress(gzip.compress(data), "gzip", 10_000) == data
     assert decompress(gzip.compress(data[:5]) + gzip.compress(data[5:]), "gzip", 10_000) == data  # two members
+    assert decompress(zlib.compress(data), "deflate", 10_000) == data
     for body, encoding, status in [(gzip.compress(data), "gzip", 413), (b"not gzip", "gzip", 400),
-                                   (gzip.compress(data)[:-20], "gzip", 400), (data, "br", 415)]:
+                                   (gzip.compress(data)[:-20], "gzip", 400), (data, "br", 415),
+                                   (zlib.compress(data), "deflate", 413), (data, "deflate", 400)]:
         with pytest.raises(OtlpRefused) as refused:
             decompress(body, encoding, 9_999)
         assert refused.value.status == status
