@@ -173,7 +173,7 @@ def add_routes(app: FastAPI, gateway: Gateway, config: Config) -> OtlpIngest:
                       400: {"description": "not an OTLP request (google.rpc.Status)"},
                       401: {"description": "missing or unknown bearer token"},
                       413: {"description": "body over gateway.max_body_bytes (after decompression too)"},
-                      415: {"description": "not application/x-protobuf or application/json, or not gzip"},
+                      415: {"description": "not application/x-protobuf or application/json; not gzip or deflate"},
                       429: {"description": "token over its rate; Retry-After"},
                       503: {"description": "Kafka unavailable; Retry-After"}},
         "response_class": Response,
