@@ -85,10 +85,11 @@ def rows(config: Config, sql: str) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def serving(config: Config, seen: list[tuple[str, str, str, int]] | None = None) -> Iterator[str]:
+def serving(config: Config, seen: list[tuple[str, str, str, int]] | None = None, port: int | None = None) \
+        -> Iterator[str]:
     """The gateway on a real uvicorn server (the SDK's exporter speaks HTTP through ``requests``); its base URL.
     ``seen`` collects each request's (path, Content-Type, Content-Encoding, status): what the client really sent."""
-    port = free_port()
+    port = port or free_port()
     app = create_app(config)
     if seen is not None:
         @app.middleware("http")
@@ -510,3 +511,49 @@ def test_the_series_cap_and_the_rate_limit(kafka: Config) -> None:
     assert status_pb2.Status.FromString(limited.content).code == 8
     assert unauthorized.status_code == 401
     assert sorted(e["tags"]["route"] for e in events(config)) == ["/a", "/b"]
+
+
+def test_a_gateway_restart_loses_one_interval_of_a_cumulative_counter_and_counts_nothing_twice(kafka: Config) -> None:
+    """The SDK's cumulative counter across a gateway restart (a new process, no memory of the series): the first
+    point the new process sees is a baseline; a counter that starts after the restart is counted from its start."""
+    config = gateway_config(kafka, "otlp_restart")
+    port = free_port()
+    exporter = RecordingMetricExporter(endpoint=f"http://127.0.0.1:{port}/v1/metrics",
+                                       headers={"Authorization": f"Bearer {TOKEN}"})
+    provider = MeterProvider(resource=Resource.create({"service.name": "shop", "host.name": "box-3"}),
+                             metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)])
+    meter = provider.get_meter("shop.meter")
+    orders = meter.create_counter("orders")
+    with serving(config, port=port):
+        orders.add(5)
+        provider.force_flush()                    # cumulative 5: counted whole (the series started after the gateway)
+    with serving(config, port=port):              # the restarted gateway
+        orders.add(3)
+        provider.force_flush()                    # cumulative 8: a baseline, the 3 are lost
+        orders.add(2)
+        provider.force_flush()                    # cumulative 10: +2
+        refunds = meter.create_counter("refunds")
+        refunds.add(4)
+        provider.force_flush()                    # a series started after the restart: counted whole
+        provider.shutdown()                       # one more export: nothing new
+    assert {r.name for r in exporter.results} == {"SUCCESS"}
+    written = sorted(events(config), key=lambda e: e["event_time"])
+    assert [e["value"] for e in written if e["name"] == "orders"] == [5.0, 2.0, 0.0, 0.0]
+    assert [e["value"] for e in written if e["name"] == "refunds"] == [4.0, 0.0]
+
+
+def test_a_device_clock_an_hour_ahead_is_corrected(kafka: Config) -> None:
+    """A device whose clock reads an hour ahead: its envelopes' corrected time (event_time + received - sent, what
+    the stream job computes) is the true time, within the delivery delay."""
+    config = gateway_config(kafka, "otlp_skew")
+    hour = 3_600_000
+    true_time = now_ms() - 200
+    request = log_request(["from the future"], true_time + hour)
+    request.resource_logs[0].resource.attributes[1].value.string_value = "skewed-box"
+    with TestClient(create_app(config)) as client:
+        answer = client.post("/v1/logs", content=request.SerializeToString(), headers=PROTOBUF)
+    assert ExportLogsServiceResponse.FromString(answer.content) == ExportLogsServiceResponse()
+    [event] = events(config)
+    assert event["device"] == "skewed-box" and event["event_time"] == true_time + hour
+    corrected = event["event_time"] + event["received_time"] - event["sent_time"]
+    assert true_time <= corrected <= true_time + 5_000
