@@ -166,7 +166,7 @@ def _where(query: LogQuery) -> _Where:
     return where
 
 
-FIRST_SLICE = timedelta(minutes=15)
+FIRST_SLICE = timedelta(hours=1)
 """A search reads its range newest first in slices, the first this long and each next one :data:`SLICE_GROWTH`
 times longer, and stops once it has its lines: a word in every minute's lines is answered from the newest minutes
 instead of being sorted out of a whole day."""

@@ -51,10 +51,11 @@ def insert(config: Config, table: str, rows: list[dict[str, Any]]) -> None:
         data.insert_rows(client, table, rows)
 
 
-def search(config: Config, limit: int = 100, offset: int = 0, **filters: Any) -> list[str]:
-    """The messages of the matching lines in the answer's order."""
+def search(config: Config, limit: int = 100, offset: int = 0, span: tuple[datetime, datetime] = RANGE,
+           **filters: Any) -> list[str]:
+    """The messages of the matching lines of ``span`` in the answer's order."""
     with connect(config, role="reader") as client:
-        lines = log_search.search_lines(client, LogQuery(*RANGE, **filters), limit, offset)
+        lines = log_search.search_lines(client, LogQuery(*span, **filters), limit, offset)
     return lines["message"].tolist()
 
 
@@ -126,16 +127,18 @@ def test_a_word_search_reads_only_granules_the_token_index_keeps(searched):
 
 
 def test_pages_of_lines_follow_each_other_newest_first(store):
-    # 25 lines over 20 minutes (past the first slice a search reads, log_search.FIRST_SLICE), two at each time:
-    # ties are ordered by event id.
-    assert log_search.FIRST_SLICE < timedelta(seconds=100 * 12)
-    lines = [log_line(NOW - timedelta(seconds=100 * (k // 2)), f"tick {k}", event_id=f"id-{k:02d}")
+    # 25 lines over 4 hours, past the first slice a search reads (log_search.FIRST_SLICE), two at each time: ties
+    # are ordered by event id.
+    day = (NOW - timedelta(days=1), RANGE[1])
+    assert timedelta(seconds=1200 * 12) > log_search.FIRST_SLICE
+    lines = [log_line(NOW - timedelta(seconds=1200 * (k // 2)), f"tick {k}", event_id=f"id-{k:02d}")
              for k in range(25)]
     insert(store, "logs", lines)
-    pages = [search(store, limit=10, offset=offset) for offset in (0, 10, 20)]
+    pages = [search(store, limit=10, offset=offset, span=day) for offset in (0, 10, 20)]
     assert [len(p) for p in pages] == [10, 10, 5]
     assert [m for page in pages for m in page] == [f"tick {k}" for k in range(25)]
-    assert search(store, limit=10, offset=30) == []
+    assert search(store, limit=10, offset=30, span=day) == []
+    assert search(store, limit=3, offset=11, span=day) == ["tick 11", "tick 12", "tick 13"]
 
 
 def test_a_line_is_late_when_its_event_was_dropped_as_a_straggler(store):
