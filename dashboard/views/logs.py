@@ -191,8 +191,7 @@ def _patterns(config: Any, query: LogQuery) -> None:
 
 def _fixed_words(pattern: str) -> list[str]:
     """The words of a pattern that no mask touched (a masked part splits its neighbours off)."""
-    return [w for part in pattern.split(log_search.MASK) for w in log_search.tokens(part)
-            if part.strip()][:8]
+    return [w for part in pattern.split(log_search.MASK) for w in log_search.tokens(part)][:8]
 
 
 def _dead_letters(config: Any, query: LogQuery) -> None:

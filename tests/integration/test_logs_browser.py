@@ -70,6 +70,11 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Itera
     populate(config)
     with connect(config) as client:
         data.insert_rows(client, "logs", lines())
+        raw = '{"v":1,"kind":"log","app":"shop","device":"d1","name":"app.server","level":"fatal","message":"x"}'
+        data.insert_rows(client, "dead_letters", [{
+            **data.dead_letter(NOW - timedelta(minutes=2), 1000, reason="level: not one of debug, info, warning, "
+                                                                         "error, critical"),
+            "raw": raw, "raw_bytes": len(raw)}])
         data.insert_rows(client, "alert_states", [data.alert_state(
             "shop errors", "shop · log · app.server", "firing", evaluated_until=GRID, since=FIRED, value=0.3,
             threshold=0.05, severity="critical", breaches=2)])
@@ -197,6 +202,9 @@ def test_the_patterns_and_dead_letter_views_render(browser: BrowserContext, dash
         page.goto(f"{dashboard}/logs?minutes=30&view=dead")
         settle(page)
         shot = screenshot(page, "logs-dead-letters")
+        cells = grid_texts(page)
+        # The log record, with its reason; the fixture's other dead letters are no log records.
+        assert "level: not one of debug, info, warning, error, critical" in cells and "fatal" in cells, (cells, shot)
         assert texts(page, '[data-testid="stException"]') == [], shot
     finally:
         page.close()
