@@ -18,6 +18,8 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
@@ -90,12 +92,13 @@ class OtlpIngest:
         request = parse_request(body, media, signal)
         settings = self.config.otlp
         with self._lock:
-            if signal == "logs":
-                timings, default = self._timings(latest_log_times(request, settings), received_ms)  # type: ignore[arg-type]
-                mapped = map_logs(request, timings, default, settings)  # type: ignore[arg-type]
+            if isinstance(request, ExportLogsServiceRequest):
+                timings, default = self._timings(latest_log_times(request, settings), received_ms)
+                mapped = map_logs(request, timings, default, settings)
             else:
-                timings, default = self._timings(latest_point_times(request, settings), received_ms)  # type: ignore[arg-type]
-                mapped = map_metrics(request, timings, default, settings, self.metrics)  # type: ignore[arg-type]
+                assert isinstance(request, ExportMetricsServiceRequest)
+                timings, default = self._timings(latest_point_times(request, settings), received_ms)
+                mapped = map_metrics(request, timings, default, settings, self.metrics)
         return self.outcome(mapped, received_ms, apps, signal, check_unicode=media == "json")
 
     def outcome(self, mapped: Mapped, received_ms: int, apps: frozenset[str] | None, signal: Signal,
