@@ -55,7 +55,8 @@ def lines() -> list[dict]:
         log_line(at + timedelta(seconds=51), "checkout ok for cart 7", level="info"),
         log_line(at + timedelta(seconds=52), "search shard timeout", app="search", level="error"),
         log_line(at + timedelta(seconds=53), "db pool timeout", level="error", name="app.db"),
-        log_line(at - timedelta(seconds=30), "payment gateway timeout before the alert", level="error"),
+        log_line(at - timedelta(seconds=30), "payment gateway timeout before the alert", level="error",
+                 event_id="ev-late"),
         log_line(at + timedelta(seconds=55), "gateway said: payment timeout", level="warning"),
     ]
 
@@ -69,7 +70,14 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Itera
     apply_migrations(config)
     populate(config)
     with connect(config) as client:
-        data.insert_rows(client, "logs", lines())
+        rows = lines()
+        data.insert_rows(client, "logs", rows)
+        late = next(line for line in rows if line["event_id"] == "ev-late")
+        # Its event was dropped from a closed window: the line is marked late.
+        data.insert_rows(client, "stragglers", [{
+            **data.straggler(NOW, 1, window_start=late["corrected_event_time"] - timedelta(seconds=5), app="shop",
+                             kind="log", name="app.server"),
+            "event_id": "ev-late", "corrected_event_time": late["corrected_event_time"]}])
         raw = '{"v":1,"kind":"log","app":"shop","device":"d1","name":"app.server","level":"fatal","message":"x"}'
         data.insert_rows(client, "dead_letters", [{
             **data.dead_letter(NOW - timedelta(minutes=2), 1000, reason="level: not one of debug, info, warning, "
@@ -112,6 +120,7 @@ def test_a_typed_search_lists_exactly_the_matching_lines_newest_first(browser: B
         assert shown_messages(page) == ["payment gateway Timeout after 12 s (in alert window 2)",
                                         "payment gateway timeout after 30 s (in alert window 1)",
                                         "payment gateway timeout before the alert"], shot
+        assert grid_texts(page).count("late") == 1, shot          # the last line's event was a dropped straggler
         assert parse_qs(urlparse(page.url).query)["q"] == ['"payment gateway" timeout']   # the link keeps it
         assert texts(page, '[data-testid="stException"]') == [], shot
     finally:
