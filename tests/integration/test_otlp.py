@@ -289,6 +289,37 @@ def test_javascript_sdk_logs_over_otlp_json(kafka: Config) -> None:
         assert event.get("tags", {}) == attributes
 
 
+def test_javascript_sdk_metrics_over_otlp_json(kafka: Config) -> None:
+    """OTLP/JSON metrics from a real exporter: int64 values as strings, cumulative counter and histogram."""
+    config = gateway_config(kafka, "otlp_js_metrics")
+    seen: list[tuple[str, str, str, int]] = []
+    with serving(config, seen) as url:
+        sent = subprocess.run(["node", "send_metrics.mjs"], cwd=JS_CLIENT, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "OTLP_METRICS_URL": f"{url}/v1/metrics",
+                                                "OTLP_TOKEN": TOKEN})
+    assert sent.returncode == 0, sent.stderr
+    recorded = json.loads(sent.stdout.splitlines()[-1])
+    assert recorded["results"] == [0, 0, 0]                     # two exports and the one at shutdown: all 200
+    assert seen == [("/v1/metrics", "application/json", "", 200)] * 3
+    written = sorted(events(config), key=lambda e: e["event_time"])
+    assert {(e["app"], e["device"]) for e in written} == {("storefront", "node-2")}
+
+    def named(name: str) -> list[dict[str, Any]]:
+        return [e for e in written if e["name"] == name]
+
+    # Cumulative 2, 5, 5: deltas 2, 3, 0.
+    assert [(e["value"], e["tags"]) for e in named("carts")] == [(2.0, {"region": "eu"}), (3.0, {"region": "eu"}),
+                                                                 (0.0, {"region": "eu"})]
+    first, second = recorded["checkout"]
+    assert [e["value"] for e in named("checkout_ms.count")] == [len(first), len(second), 0]
+    assert [e["value"] for e in named("checkout_ms.sum")] == [sum(first), sum(second), 0]
+    samples = named("checkout_ms")
+    assert len(samples) == len(first) + len(second)
+    assert [e["value"] for e in samples[:len(first)]][::len(first) - 1] == [min(first), max(first)]
+    assert sorted(bisect.bisect_left(DEFAULT_BOUNDS, e["value"]) for e in samples) == \
+        sorted(bisect.bisect_left(DEFAULT_BOUNDS, v) for v in first + second)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Raw requests
 
