@@ -68,3 +68,20 @@ def test_tag_filters_are_key_equals_value():
     assert parse_tag("region=eu") == ("region", "eu")
     assert parse_tag("k=a=b") == ("k", "a=b")
     assert parse_tag("region") is None and parse_tag("=eu") is None
+
+
+# Drill-down clicks ----------------------------------------------------------------------------------------------
+
+def test_a_clicked_point_names_its_trace_and_bucket():
+    from dashboard import common
+
+    state = {"selection": {"points": [
+        {"curve_number": 1, "x": "2026-11-26 18:00:15"},                 # a 10 s bar reports its middle
+        {"curve_number": 0, "x": "2026-11-26T18:00:20+00:00"},
+        {"curve_number": 5, "x": "2026-11-26 18:00:00"},                 # no such trace
+    ]}}
+    picked = common.selected_points(state, ["shop", "search"])
+    assert [(name, common.bucket_start(t, 10)) for name, t in picked] == [
+        ("search", datetime(2026, 11, 26, 18, 0, 10, tzinfo=UTC)),
+        ("shop", datetime(2026, 11, 26, 18, 0, 20, tzinfo=UTC))]
+    assert common.selected_points(None, ["shop"]) == []
