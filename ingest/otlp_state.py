@@ -124,11 +124,26 @@ class SeriesGuard:
     def __init__(self, max_series: int, ttl_ms: int) -> None:
         self.max_series, self.ttl_ms = max_series, ttl_ms
         self._apps: dict[str, OrderedDict[Any, int]] = {}
+        self._swept_ms = 0
         self.rejected: dict[str, int] = {}
         """Points refused per app since the gateway started."""
 
+    def _sweep(self, now_ms: int) -> None:
+        """Expire every app's old series and forget apps with none left (an app that stopped sending would
+        otherwise keep its series here forever). At most once per ``ttl_ms``, so it costs nothing per point."""
+        expired = now_ms - self.ttl_ms
+        for app in list(self._apps):
+            live = self._apps[app]
+            while live and next(iter(live.values())) < expired:
+                live.popitem(last=False)
+            if not live:
+                del self._apps[app]
+        self._swept_ms = now_ms
+
     def admit(self, app: str, series: Hashable, now_ms: int) -> bool:
         """True when ``series`` of ``app`` may be written (already live, or room for one more)."""
+        if now_ms - self._swept_ms >= self.ttl_ms:
+            self._sweep(now_ms)
         live = self._apps.get(app)
         if live is None:
             live = self._apps[app] = OrderedDict()

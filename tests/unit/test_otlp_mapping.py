@@ -287,6 +287,8 @@ def test_series_stop_counting_after_their_ttl() -> None:
     assert guard.admit("a", "s1", T0) and not guard.admit("a", "s2", T0 + 500)
     assert guard.admit("a", "s2", T0 + 1_500)              # s1 expired
     assert guard.admit("b", "s1", T0)                      # per app
+    guard.admit("c", "s1", T0 + 5_000)                     # a sweep: apps whose series all expired are forgotten
+    assert (guard.live("a"), guard.live("b"), guard.live("c")) == (0, 0, 1) and set(guard._apps) == {"c"}
 
 
 # ----------------------------------------------------------------------------------------------------------
