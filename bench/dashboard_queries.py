@@ -27,10 +27,11 @@ about 7x the log rate of the page bench's 10 log series): a last-hour search the
 lines over the 7-day retention would leave 60k an hour. The history goes in as Arrow blocks of 1M lines; the last
 hour one 5 s micro-batch per insert, as the job writes it, so the newest lines sit in the small parts background
 merges have not caught up with. Each search is timed as written and after ``OPTIMIZE TABLE logs FINAL`` (one part
-per day); ``--log-variant`` also times a copy of the table with explicit codecs. What a call reads comes from the
-store's ``system.events`` counters around one call and from ``EXPLAIN indexes = 1``.
+per day); ``--log-variants codecs,hourly`` also times copies of the table with explicit codecs, or the hour first in
+its key. What a call reads comes from the store's ``system.events`` counters around one call and from ``EXPLAIN
+indexes = 1``.
 
-    .venv/bin/python -m bench.dashboard_queries --logs-only --log-lines 10000000 --repeat 20 --log-variant
+    .venv/bin/python -m bench.dashboard_queries --logs-only --log-lines 10000000 --log-variants codecs,hourly
 """
 
 from __future__ import annotations
@@ -932,8 +933,8 @@ def main() -> None:
     parser.add_argument("--log-hours", type=float, default=LogLoad.hours, help="span the log lines cover")
     parser.add_argument("--log-live-minutes", type=float, default=LogLoad.live_minutes,
                         help="the newest minutes of lines written one 5 s micro-batch per insert (0: all in blocks)")
-    parser.add_argument("--log-variant", action="store_true",
-                        help="also time a copy of the logs table with explicit codecs (LOG_CODECS)")
+    parser.add_argument("--log-variants", default="",
+                        help=f"also time copies of the logs table changed so: {', '.join(LOG_VARIANTS)} (comma list)")
     parser.add_argument("--logs-only", action="store_true", help="only the log search part (no window tables)")
     args = parser.parse_args()
     load = Load(tumbling_s=tuple(sorted(int(s) for s in args.tumbling.split(","))), versions=args.versions,
@@ -949,7 +950,7 @@ def main() -> None:
                 run(config, load, data, args.repeat)
             if args.log_lines:
                 run_logs(config, LogLoad(args.log_lines, args.log_hours, live_minutes=args.log_live_minutes),
-                         args.repeat, args.log_variant)
+                         args.repeat, [v for v in args.log_variants.split(",") if v])
         if args.keep:
             print(f"\nstore kept at {data} (serve it with EVENTIDE_PATHS__DATA_DIR={data} eventide store serve)")
     finally:
@@ -1006,10 +1007,10 @@ def run(config: Config, load: Load, data: Path, repeat: int) -> None:
 
 
 
-def run_logs(config: Config, load: LogLoad, repeat: int, variant: bool) -> None:
+def run_logs(config: Config, load: LogLoad, repeat: int, variants: list[str]) -> None:
     """Fill ``logs`` with the load's lines, then time each log search ``repeat`` times: as written, and after the
-    table is merged (one part per day, as background merges leave a day's partition). ``variant``: the same lines
-    in a copy of the table with :data:`LOG_CODECS`, merged, timed the same way."""
+    table is merged (one part per day, as background merges leave a day's partition). ``variants``: the same lines
+    in a copy of the table changed as :data:`LOG_VARIANTS` says, merged, timed the same way."""
     until = datetime.now(UTC).replace(second=0, microsecond=0)
     fill = populate_logs(config, load, until)
     db = config.store.database
@@ -1024,22 +1025,21 @@ def run_logs(config: Config, load: LogLoad, repeat: int, variant: bool) -> None:
     print(f"\nOPTIMIZE TABLE logs FINAL: {_optimize(config, db):.0f} s")
     print(log_storage(config, db))
     log_search(config, until, repeat, "merged")
-    if variant:
-        other = f"{db}_codecs"
-        t = time.perf_counter()
-        with connect(config, database=None) as client:
-            client.command(f"CREATE DATABASE {other}")
-            client.command(f"CREATE TABLE {other}.stragglers AS {db}.stragglers")
-            client.command(logs_variant_ddl(other))
-            client.command(f"INSERT INTO {other}.logs SELECT * FROM {db}.logs")
-        print(f"\nvariant {other}.logs ({', '.join(f'{c} {codec}' for c, codec in LOG_CODECS.items())}): copied in "
-              f"{time.perf_counter() - t:.0f} s")
-        print(log_storage(config, other))
-        variant_config = config.model_copy(update={"store": config.store.model_copy(update={"database": other})})
-        log_search(variant_config, until, repeat, "variant, as copied")
-        print(f"\nOPTIMIZE TABLE {other}.logs FINAL: {_optimize(config, other):.0f} s")
-        print(log_storage(config, other))
-        log_search(variant_config, until, repeat, "variant, merged")
+    if variants:
+        for name in variants:
+            other = f"{db}_{name}"
+            t = time.perf_counter()
+            with connect(config, database=None) as client:
+                client.command(f"CREATE DATABASE {other}")
+                client.command(f"CREATE TABLE {other}.stragglers AS {db}.stragglers")
+                client.command(logs_variant_ddl(other, name))
+                client.command(f"INSERT INTO {other}.logs SELECT * FROM {db}.logs")
+            print(f"\nvariant {name} ({LOG_VARIANTS[name][0]}): copied in {time.perf_counter() - t:.0f} s")
+            print(log_storage(config, other))
+            print(f"OPTIMIZE TABLE {other}.logs FINAL: {_optimize(config, other):.0f} s")
+            print(log_storage(config, other))
+            variant_config = config.model_copy(update={"store": config.store.model_copy(update={"database": other})})
+            log_search(variant_config, until, repeat, f"{name}, merged")
 
 
 def _optimize(config: Config, database: str) -> float:
@@ -1049,24 +1049,38 @@ def _optimize(config: Config, database: str) -> float:
     return time.perf_counter() - t
 
 
-LOG_CODECS = {column: "CODEC(ZSTD(1))" for column in ("corrected_event_time", "event_time", "received_time",
-                                                      "device", "user", "message", "tags", "event_id")}
-"""Explicit codecs for the logs table's large columns, as ClickHouse's OpenTelemetry exporter declares them
-(``Delta`` before ``ZSTD`` on the times, as it has, measured no smaller here). A server compresses with LZ4 unless
-told otherwise."""
+def _with_codecs(ddl: str) -> str:
+    for column in ("corrected_event_time", "event_time", "received_time", "device", "user", "message", "tags",
+                   "event_id"):
+        ddl, n = re.subn(rf"^(\s+{column}\s+.+?),$", r"\1 CODEC(ZSTD(1)),", ddl, count=1, flags=re.MULTILINE)
+        if n != 1:
+            raise ValueError(f"sql/0013_logs.sql: no column {column} to give a codec")
+    return ddl
 
 
-def logs_variant_ddl(database: str) -> str:
-    """sql/0013_logs.sql's table in ``database`` with :data:`LOG_CODECS` on its columns."""
+def _hourly(ddl: str) -> str:
+    key = "ORDER BY (app, level, corrected_event_time)"
+    if key not in ddl:
+        raise ValueError(f"sql/0013_logs.sql: no {key}")
+    return ddl.replace(key, "ORDER BY (toStartOfHour(corrected_event_time), app, level, corrected_event_time)")
+
+
+LOG_VARIANTS: dict[str, tuple[str, Callable[[str], str]]] = {
+    # A server compresses with LZ4 unless told otherwise; ClickHouse's OpenTelemetry exporter declares ZSTD(1)
+    # (with Delta before it on times, measured no smaller here).
+    "codecs": ("CODEC(ZSTD(1)) on the times, device, user, message, tags and event_id", _with_codecs),
+    # The hour first: a range without app or level reads whole hours' (app, level) runs, not every run's edges.
+    "hourly": ("ORDER BY (toStartOfHour(corrected_event_time), app, level, corrected_event_time)", _hourly),
+}
+"""Variants of sql/0013_logs.sql timed by ``--log-variants``: (what changes, how the DDL changes)."""
+
+
+def logs_variant_ddl(database: str, variant: str) -> str:
+    """sql/0013_logs.sql's table in ``database``, changed as :data:`LOG_VARIANTS` says for ``variant``."""
     ddl = (REPO / "sql" / "0013_logs.sql").read_text()
     ddl = "\n".join(line.split("--", 1)[0].rstrip() for line in ddl.splitlines() if not line.startswith("--"))
     ddl = ddl.replace("CREATE TABLE IF NOT EXISTS logs", f"CREATE TABLE {database}.logs")
-    for column, codec in LOG_CODECS.items():
-        ddl, n = re.subn(rf"^(\s+{column}\s+.+?),$", rf"\1 {codec},", ddl, count=1, flags=re.MULTILINE)
-        if n != 1:
-            raise ValueError(f"sql/0013_logs.sql: no column {column} to give {codec}")
-    return ddl.rstrip().rstrip(";")
-
+    return LOG_VARIANTS[variant][1](ddl).rstrip().rstrip(";")
 
 if __name__ == "__main__":
     main()
