@@ -9,7 +9,7 @@ answered with a ``google.rpc.Status``, retryable only as 429/502/503/504.
 
 The mapping (docs/ingest.md, "OpenTelemetry (OTLP/HTTP)") is pure functions of the request, its receive time and
 the clock corrections; :class:`OtlpIngest` adds what is remembered between requests (:mod:`ingest.otlp_state`)
-and turns the envelopes into Kafka records with the gateway's own validation (:func:`ingest.gateway.prepare_batch`).
+and turns the envelopes into Kafka records with the gateway's validation (:func:`ingest.gateway_batches.prepare_batch`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ from starlette.responses import Response
 
 from eventide.config import Config
 from ingest.envelope import now_ms
-from ingest.gateway import _BEARER, Gateway, KafkaUnavailable, RequestProblem, prepare_batch, read_body
+from ingest.gateway_batches import prepare_batch
+from ingest.gateway_kafka import KafkaUnavailable
+from ingest.gateway_service import BEARER, Gateway, read_body
+from ingest.gateway_wire import RequestProblem
 from ingest.otlp import (
     Mapped,
     Media,
@@ -184,17 +187,17 @@ def add_routes(app: FastAPI, gateway: Gateway, config: Config) -> OtlpIngest:
 
     @app.post("/v1/logs", summary="OTLP/HTTP logs (protobuf or JSON)", **doc)
     async def otlp_logs(request: Request,
-                        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> Response:
+                        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> Response:
         return await export("logs", request, credentials)
 
     @app.post("/v1/metrics", summary="OTLP/HTTP metrics (protobuf or JSON)", **doc)
     async def otlp_metrics(request: Request,
-                           credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+                           credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
                            ) -> Response:
         return await export("metrics", request, credentials)
 
     @app.get("/v1/otlp/stats", summary="OTLP counters: series refused per app, cumulative series kept")
-    async def otlp_stats(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+    async def otlp_stats(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
                          ) -> JSONResponse:
         if gateway.authorized(credentials) is None:
             return JSONResponse({"error": "unauthorized", "detail": "missing or unknown bearer token"}, 401,

@@ -27,7 +27,9 @@ from hypothesis import strategies as st
 from analytics.accept.dedup import first_copies
 from eventide.config import Config, ConfigError, GatewayToken, load_config
 from eventide.services import free_port
-from ingest.gateway import TokenBucket, create_app, parse_batch, server_config
+from ingest.gateway import create_app, server_config
+from ingest.gateway_batches import parse_batch
+from ingest.gateway_rate_limits import TokenBucket
 from tests.integration.test_gateway import AUTH, NDJSON, TOKEN, committed, gateway_config, metric
 from tests.support.pipeline import assert_connection_over_the_cap_is_closed
 
