@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from eventide.config import to_environ
-from tests.conftest import REPO, fresh_stack
-from tests.support import Event, minute_in_past, produce_events, rows, run_job
+from tests.support.pipeline import Event, minute_in_past, produce_events, rows, run_job
+from tests.support.stack import REPO, fresh_stack
 
 pytestmark = pytest.mark.integration
 PREVIOUS_VERSION = "4736cb8"
