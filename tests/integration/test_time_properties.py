@@ -25,8 +25,9 @@ import itertools
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eventide.config import SeriesSelector
@@ -192,10 +193,38 @@ def _rank_ok(values: list[float], answer: float, q: float) -> bool:
     return below <= q + 1e-9 and at_or_below >= q - 1e-9
 
 
+def _at(seconds: float, value: float | None = 1.0, **fields: Any) -> Event:
+    return Event(T0 + int(seconds * S), value, **fields)
+
+
+# Edges the random examples are not shown to reach, each run as well (D = 5 s, so a batch whose newest event is at
+# t closes every window ending at or before t - 5 s):
+LATE_AFTER_A_BIG_STEP = [
+    [_at(60, 1.0, skew_ms=3_600_000), _at(100, 2.0, device="d2", skew_ms=-7_200_000, offline_ms=30 * S),
+     _at(30, 3.0, user="ann")],
+    # The watermark is now 95 s. 40 s: every window of it closed (tumbling, hopping, sliding, ann's session);
+    # 85 s: [80, 90) and hopping [60, 90) closed, [70, 100) and [80, 110) open; 95 s: exactly at the watermark,
+    # its sliding window closed, its tumbling one open; 90 s: an error line from a device two hours behind, sent a
+    # minute late.
+    [_at(40, 4.0, user="ann", skew_ms=1234), _at(85, 5.0, device="d2"), _at(95, 6.0, user="bob"),
+     _at(90, None, level="error", name="app.log", skew_ms=-7_200_000, offline_ms=60 * S)],
+]
+LATE_WITHIN_A_STEP = [
+    # Two per batch, so the watermark moves inside the step: 45 s (watermark 45 s) has its sliding window closed
+    # and its tumbling one open; 36 s (watermark 50 s) finds [30, 40), hopping [20, 50) (closed exactly at its end)
+    # and cy's session [35, 50) closed; then 49.999 s finds [40, 50) closed.
+    [_at(35, 1.0, user="cy"), _at(50, 2.0), _at(55, 3.0, skew_ms=-7_200_000), _at(45, 4.0),
+     _at(36, 5.0, user="cy", offline_ms=20 * S)],
+    [_at(60, 6.0, device="d2", skew_ms=3_600_000), _at(49.999, 7.0, skew_ms=1234)],
+]
+
+
 @settings(max_examples=5, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(steps=steps_of_events, per_batch=st.integers(2, 12))
-def test_job_output_equals_the_reference_on_random_event_sequences(kafka, spark, steps, per_batch):
+@given(steps=steps_of_events, per_batch=st.integers(2, 12), edge_example=st.just(False))
+@example(steps=LATE_AFTER_A_BIG_STEP, per_batch=12, edge_example=True)
+@example(steps=LATE_WITHIN_A_STEP, per_batch=2, edge_example=True)
+def test_job_output_equals_the_reference_on_random_event_sequences(kafka, spark, steps, per_batch, edge_example):
     config = fresh_stack(
         kafka, f"prop_{next(_examples)}", partitions=1, max_offsets_per_trigger=per_batch,
         allowed_lateness_s=LATENESS_S, tumbling_windows_s=[TUMBLING_S],
@@ -248,3 +277,6 @@ def test_job_output_equals_the_reference_on_random_event_sequences(kafka, spark,
         config, "SELECT window_kind, toUnixTimestamp64Milli(window_start) AS s, "
                 "toUnixTimestamp64Milli(window_end) AS e, device, lateness_ms FROM stragglers FINAL")]
     assert Counter(actual_dropped) == Counter(expected_dropped + expected_sliding_dropped + expected_session_dropped)
+    if edge_example:    # the explicit examples do reach what they are there for: skewed clocks, stragglers of each kind
+        assert any(e.skew_ms for step in steps for e in step)
+        assert {kind for kind, *_ in actual_dropped} == {"tumbling", "hopping", "sliding", "session"}, actual_dropped
