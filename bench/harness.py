@@ -4,12 +4,13 @@ mix and its backlog, drains timed with the machine's CPU and the JIT's, and how 
 ``bench.pipeline`` (the headline benchmark) is built from these, and so are ``bench.cluster``, ``bench.faults``
 and the probes (``bench.probes``). Nothing here runs on its own: each bench's ``main`` decides what to measure.
 
-- **stack**: :func:`bench_config` (free ports, a temporary data dir) and :func:`stack` (broker, store server, the
-  job's Spark session, warmed up on a topic of its own);
+- **stack**: :func:`bench_config` (free ports, a temporary data dir) and :func:`stack`: :func:`services` (broker,
+  store server) and :func:`session` (the job's Spark session, warmed up on a topic of its own);
 - **load**: :class:`Load` and :func:`records` (the event mix), :func:`produce_backlog`, :func:`live_load`;
 - **drains and timers**: :func:`fresh` (a store database and checkpoints per run), :func:`drain`,
   :func:`drain_live`, :func:`drain_alone`, :func:`spark_count_only` (the read limit), :class:`Spent`,
-  :func:`cpu_seconds`, :func:`stage_breakdown`, :func:`stored_summary`;
+  :func:`cpu_seconds`, :class:`JvmCpu` (the JVM's threads and Python workers by part), :func:`stage_breakdown`,
+  :func:`stored_summary`;
 - **output**: :func:`report` (a phase's result on stderr as it comes), :func:`emit` (the JSON summary).
 """
 
@@ -19,6 +20,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -63,31 +65,49 @@ def bench_config(stream: dict[str, Any] | None = None) -> Config:
 
 def warm_up(spark: Any, config: Config) -> None:
     """Spark's JVM and the Kafka connector warmed (code generation, class loading): the whole job drained over
-    50,000 events of a topic of its own, so no measured drain pays the JVM's start."""
+    50,000 events of a topic of its own (produced once per broker), so no measured drain pays the JVM's start."""
     warm = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "warmup"})})
     broker.ensure_topics(warm)
-    produce_backlog(warm, Load(events=50_000, seed=2), now_ms() - 3 * 3_600_000)
+    if not sum(topic_end_offsets(warm).values()):
+        produce_backlog(warm, Load(events=50_000, seed=2), now_ms() - 3 * 3_600_000)
     drain(spark, fresh(warm, "warm"), QUERIES, 50_000)
 
 
 @contextlib.contextmanager
-def stack(config: Config, keep_data: bool = False, app_name: str = "eventide-bench") -> Iterator[Any]:
-    """A broker and a store server of the bench's own (``config``'s ports and data dir) and the job's Spark session,
-    warmed up (:func:`warm_up`); yields the session. Afterwards the broker is stopped and the data dir removed
-    (a 1M-event run leaves ~2 GB of checkpoints, accepted-events files and store behind) unless ``keep_data``."""
+def services(config: Config, keep_data: bool = False) -> Iterator[None]:
+    """A broker and a store server of the bench's own (``config``'s ports and data dir). Afterwards the broker is
+    stopped and the data dir removed (a 1M-event run leaves ~2 GB of checkpoints, accepted-events files and store
+    behind) unless ``keep_data``."""
     broker.start(config)
     try:
         with served_store(config):   # the store the job writes to: its own, on a free port
-            from analytics.job import spark_session
-
-            spark = spark_session(config, app_name=app_name)
-            warm_up(spark, config)
-            yield spark
-            spark.stop()
+            yield
     finally:
         broker.stop(config)
         if not keep_data:
             shutil.rmtree(config.data_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def session(config: Config, app_name: str = "eventide-bench") -> Iterator[Any]:
+    """The job's Spark session on ``stream.master``, warmed up (:func:`warm_up`), stopped afterwards. Sessions one
+    after the other share the JVM (PySpark starts one per process), so its JIT's compiled code too; each is a new
+    Spark context (its own master, task slots, executor)."""
+    from analytics.job import spark_session
+
+    spark = spark_session(config, app_name=app_name)
+    try:
+        warm_up(spark, config)
+        yield spark
+    finally:
+        spark.stop()
+
+
+@contextlib.contextmanager
+def stack(config: Config, keep_data: bool = False, app_name: str = "eventide-bench") -> Iterator[Any]:
+    """:func:`services` and a warmed :func:`session`; yields the session."""
+    with services(config, keep_data), session(config, app_name) as spark:
+        yield spark
 
 
 # The load ------------------------------------------------------------------------------------------------------
@@ -199,70 +219,205 @@ def cpu_seconds() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-class CompilerThreadsCpu:
-    """CPU of the Spark JVM's JIT compiler threads (HotSpot names them ``C1/C2 CompilerThreadN``) from creation on.
+# Threads of the Spark JVM by part, by their names (/proc/<pid>/task/<tid>/comm keeps the first 15 characters).
+# Local mode runs the driver and the executor in one JVM; what runs where on a cluster is told apart by name.
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")
+GC_THREADS = ("GC Thread", "ParGC Thread", "G1 ", "VM Thread")   # collections serve both sides
+EXECUTOR_THREADS = ("Executor task l",     # Spark's task threads: "Executor task launch worker for task ..."
+                    "rocksdb:", "state-store-mai", "kafka-fetched-d", "executor-heartb", "executor-kill-m",
+                    "stateConnection")      # the state server a task runs for its Python stateful processor
+
+
+def _thread_part(name: str) -> str:
+    if name.startswith(JIT_THREADS):
+        return "jit"
+    if name.startswith(GC_THREADS):
+        return "gc"
+    if name.startswith(EXECUTOR_THREADS):
+        return "executor"
+    return "driver_jvm"
+
+
+def _stat(path: Path) -> tuple[str, int, float] | None:
+    """(name, parent pid, user + system CPU seconds) of a process or thread; None once it has ended."""
+    try:
+        stat = (path / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (stat[stat.index("(") + 1:stat.rindex(")")], int(fields[1]),
+            (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+
+
+def _peak_rss_mb(pid: int | str) -> float | None:
+    """A process's peak resident memory (VmHWM) in MB, since its start or its last :func:`_reset_peak_rss`."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    return None if kib is None else round(kib / 1024, 1)
+
+
+def _reset_peak_rss(pid: int | str) -> bool:
+    """Restart a process's VmHWM from its current RSS (Linux >= 4.0), so a peak is one drain's."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class JvmCpu:
+    """CPU of the Spark JVM's threads by part (the JIT's compiler threads, the collector, the executor's task
+    threads, the driver's), and of Spark's Python workers (processes under the JVM, counted as the executor's),
+    from creation to :meth:`stop`.
 
     Spark generates and loads new classes for every query it plans, and HotSpot compiles their hot methods (and
     Spark's own) while the job runs: in a drain of a few hundred thousand events that is a visible share of the
     machine's CPU. HotSpot starts extra compiler threads as its queues grow and ends them once idle, and a thread's
-    time leaves ``/proc`` with it, so two readings (before and after a drain) miss most of it: the threads are read
-    every ``POLL_S`` meanwhile, each one's CPU counted from its first reading (0 for a thread started since)."""
+    time leaves ``/proc`` with it, so two readings (before and after a drain) miss most of it: the compiler threads
+    are read every ``POLL_S`` meanwhile, each one's CPU counted from its first reading (0 for a thread started
+    since). The other threads and the Python workers live long (pooled, reused), so they are read every
+    ``ALL_EVERY`` polls: reading all ~300 of the JVM's threads takes ~6 ms, CPU and GIL taken from the job's driver.
+    A worker or thread that ends between two readings loses what it spent since the last one. The poller's own
+    CPU (it runs in the driver's Python process) is kept in ``own_cpu_s``."""
 
     POLL_S = 0.1
+    ALL_EVERY = 10
 
     def __init__(self, spark: Any) -> None:
-        self._tasks = Path(f"/proc/{spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}/task")
-        self._compiler: dict[str, bool] = {}   # thread id -> is a compiler thread (its name, read once)
-        self._start = self._read()
+        self.pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+        self._tasks = Path(f"/proc/{self.pid}/task")
+        self._thread: dict[str, tuple[str, str]] = {}   # thread id -> (part, name with digits as N), read once
+        self._workers: dict[str, bool] = {str(self.pid): False}   # pid -> runs under the JVM
+        self._start = {**self._read_threads(every=True), **self._read_workers()}
         self._last = dict(self._start)
+        self.own_cpu_s = 0.0
         self._stopped = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="jit-cpu", daemon=True)
+        self._poller = threading.Thread(target=self._poll, name="jvm-cpu", daemon=True)
         self._poller.start()
 
-    def _read(self) -> dict[str, float]:
-        """CPU seconds of each compiler thread alive now. Only their ``stat`` files are read, each other thread's
-        once: reading all ~300 of the JVM's took ~6 ms a poll, CPU and GIL taken from the job's driver."""
+    def _read_threads(self, every: bool) -> dict[str, float]:
+        """CPU seconds of each JVM thread alive now (``every``: else the compiler threads only, whose part is
+        known once a thread was seen)."""
         cpu = {}
         for tid in os.listdir(self._tasks):
-            if self._compiler.get(tid) is False:
+            known = self._thread.get(tid)
+            if not every and (known is None or known[0] != "jit"):
                 continue
-            try:
-                stat = (self._tasks / tid / "stat").read_text()
-            except OSError:   # the thread ended meanwhile
+            stat = _stat(self._tasks / tid)
+            if stat is None:   # the thread ended meanwhile
                 continue
-            if tid not in self._compiler:
-                name = stat[stat.index("(") + 1:stat.rindex(")")]
-                self._compiler[tid] = name.startswith(("C1 CompilerThre", "C2 CompilerThre"))
-                if not self._compiler[tid]:
-                    continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            cpu[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+            if known is None:
+                self._thread[tid] = (_thread_part(stat[0]), "".join("N" if c.isdigit() else c for c in stat[0]))
+            cpu[tid] = stat[2]
+        return cpu
+
+    def _under_jvm(self, pid: str) -> bool:
+        """Whether a process descends from the JVM (Spark's Python daemon and the workers it forks); decided once
+        per process, from its parents'."""
+        if pid in self._workers:   # the JVM itself is there, as not under itself
+            return self._workers[pid]
+        jvm, chain = str(self.pid), []
+        while pid not in self._workers:
+            stat = _stat(Path(f"/proc/{pid}"))
+            if stat is None or stat[1] <= 1:
+                self._workers.update(dict.fromkeys([*chain, pid], False))
+                return False
+            chain.append(pid)
+            pid = str(stat[1])
+        under = pid == jvm or self._workers[pid]
+        self._workers.update(dict.fromkeys(chain, under))
+        return under
+
+    def _read_workers(self) -> dict[str, float]:
+        cpu = {}
+        for pid in os.listdir("/proc"):
+            if pid.isdigit() and self._under_jvm(pid):
+                stat = _stat(Path(f"/proc/{pid}"))
+                if stat is not None:
+                    cpu[f"p{pid}"] = stat[2]
         return cpu
 
     def _poll(self) -> None:
+        polls = 0
         while not self._stopped.wait(self.POLL_S):
-            self._last.update(self._read())
+            polls += 1
+            every = polls % self.ALL_EVERY == 0
+            self._last.update(self._read_threads(every))
+            if every:
+                self._last.update(self._read_workers())
+        self.own_cpu_s = time.thread_time()
 
-    def stop(self) -> float:
-        """Stop reading; the compiler threads' CPU since creation, in seconds."""
+    def stop(self) -> dict[str, Any]:
+        """Stop reading; CPU seconds since creation by part (``jit``, ``gc``, ``executor``, ``python_workers``,
+        ``driver_jvm``) and the driver-side JVM threads' by name (``driver_jvm_threads``)."""
         self._stopped.set()
         self._poller.join()
-        self._last.update(self._read())
-        return sum(cpu - self._start.get(tid, 0.0) for tid, cpu in self._last.items())
+        self._last.update({**self._read_threads(every=True), **self._read_workers()})
+        parts: dict[str, float] = dict.fromkeys(("jit", "gc", "executor", "python_workers", "driver_jvm"), 0.0)
+        names: dict[str, float] = defaultdict(float)
+        for key, cpu in self._last.items():
+            spent = cpu - self._start.get(key, 0.0)
+            if key.startswith("p"):
+                parts["python_workers"] += spent
+                continue
+            part, name = self._thread[key]
+            parts[part] += spent
+            if part == "driver_jvm":
+                names[name] += spent
+        return {**parts, "driver_jvm_threads": dict(names)}
 
 
 class Spent:
-    """Wall time, the machine's CPU and the JVM's JIT CPU from its creation to :meth:`per` (one drain)."""
+    """Wall time, the machine's CPU and its parts (the JVM's threads by part, Spark's Python workers, the driver's
+    Python process) and the drivers' peak memory, from its creation to :meth:`per` (one drain)."""
 
     def __init__(self, spark: Any) -> None:
-        self._jit, self._cpu, self._t = CompilerThreadsCpu(spark), cpu_seconds(), time.perf_counter()
+        self._jvm = JvmCpu(spark)
+        self._peaks_reset = _reset_peak_rss("self") and _reset_peak_rss(self._jvm.pid)
+        self._python = resource.getrusage(resource.RUSAGE_SELF)
+        self._cpu, self._t = cpu_seconds(), time.perf_counter()
 
     def per(self, events: int) -> dict[str, Any]:
         """What was spent so far, and the rates for ``events`` events."""
         seconds, cpu = time.perf_counter() - self._t, cpu_seconds() - self._cpu
-        jit = self._jit.stop()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        jvm = self._jvm.stop()
+        python = (usage.ru_utime + usage.ru_stime - self._python.ru_utime - self._python.ru_stime
+                  - self._jvm.own_cpu_s)
         return {"seconds": round(seconds, 2), "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
-                "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jit, 1)}
+                "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jvm["jit"], 1),
+                "driver": driver_figures(python, jvm, cpu, events, self._jvm.own_cpu_s,
+                                         _peak_rss_mb("self"), _peak_rss_mb(self._jvm.pid), self._peaks_reset)}
+
+
+def driver_figures(python: float, jvm: dict[str, Any], machine: float, events: int, measuring: float,
+                   python_peak_mb: float | None, jvm_peak_mb: float | None, peaks_reset: bool) -> dict[str, Any]:
+    """The driver's CPU per event (its Python process + the JVM's driver-side threads) beside the executor's (task
+    threads, their helpers, Python workers), the JIT's and the collector's, which local mode shares; the ceiling
+    the driver sets, ``1 / driver CPU per event``; and the two processes' peak RSS during the drain."""
+
+    def us(seconds: float) -> float:
+        return round(seconds * 1e6 / events, 2)
+
+    driver = python + jvm["driver_jvm"]
+    attributed = driver + jvm["executor"] + jvm["python_workers"] + jvm["jit"] + jvm["gc"] + measuring
+    top = sorted(jvm["driver_jvm_threads"].items(), key=lambda kv: -kv[1])[:8]
+    return {"driver_us_per_event": us(driver),
+            "driver_ceiling_events_per_s": round(events / driver) if driver > 0 else None,
+            "driver_python_us_per_event": us(python), "driver_jvm_us_per_event": us(jvm["driver_jvm"]),
+            "executor_us_per_event": us(jvm["executor"] + jvm["python_workers"]),
+            "executor_threads_us_per_event": us(jvm["executor"]),
+            "python_workers_us_per_event": us(jvm["python_workers"]),
+            "jit_us_per_event": us(jvm["jit"]), "gc_us_per_event": us(jvm["gc"]),
+            # the broker, the store server, and whatever else the machine ran
+            "rest_of_machine_us_per_event": us(machine - attributed),
+            "measuring_cpu_s": round(measuring, 2),
+            "driver_jvm_threads_us_per_event": {name: us(cpu) for name, cpu in top},
+            "driver_python_peak_rss_mb": python_peak_mb, "jvm_peak_rss_mb": jvm_peak_mb,
+            "peak_rss_of": "the drain" if peaks_reset else "the process"}
 
 
 def stage_breakdown(queries: list[Any]) -> dict[str, Any]:
@@ -325,7 +480,16 @@ def drain(spark: Any, config: Config, only: tuple[str, ...], events: int) -> dic
     sinks.sink_seconds.clear()
     spent = Spent(spark)
     queries = run_until_idle(spark, config, only)
-    return {"queries": list(only), **spent.per(events), "stages": stage_breakdown(queries)}
+    return {"queries": list(only), **_with_settings(spent.per(events), spark, config),
+            "stages": stage_breakdown(queries)}
+
+
+def _with_settings(measured: dict[str, Any], spark: Any, config: Config) -> dict[str, Any]:
+    """A drain's figures with what the driver's share depends on: the master, the batch cap (the dedup horizon's
+    ids are in :func:`stored_summary`)."""
+    measured["driver"].update(master=spark.sparkContext.master,
+                              max_offsets_per_trigger=config.stream.max_offsets_per_trigger)
+    return measured
 
 
 def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
@@ -360,7 +524,7 @@ def drain_live(spark: Any, config: Config, events: int) -> dict[str, Any]:
                       or q.status["message"] == "Waiting for data to arrive"
                       for q in queries if q.name in read_last):
             time.sleep(0.05)
-        measured = spent.per(events)
+        measured = _with_settings(spent.per(events), spark, config)
     finally:
         for query in queries:
             query.stop()

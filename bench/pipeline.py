@@ -20,12 +20,20 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 - ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
   trigger; per event, (end of the windows-query batch that stored it − its Kafka receive time), p50 / p95 / max.
 
+Every drain also reports ``driver``: CPU per event of the driver (its Python process, this one, and the JVM's
+driver-side threads) apart from the executor's (task threads, Python workers), the JIT's and the collector's, which
+local mode runs in the same JVM; the ceiling the driver sets (``1 / driver CPU per event``); the peak RSS of the
+driver's Python process and of the JVM during the drain (issue 40). ``--masters local[1],local[2]`` runs the phases
+once per master, each in a new Spark session (the JVM is the same: its JIT is warm for the later ones), under
+``by_master``, and each master's throughput over the first's under ``amdahl`` (2.0: all of it spreads over task slots).
+
 Prints one JSON summary (and writes it to ``--out``). Each drain is timed from its first batch to its last
 (Spark's JVM and the connector are warmed up on a separate topic first); CPU is the machine's busy time (run it
 on an otherwise idle machine). The stack, the load and the drains are ``bench.harness``'s.
 
     .venv/bin/python -m bench.pipeline --events 500000
     .venv/bin/python -m bench.pipeline --events 200000 --phases limit,full --freshness-s 600 --rate 20000
+    .venv/bin/python -m bench.pipeline --events 500000 --phases full,warm --masters 'local[1],local[2]'
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,6 +65,8 @@ from bench.harness import (
     live_load,
     produce_backlog,
     report,
+    services,
+    session,
     spark_count_only,
     stack,
     stage_breakdown,
@@ -173,6 +184,88 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             "cpu_share_of_2_cores": round(cpu / seconds / 2, 2), "stages": stages}
 
 
+def load(config: Config, events: int, summary: dict[str, Any]) -> int:
+    """The backlog every phase drains, produced once onto the events topic; its counts in ``summary["load"]``.
+    Returns the records produced (events and their copies)."""
+    broker.ensure_topics(config)
+    t = time.perf_counter()
+    summary["load"] = produce_backlog(config, Load(events=events), now_ms() - 2 * 3_600_000)
+    produced = sum(summary["load"].values())
+    summary["load"]["produce_events_per_s"] = round(events / (time.perf_counter() - t))
+    report("load", summary["load"])
+    return produced
+
+
+def run_phases(spark: Any, config: Config, phases: set[str], events: int, total_records: int,
+               label: str = "") -> dict[str, Any]:
+    """Each phase of ``phases`` in this session over the backlog (``events`` events, ``total_records`` records with
+    the copies), and the shares derived from them; ``label`` prefixes the progress lines."""
+    summary: dict[str, Any] = {}
+    tag = f"{label} " if label else ""
+    if "limit" in phases:
+        summary["limit"] = report(f"{tag}limit", spark_count_only(spark, fresh(config, "limit"), events))
+    if "full" in phases:
+        cfg = fresh(config, "full")
+        summary["full"] = drain(spark, cfg, QUERIES, events)
+        summary["full"]["stored"] = stored_summary(cfg)
+        report(f"{tag}full", summary["full"])
+    if "warm" in phases:    # the same again, once HotSpot has compiled the job's code
+        if "full" not in summary:
+            drain(spark, fresh(config, "warming"), QUERIES, events)
+        cfg = fresh(config, "warm")
+        summary["full_warm"] = drain(spark, cfg, QUERIES, events)
+        summary["full_warm"]["stored"] = stored_summary(cfg)
+        report(f"{tag}full_warm", summary["full_warm"])
+    if "live" in phases:    # the same, as the live job runs: all three queries at once
+        cfg = fresh(config, "live_drain")
+        summary["full_live"] = drain_live(spark, cfg, events)
+        summary["full_live"]["stored"] = stored_summary(cfg)
+        report(f"{tag}full_live", summary["full_live"])
+    if "nodedup" in phases:   # the cost of deduplication: the full job with it turned off
+        cfg = fresh(config, "nodedup", deduplicate=False)
+        summary["full_without_dedup"] = report(f"{tag}full_without_dedup", drain(spark, cfg, QUERIES, events))
+    if "queries" in phases:
+        summary["per_query"] = {q: report(f"{tag}{q}", drain_alone(spark, fresh(config, q), q, events))
+                                for q in QUERIES}
+    if "peer" in phases:
+        summary["peer_quix"] = report(f"{tag}peer_quix", quix_peer(config, total_records))
+        # The peer parses and aggregates: ours validates and deduplicates (accept), then aggregates.
+        cfg = fresh(config, "ours_peer", tumbling_windows_s=[1], hopping_windows=[])
+        summary["ours_peer"] = report(f"{tag}ours_peer", drain(spark, cfg, (ACCEPT_QUERY, "windows"), events))
+    for drained, share in (("full", "full_share_of_limit"), ("full_warm", "full_warm_share_of_limit"),
+                           ("full_live", "full_live_share_of_limit")):
+        if "limit" in summary and drained in summary:
+            summary[share] = round(summary[drained]["events_per_s"] / summary["limit"]["events_per_s"], 3)
+    if "peer_quix" in summary and "ours_peer" in summary:
+        summary["ours_over_quix"] = round(summary["ours_peer"]["events_per_s"]
+                                          / summary["peer_quix"]["events_per_s"], 2)
+    return summary
+
+
+def amdahl(by_master: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each master's throughput over the first's, per drain (e.g. ``local[2]/local[1]``), from the mean of its runs
+    (a master named again, ``local[1] #2``, is a repetition: alternated, they even out a machine whose load moves).
+    2.0 would be a job that spreads entirely over twice the task slots; what stays at 1 is the serial part."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, result in by_master.items():
+        runs.setdefault(name.split(" #")[0], []).append(result)
+
+    def mean_rate(master: str, drained: str) -> float | None:
+        rates = [run[drained]["events_per_s"] for run in runs[master] if drained in run]
+        return sum(rates) / len(rates) if rates else None
+
+    first, *others = runs
+    out: dict[str, Any] = {}
+    for other in others:
+        ratios = {}
+        for drained in ("limit", "full", "full_warm", "full_live"):
+            base, rate = mean_rate(first, drained), mean_rate(other, drained)
+            if base and rate:
+                ratios[drained] = round(rate / base, 3)
+        out[f"{other}/{first}"] = {**ratios, "runs": {first: len(runs[first]), other: len(runs[other])}}
+    return out
+
+
 # Main ----------------------------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,6 +275,10 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=20_000, help="live-load events/s")
     parser.add_argument("--stream", action="append", default=[], metavar="FIELD=JSON",
                         help="override a [stream] setting for every phase, e.g. --stream driver_memory='\"4g\"'")
+    parser.add_argument("--masters", default="",
+                        help="comma-separated Spark masters, e.g. 'local[1],local[2]': the phases run once per master "
+                             "(a master named again runs again), each in a session of its own; results under "
+                             "by_master, throughput ratios under amdahl")
     parser.add_argument("--out", type=Path, help="also write the JSON summary here")
     parser.add_argument("--keep-data", action="store_true",
                         help="keep the run's data directory (checkpoints, accepted-events files, store)")
@@ -195,61 +292,29 @@ def main() -> None:
     config = bench_config(stream=dict((k, json.loads(v)) for k, v in (o.split("=", 1) for o in args.stream)))
     summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "events": args.events, "cores": os.cpu_count(),
                                "stream_overrides": args.stream}
-    with stack(config, keep_data=args.keep_data) as spark:
-        broker.ensure_topics(config)
-        t = time.perf_counter()
-        summary["load"] = produce_backlog(config, Load(events=args.events), now_ms() - 2 * 3_600_000)
-        total_records = sum(summary["load"].values())
-        summary["load"]["produce_events_per_s"] = round(args.events / (time.perf_counter() - t))
-        report("load", summary["load"])
-        if "limit" in phases:
-            summary["limit"] = report("limit", spark_count_only(spark, fresh(config, "limit"), args.events))
-        if "full" in phases:
-            cfg = fresh(config, "full")
-            summary["full"] = drain(spark, cfg, QUERIES, args.events)
-            summary["full"]["stored"] = stored_summary(cfg)
-            report("full", summary["full"])
-        if "warm" in phases:    # the same again, once HotSpot has compiled the job's code
-            if "full" not in summary:
-                drain(spark, fresh(config, "warming"), QUERIES, args.events)
-            cfg = fresh(config, "warm")
-            summary["full_warm"] = drain(spark, cfg, QUERIES, args.events)
-            summary["full_warm"]["stored"] = stored_summary(cfg)
-            report("full_warm", summary["full_warm"])
-        if "live" in phases:    # the same, as the live job runs: all three queries at once
-            cfg = fresh(config, "live_drain")
-            summary["full_live"] = drain_live(spark, cfg, args.events)
-            summary["full_live"]["stored"] = stored_summary(cfg)
-            report("full_live", summary["full_live"])
-        if "nodedup" in phases:   # the cost of deduplication: the full job with it turned off
-            cfg = fresh(config, "nodedup", deduplicate=False)
-            summary["full_without_dedup"] = report("full_without_dedup",
-                                               drain(spark, cfg, QUERIES, args.events))
-        if "queries" in phases:
-            summary["per_query"] = {q: report(q, drain_alone(spark, fresh(config, q), q, args.events))
-                                for q in QUERIES}
-        if "peer" in phases:
-            summary["peer_quix"] = report("peer_quix", quix_peer(config, total_records))
-            # The peer parses and aggregates: ours validates and deduplicates (accept), then aggregates.
-            cfg = fresh(config, "ours_peer", tumbling_windows_s=[1], hopping_windows=[])
-            summary["ours_peer"] = report("ours_peer",
-                                      drain(spark, cfg, (ACCEPT_QUERY, "windows"), args.events))
-        if "limit" in summary and "full" in summary:
-            summary["full_share_of_limit"] = round(
-                summary["full"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
-        if "limit" in summary and "full_warm" in summary:
-            summary["full_warm_share_of_limit"] = round(
-                summary["full_warm"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
-        if "limit" in summary and "full_live" in summary:
-            summary["full_live_share_of_limit"] = round(
-                summary["full_live"]["events_per_s"] / summary["limit"]["events_per_s"], 3)
-        if "peer_quix" in summary and "ours_peer" in summary:
-            summary["ours_over_quix"] = round(summary["ours_peer"]["events_per_s"]
-                                              / summary["peer_quix"]["events_per_s"], 2)
-        if args.freshness_s:
-            live = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "live"})})
-            broker.ensure_topics(live)
-            summary["freshness"] = freshness(spark, fresh(live, "live"), args.rate, args.freshness_s)
+    masters = [m.strip() for m in re.split(r",(?![^\[]*\])", args.masters) if m.strip()]   # local[2,3] is one
+    if masters and args.freshness_s:
+        parser.error("--masters and --freshness-s: one at a time")
+    if not masters:
+        with stack(config, keep_data=args.keep_data) as spark:
+            produced = load(config, args.events, summary)
+            summary.update(run_phases(spark, config, phases, args.events, produced))
+            if args.freshness_s:
+                live = config.model_copy(update={"kafka": config.kafka.model_copy(update={"events_topic": "live"})})
+                broker.ensure_topics(live)
+                summary["freshness"] = freshness(spark, fresh(live, "live"), args.rate, args.freshness_s)
+    else:
+        with services(config, keep_data=args.keep_data):
+            produced = load(config, args.events, summary)
+            summary["by_master"] = {}
+            for n, master in enumerate(masters):
+                repeat = masters[:n].count(master)
+                name = f"{master} #{repeat + 1}" if repeat else master
+                own = config.model_copy(update={"stream": config.stream.model_validate(
+                    {**config.stream.model_dump(), "master": master})})
+                with session(own) as spark:
+                    summary["by_master"][name] = run_phases(spark, own, phases, args.events, produced, name)
+        summary["amdahl"] = amdahl(summary["by_master"])
     emit(summary, args.out)
 
 
