@@ -65,7 +65,7 @@ def assign_windows(specs: list[WindowSpec], event_ms: np.ndarray) -> pa.Table:
 
     The late pass of the ``windows`` query needs the windows of a few late events per micro-batch; a Spark job for
     them costs more than the whole computation here. Spark floors ``t / H`` in double precision, numpy floors in
-    integers: the same window for any epoch-ms time (tests/test_window_assignment.py checks both agree).
+    integers: the same window for any epoch-ms time (tests/integration/test_window_assignment.py checks both agree).
     """
     t = np.asarray(event_ms, dtype=np.int64)
     windows = [(spec, k) for spec in specs for k in range(spec.length_s // spec.hop_s)]

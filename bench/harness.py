@@ -249,13 +249,14 @@ def _stat(path: Path) -> tuple[str, int, float] | None:
             (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
 
 
-def _peak_rss_mb(pid: int | str) -> float | None:
-    """A process's peak resident memory (VmHWM) in MB, since its start or its last :func:`_reset_peak_rss`."""
+def _rss_mb(pid: int | str, field: str = "VmHWM") -> float | None:
+    """A process's peak resident memory (``VmHWM``, since its start or its last :func:`_reset_peak_rss`) or its
+    current one (``VmRSS``), in MB."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
-    kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith(f"{field}:")), None)
     return None if kib is None else round(kib / 1024, 1)
 
 
@@ -299,12 +300,12 @@ class JvmCpu:
         self._poller.start()
 
     def _read_threads(self, every: bool) -> dict[str, float]:
-        """CPU seconds of each JVM thread alive now (``every``: else the compiler threads only, whose part is
-        known once a thread was seen)."""
+        """CPU seconds of each JVM thread alive now (``every``: else the compiler threads and threads not seen yet,
+        each one's name read once: a compiler thread may live less than a second)."""
         cpu = {}
         for tid in os.listdir(self._tasks):
             known = self._thread.get(tid)
-            if not every and (known is None or known[0] != "jit"):
+            if not every and known is not None and known[0] != "jit":
                 continue
             stat = _stat(self._tasks / tid)
             if stat is None:   # the thread ended meanwhile
@@ -377,6 +378,9 @@ class Spent:
     def __init__(self, spark: Any) -> None:
         self._jvm = JvmCpu(spark)
         self._peaks_reset = _reset_peak_rss("self") and _reset_peak_rss(self._jvm.pid)
+        # the peaks include what the processes held before (earlier drains' leftovers in a long bench)
+        self._rss_start = {"driver_python_rss_start_mb": _rss_mb("self", "VmRSS"),
+                           "jvm_rss_start_mb": _rss_mb(self._jvm.pid, "VmRSS")}
         self._python = resource.getrusage(resource.RUSAGE_SELF)
         self._cpu, self._t = cpu_seconds(), time.perf_counter()
 
@@ -389,8 +393,9 @@ class Spent:
                   - self._jvm.own_cpu_s)
         return {"seconds": round(seconds, 2), "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
                 "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jvm["jit"], 1),
-                "driver": driver_figures(python, jvm, cpu, events, self._jvm.own_cpu_s,
-                                         _peak_rss_mb("self"), _peak_rss_mb(self._jvm.pid), self._peaks_reset)}
+                "driver": {**driver_figures(python, jvm, cpu, events, self._jvm.own_cpu_s,
+                                            _rss_mb("self"), _rss_mb(self._jvm.pid), self._peaks_reset),
+                           **self._rss_start}}
 
 
 def driver_figures(python: float, jvm: dict[str, Any], machine: float, events: int, measuring: float,

@@ -243,27 +243,30 @@ def run_phases(spark: Any, config: Config, phases: set[str], events: int, total_
 
 
 def amdahl(by_master: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Each master's throughput over the first's, per drain (e.g. ``local[2]/local[1]``), from the mean of its runs
-    (a master named again, ``local[1] #2``, is a repetition: alternated, they even out a machine whose load moves).
-    2.0 would be a job that spreads entirely over twice the task slots; what stays at 1 is the serial part."""
+    """Each master's throughput over the first's, per drain (e.g. ``local[2]/local[1]``): from the mean of its runs,
+    and round by round (a master named again, ``local[1] #2``, is a repetition). 2.0 would be a job that spreads
+    entirely over twice the task slots; what stays at 1 is the serial part. The sessions share one JVM, so the
+    first master's first run is in the youngest JIT: alternated rounds show that and even out a moving load."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for name, result in by_master.items():
         runs.setdefault(name.split(" #")[0], []).append(result)
+    drains = ("limit", "full", "full_warm", "full_live")
 
-    def mean_rate(master: str, drained: str) -> float | None:
-        rates = [run[drained]["events_per_s"] for run in runs[master] if drained in run]
-        return sum(rates) / len(rates) if rates else None
+    def ratios(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, float]:
+        out = {}
+        for drained in drains:
+            a = [run[drained]["events_per_s"] for run in base if drained in run]
+            b = [run[drained]["events_per_s"] for run in other if drained in run]
+            if a and b:
+                out[drained] = round(sum(b) / len(b) / (sum(a) / len(a)), 3)
+        return out
 
     first, *others = runs
-    out: dict[str, Any] = {}
-    for other in others:
-        ratios = {}
-        for drained in ("limit", "full", "full_warm", "full_live"):
-            base, rate = mean_rate(first, drained), mean_rate(other, drained)
-            if base and rate:
-                ratios[drained] = round(rate / base, 3)
-        out[f"{other}/{first}"] = {**ratios, "runs": {first: len(runs[first]), other: len(runs[other])}}
-    return out
+    return {f"{other}/{first}": {**ratios(runs[first], runs[other]),
+                                 "by_round": [ratios([a], [b])   # unequal counts: the rounds both ran
+                                              for a, b in zip(runs[first], runs[other], strict=False)],
+                                 "runs": {first: len(runs[first]), other: len(runs[other])}}
+            for other in others}
 
 
 # Main ----------------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ ORDER BY name
 
 # Every table of sql/ with its retention family (a ``RetentionConfig`` field, ``<family>_days``) and the time
 # column its TTL counts from: the table's partition key where it has one (whole parts then expire together).
-# tests/test_retention.py fails for a table of sql/ missing here.
+# tests/integration/test_retention.py fails for a table of sql/ missing here.
 TTL_TABLES: dict[str, tuple[str, str]] = {
     "window_aggregates": ("window_results", "window_start"),
     "corrections": ("window_results", "window_start"),

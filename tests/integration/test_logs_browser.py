@@ -1,4 +1,4 @@
-"""Finding a log line, in a real headless Chromium against ``streamlit run`` (as tests/test_dashboard_browser.py):
+"""Finding a log line, in a real headless Chromium against ``streamlit run`` (as test_dashboard_browser.py):
 a search typed on the Logs page lists exactly the matching lines, and the drill-downs (a firing ``error_ratio``
 alert's link on the Alerts page, a click on the Overview's error chart) open the Logs page with that app, level and
 window applied. The store is populated through the SQL layer: the dashboard fixture's windows and alerts, and lines

@@ -35,8 +35,6 @@ from tests.support import dashboard_data as data
 from tests.support.stack import REPO, own_database
 from tests.support.window_rows import SECOND, Event, window_row
 
-pytestmark = pytest.mark.integration
-
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
