@@ -1049,15 +1049,6 @@ def _optimize(config: Config, database: str) -> float:
     return time.perf_counter() - t
 
 
-def _with_codecs(ddl: str) -> str:
-    for column in ("corrected_event_time", "event_time", "received_time", "device", "user", "message", "tags",
-                   "event_id"):
-        ddl, n = re.subn(rf"^(\s+{column}\s+.+?),$", r"\1 CODEC(ZSTD(1)),", ddl, count=1, flags=re.MULTILINE)
-        if n != 1:
-            raise ValueError(f"sql/0013_logs.sql: no column {column} to give a codec")
-    return ddl
-
-
 def _hourly(ddl: str) -> str:
     key = "ORDER BY (app, level, corrected_event_time)"
     if key not in ddl:
@@ -1066,9 +1057,6 @@ def _hourly(ddl: str) -> str:
 
 
 LOG_VARIANTS: dict[str, tuple[str, Callable[[str], str]]] = {
-    # A server compresses with LZ4 unless told otherwise; ClickHouse's OpenTelemetry exporter declares ZSTD(1)
-    # (with Delta before it on times, measured no smaller here).
-    "codecs": ("CODEC(ZSTD(1)) on the times, device, user, message, tags and event_id", _with_codecs),
     # The hour first: a range without app or level reads whole hours' (app, level) runs, not every run's edges.
     "hourly": ("ORDER BY (toStartOfHour(corrected_event_time), app, level, corrected_event_time)", _hourly),
 }

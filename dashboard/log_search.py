@@ -228,11 +228,15 @@ def _search_slice(client: Client, query: LogQuery, limit: int) -> pd.DataFrame:
     return pd.DataFrame(result.result_rows, columns=[*LINE_COLUMNS, "late"])
 
 
-def count_lines(client: Client, query: LogQuery) -> int:
-    """How many lines match ``query``."""
+def count_lines(client: Client, query: LogQuery, cap: int | None = None) -> int:
+    """How many lines match ``query``; with ``cap``, at most ``cap + 1`` (more than ``cap`` lines match).
+
+    The page shows "10,000+" rather than an exact count of a common word over a day: capped, the store stops reading
+    once it has found ``cap + 1`` lines instead of reading every matching granule of the range."""
     where = _where(query)
-    return int(client.query(f"SELECT count() FROM logs WHERE {where.sql}", parameters=where.parameters)
-               .result_rows[0][0])
+    sql = (f"SELECT count() FROM logs WHERE {where.sql}" if cap is None else
+           f"SELECT count() FROM (SELECT 1 FROM logs WHERE {where.sql} LIMIT {int(cap) + 1})")
+    return int(client.query(sql, parameters=where.parameters).result_rows[0][0])
 
 
 def message_patterns(client: Client, query: LogQuery, top: int = 20, max_lines: int | None = None) -> pd.DataFrame:

@@ -472,6 +472,9 @@ class DashboardConfig(_Section):
     """Logs page: the lines a search shows first (newest first), and how many more each "Load more" adds."""
     log_lines_max: int = Field(1_000, ge=1, le=100_000)
     """Logs page: the most lines "Load more" goes to; past it, narrow the search (time, app, level, words)."""
+    log_count_max: int = Field(10_000, ge=1)
+    """Logs page: matching lines are counted up to this many, then shown as "more than N" (an exact count of a
+    common word over a day reads every matching granule; a capped one stops there)."""
     log_pattern_lines: int = Field(250_000, ge=1)
     """Logs page: the patterns view masks at most about this many lines, the newest (one regular expression pass
     each); a busier range shows the patterns of its newest minutes and says since when."""

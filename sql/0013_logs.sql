@@ -17,19 +17,21 @@
 --     granule that cannot hold the word; the search is case-insensitive because the index is on the lowered text.
 --   * Bloom filters on the tag keys and values (`tags['k'] = 'v'` skips granules) and on the event id.
 --   * LowCardinality for the columns with few distinct values (app, level, logger name, tag keys).
+--   * ZSTD(1) on the wide columns, as ClickHouse's own log schemas declare it: a server compresses with LZ4 unless
+--     told otherwise, about twice the bytes per line here, for no faster search (docs/performance.md).
 CREATE TABLE IF NOT EXISTS logs
 (
-    corrected_event_time  DateTime64(3, 'UTC'),   -- event_time + (received_time - sent_time): the windows' time
-    event_time            DateTime64(3, 'UTC'),   -- as the device's clock said
-    received_time         DateTime64(3, 'UTC'),   -- server clock
+    corrected_event_time  DateTime64(3, 'UTC') CODEC(ZSTD(1)),   -- event_time + received - sent: the windows' time
+    event_time            DateTime64(3, 'UTC') CODEC(ZSTD(1)),   -- as the device's clock said
+    received_time         DateTime64(3, 'UTC') CODEC(ZSTD(1)),   -- server clock
     app                   LowCardinality(String),
     level                 LowCardinality(String),
     name                  LowCardinality(String), -- the logger
-    device                String,
-    user                  String,                 -- '' when the event had none
-    message               String,
-    tags                  Map(LowCardinality(String), String),
-    event_id              String,
+    device                String CODEC(ZSTD(1)),
+    user                  String CODEC(ZSTD(1)),                 -- '' when the event had none
+    message               String CODEC(ZSTD(1)),
+    tags                  Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    event_id              String CODEC(ZSTD(1)),
     source_partition      Int32,
     source_offset         Int64,
     INDEX message_tokens lowerUTF8(message) TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 1,

@@ -128,6 +128,7 @@ def _tags(container: Any) -> tuple[tuple[str, str], ...]:
 
 def _lines(config: Any, query: LogQuery) -> None:
     per_page, most = config.dashboard.log_lines_per_page, config.dashboard.log_lines_max
+    counted = max(config.dashboard.log_count_max, most)   # past it the page says "N+": a count stops reading there
     # "Load more" grows the page of this search only: any change of the filters starts again at one page.
     filters = repr((query.apps, query.levels, query.names, query.text, query.tags, st.query_params.get("from"),
                     st.query_params.get("to")))
@@ -135,14 +136,15 @@ def _lines(config: Any, query: LogQuery) -> None:
         st.session_state["logs_filters"], st.session_state["logs_shown"] = filters, per_page
     shown = min(st.session_state.get("logs_shown", per_page), most)
     data = common.fetch(config, lines=lambda c: log_search.search_lines(c, query, shown),
-                        total=lambda c: log_search.count_lines(c, query))
+                        total=lambda c: log_search.count_lines(c, query, cap=counted))
     lines: pd.DataFrame = data["lines"]
     total: int = data["total"]
     if lines.empty:
         st.info("No line matches in this range. Widen the time range, or remove a filter.")
         return
     late = int(lines["late"].sum())
-    st.caption(f"{total:,} lines match · newest {len(lines):,} shown"
+    matching = f"more than {counted:,}" if total > counted else f"{total:,}"
+    st.caption(f"{matching} lines match · newest {len(lines):,} shown"
                + (f" · {late} late (arrived after a window they belonged to had closed)" if late else ""))
     table = pd.DataFrame({
         "time (UTC)": lines["corrected_event_time"], "level": lines["level"], "app": lines["app"],

@@ -114,6 +114,9 @@ def test_count_and_pickers_see_the_range(searched):
     with connect(searched, role="reader") as client:
         assert log_search.count_lines(client, LogQuery(*RANGE, text="refused")) == 4
         assert log_search.count_lines(client, LogQuery(*RANGE)) == 5
+        # Capped: counted up to cap + 1 ("more than cap"), exactly below it.
+        assert log_search.count_lines(client, LogQuery(*RANGE), cap=3) == 4
+        assert log_search.count_lines(client, LogQuery(*RANGE, text="refused"), cap=10) == 4
         assert log_search.distinct_values(client, *RANGE, "app") == ["search", "shop"]
         assert log_search.distinct_values(client, *RANGE, "name") == ["app.db", "app.http", "app.server"]
 
