@@ -221,8 +221,9 @@ def cpu_seconds() -> float:
 
 # Threads of the Spark JVM by part, by their names (/proc/<pid>/task/<tid>/comm keeps the first 15 characters).
 # Local mode runs the driver and the executor in one JVM; what runs where on a cluster is told apart by name.
-JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")
-GC_THREADS = ("GC Thread", "ParGC Thread", "G1 ", "VM Thread")   # collections serve both sides
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")   # as jit_cpu_s always counted
+# the collector and the JVM's own housekeeping (code cache sweeper, periodic tasks): they serve both sides
+GC_THREADS = ("GC Thread", "ParGC Thread", "G1 ", "VM Thread", "VM Periodic Tas", "Sweeper thread", "Service Thread")
 EXECUTOR_THREADS = ("Executor task l",     # Spark's task threads: "Executor task launch worker for task ..."
                     "rocksdb:", "state-store-mai", "kafka-fetched-d", "executor-heartb", "executor-kill-m",
                     "stateConnection")      # the state server a task runs for its Python stateful processor
