@@ -27,11 +27,11 @@ about 7x the log rate of the page bench's 10 log series): a last-hour search the
 lines over the 7-day retention would leave 60k an hour. The history goes in as Arrow blocks of 1M lines; the last
 hour one 5 s micro-batch per insert, as the job writes it, so the newest lines sit in the small parts background
 merges have not caught up with. Each search is timed as written and after ``OPTIMIZE TABLE logs FINAL`` (one part
-per day); ``--log-variants codecs,hourly`` also times copies of the table with explicit codecs, or the hour first in
+per day); ``--log-variants hourly`` also times a copy of the table with the hour first in
 its key. What a call reads comes from the store's ``system.events`` counters around one call and from ``EXPLAIN
 indexes = 1``.
 
-    .venv/bin/python -m bench.dashboard_queries --logs-only --log-lines 10000000 --log-variants codecs,hourly
+    .venv/bin/python -m bench.dashboard_queries --logs-only --log-lines 10000000 --log-variants hourly
 """
 
 from __future__ import annotations
