@@ -18,9 +18,9 @@ from dashboard import log_search
 from eventide.config import Config, load_config
 from store.client import connect
 from store.migrations import apply_migrations
-from tests.integration.test_dashboard_browser import RULES, browser, populate, screenshot, serving, settle, texts
 from tests.integration.test_log_search import log_line
 from tests.support import dashboard_data as data
+from tests.support.browser import RULES, browser, populate, screenshot, serving, settle, texts
 from tests.support.stack import own_database
 
 pytestmark = pytest.mark.integration
