@@ -6,7 +6,6 @@ import json
 import os
 import re
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +20,7 @@ from eventide.config import Config, ConfigError
 from eventide.services import free_port
 from ingest.envelope import log_event, metric_event, now_ms
 from ingest.gateway import create_app
+from tests.support.servers import uvicorn_in_thread
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -137,15 +137,8 @@ def test_malformed_json_is_refused_with_its_position(client: TestClient) -> None
 def test_body_limit_cuts_off_a_chunked_or_lying_client(shared: Config) -> None:
     """A real server: the 413 comes after max_body_bytes were received, not after the whole body."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(shared), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+    with uvicorn_in_thread(uvicorn.Config(create_app(shared), host="127.0.0.1", port=port, log_level="warning",
+                                          lifespan="off"), start_timeout_s=10):
         head = f"POST /v1/events HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {TOKEN}\r\n"
         chunk = b"x" * 5000
         # Chunked, and the final chunk never comes.
@@ -156,9 +149,6 @@ def test_body_limit_cuts_off_a_chunked_or_lying_client(shared: Config) -> None:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
                 sock.sendall(request)
                 assert sock.recv(4096).startswith(b"HTTP/1.1 413")
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_mixed_batch_writes_the_valid_events_once_and_lists_the_others(kafka: Config) -> None:

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -42,6 +41,7 @@ from eventide.config import Config, GatewayToken
 from eventide.services import free_port
 from ingest.envelope import now_ms
 from ingest.gateway import create_app
+from tests.support.servers import uvicorn_in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -98,18 +98,8 @@ def serving(config: Config, seen: list[tuple[str, str, str, int]] | None = None,
             seen.append((request.url.path, request.headers.get("content-type", ""),
                          request.headers.get("content-encoding", ""), response.status_code))
             return response
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline, "gateway did not start"
-        time.sleep(0.02)
-    try:
+    with uvicorn_in_thread(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def events(config: Config) -> list[dict[str, Any]]:

@@ -19,7 +19,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,6 +31,7 @@ from ingest.gateway_batches import parse_batch
 from ingest.gateway_rate_limits import TokenBucket
 from tests.integration.test_gateway import AUTH, NDJSON, TOKEN, committed, gateway_config, metric
 from tests.support.pipeline import assert_connection_over_the_cap_is_closed
+from tests.support.servers import uvicorn_in_thread
 
 LIMIT = 32   # gateway.max_depth's default
 
@@ -258,19 +258,9 @@ def served_gateway(config: Config) -> Iterator[int]:
     ends."""
     port = free_port()
     app = create_app(config)
-    server = uvicorn.Server(server_config(app, config, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline, "gateway did not start"
-        time.sleep(0.02)
-    until_ready(app)
-    try:
+    with uvicorn_in_thread(server_config(app, config, port=port, log_level="warning")):
+        until_ready(app)
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture(scope="module")
