@@ -21,6 +21,7 @@ from eventide.config import Config
 
 log = logging.getLogger(__name__)
 
+
 def count_data_loss(config: Config, checkpoint: Path, writer: sinks.BatchWriter) -> sinks.BatchWriter:
     """``writer`` (the ``accept`` query's), first recording in ``kafka_data_loss`` any offsets of the batch's range
     that Kafka deleted before the batch read them.

@@ -83,5 +83,3 @@ def with_constants(table: pa.Table, **extra: Any) -> pa.Table:
 def renamed(table: pa.Table, names: dict[str, str]) -> pa.Table:
     """``table`` with the columns named in ``names`` renamed."""
     return table.rename_columns([names.get(c, c) for c in table.column_names])
-
-

@@ -1010,7 +1010,6 @@ def run(config: Config, load: Load, data: Path, repeat: int) -> None:
               f"{max(totals):>7.3f}   {detail}")
 
 
-
 def run_logs(config: Config, load: LogLoad, repeat: int, variants: list[str]) -> None:
     """Fill ``logs`` with the load's lines, then time each log search ``repeat`` times: as written, and after the
     table is merged (one part per day, as background merges leave a day's partition). ``variants``: the same lines
@@ -1073,6 +1072,7 @@ def logs_variant_ddl(database: str, variant: str) -> str:
     ddl = "\n".join(line.split("--", 1)[0].rstrip() for line in ddl.splitlines() if not line.startswith("--"))
     ddl = ddl.replace("CREATE TABLE IF NOT EXISTS logs", f"CREATE TABLE {database}.logs")
     return LOG_VARIANTS[variant][1](ddl).rstrip().rstrip(";")
+
 
 if __name__ == "__main__":
     main()

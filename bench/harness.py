@@ -579,7 +579,6 @@ def spark_count_only(spark: Any, config: Config, events: int) -> dict[str, Any]:
             "cpu_us_per_event": round(cpu * 1e6 / max(total[0], 1), 1)}
 
 
-
 def stored_summary(config: Config) -> dict[str, Any]:
     """Rows stored per table, and the largest dedup memory a batch was checked against (ids, bytes on disk)."""
     with connect(config) as ch:
@@ -592,7 +591,6 @@ def stored_summary(config: Config) -> dict[str, Any]:
     stored["dedup_horizon_bytes_per_1m_ids"] = round(size / ids * 1e6) if ids else None
     stored["dedup_memory_bytes_per_1m_ids"] = round(memory / ids * 1e6) if ids else None
     return stored
-
 
 
 # A live load ---------------------------------------------------------------------------------------------------
@@ -626,8 +624,6 @@ def live_load(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
     out.flush(60)
 
 
-
-
 # Output --------------------------------------------------------------------------------------------------------
 def report(phase: str, result: Any) -> Any:
     """Print a phase's result as soon as it is known (stderr), so a long run shows progress."""
@@ -641,5 +637,3 @@ def emit(summary: dict[str, Any], out: Path | None) -> None:
     print(text)
     if out:
         out.write_text(text)
-
-

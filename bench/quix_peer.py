@@ -50,6 +50,7 @@ def main() -> None:
                       auto_offset_reset="earliest", state_dir=args.state_dir, loglevel=logging.WARNING,
                       on_message_processed=on_processed,
                       on_consumer_error=skip, on_processing_error=skip)
+
     def corrected_event_time(value: Any, headers: Any, timestamp: int, kind: Any) -> int:
         """Event time as the job corrects it: event_time + (receive time - sent_time)."""
         try:
@@ -64,6 +65,7 @@ def main() -> None:
     events = events.group_by(lambda e: f"{e['app']}|{e['kind']}|{e['name']}", name="series")
     windows = (events.tumbling_window(duration_ms=1000, grace_ms=args.grace_ms)
                .agg(count=Count(), mean=Mean(column="value")).current())
+
     def count_result(_: Any) -> None:
         read["results"] += 1
         last_result[0] = time.perf_counter()

@@ -22,7 +22,6 @@ from store.client import StoreUnavailable, connect
 T = TypeVar("T")
 
 
-
 def config_or_stop() -> Config:
     try:
         return load_config()

@@ -157,4 +157,3 @@ def prepare_batch(events: Sequence[object], received_time: int, max_record_bytes
         assert isinstance(event, dict) and value is not None  # a valid envelope is an encodable object
         records.append((event["device"].encode(), value))
     return PreparedBatch(records, rejected)
-

@@ -93,4 +93,3 @@ class RequestProblem(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.problem.model_dump(exclude_none=True), self.status, headers=self.headers)
-

@@ -27,11 +27,11 @@ DUPLICATE_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka
                      "device")
 DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
                        "raw_bytes")
-LOG_COLUMNS = ("corrected_event_time", "event_time", "received_time", "app", "level", "name", "device", "user",
-               "message", "tags", "event_id", "source_partition", "source_offset")
+
+
 def accept_writer(config: Config) -> BatchWriter:
     """The ``accept`` query's batch: publish its first copies to the accepted-events log (read by the stateful
-    queries), store its duplicates, its rejected records (also forwarded to the dead-letter topic), each
+    queries), store its log lines, duplicates, rejected records (also forwarded to the dead-letter topic), each
     device's clock offsets and the dedup state.
 
     Every Spark job costs a fixed overhead per micro-batch (at a few thousand events per batch, most of the
@@ -76,8 +76,8 @@ def accept_writer(config: Config) -> BatchWriter:
             with timed(ACCEPT_QUERY, "events_file"):
                 if not replay:
                     info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
-                    # Session runs are marked here, where the whole batch is at hand (analytics.session_runs).
-                    # So are the rows keyed_windows reads, written first (analytics.keyed_rows).
+                    # Session runs are marked here, where the whole batch is at hand (analytics.keyed.runs).
+                    # So are the rows keyed_windows reads, written first (analytics.keyed.rows).
                     published = keyed_rows.row_groups(
                         session_runs.with_runs(accepted, config.stream.session_gap_s * 1000), config)
                     accepted_log.publish(config, published, accepted_log.BatchMeta(
@@ -122,7 +122,7 @@ _COPY_SOURCE = (*_KAFKA_COORDINATES, "id", "app", "device")                     
 
 
 def accept_projection(records: DataFrame, accepted_columns: list[str], limit: int) -> DataFrame:
-    """What ``accept`` brings to the driver per record (``envelope.parse``'s rows): the accepted columns of a valid
+    """What ``accept`` brings to the driver per record (``validation.parse``'s rows): the accepted columns of a valid
     record and, for a log, its message; the Kafka coordinates, reason and raw bytes of a rejected one."""
     rejected_only = F.col("dead_letter_reason").isNotNull()
     return records.select(
@@ -140,7 +140,7 @@ def accept_projection(records: DataFrame, accepted_columns: list[str], limit: in
 
 
 def log_lines(batch: pa.Table, kept: np.ndarray) -> pa.Table:
-    """The ``logs`` rows (``LOG_COLUMNS``) of the batch's first copies (``kept``) that are logs.
+    """The ``logs`` table's rows (sql/0013_logs.sql) of the batch's first copies (``kept``) that are logs.
 
     One block, and nothing in it from the wall clock: a replayed batch (the same first copies, in the same order)
     sends the very same block, which the table's insert deduplication drops (sql/0013_logs.sql)."""

@@ -50,7 +50,7 @@ def _output(n: int, columns: dict[str, Any]) -> pd.DataFrame:
 
 
 class KeyedWindowsLogic:
-    """The sliding and session rules over a :class:`~analytics.keyed_processor.KeyedWindowsProcessor`'s state, in
+    """The sliding and session rules over a :class:`~analytics.keyed.processor.KeyedWindowsProcessor`'s state, in
     Spark's Python workers (created there at the first rows or timer, so that only the workers import it)."""
 
     def __init__(self, handle: StatefulProcessorHandle, sliding_state: ValueState, session_state: ValueState,
@@ -129,7 +129,7 @@ class KeyedWindowsLogic:
             if len(late):
                 yield self._stragglers(key, late, late.t - self.sliding_length_ms, late.t, watermark)
         else:
-            # Each row is a run of a session key's events (analytics.session_runs): its first and last time and
+            # Each row is a run of a session key's events (analytics.keyed.runs): its first and last time and
             # its counts. A dropped run goes out as one row, which the writer expands into its events' stragglers.
             bucket = self._load_sessions()
             registered = self._sessions_due(bucket)

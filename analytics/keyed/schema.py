@@ -18,7 +18,7 @@ OUTPUT_SCHEMA = ", ".join([
     "event_count long", "value_count long", "sum double", "min double", "max double", "metric_count long",
     "log_count long", *[f"{c} long" for c in LEVEL_FIELDS], "run_last_ms long",
 ])
-# A session row stands for a run of its key's events (analytics.session_runs); these input columns carry the run.
+# A session row stands for a run of its key's events (analytics.keyed.runs); these input columns carry the run.
 RUN_LAST, RUN_EVENTS = "run_last_ms", "run_events"
 RUN_LEVELS = tuple(f"run_{level}" for level in LEVEL_COLUMNS)
 DROPPED_RUN = "dropped_run"   # output row: a run of session events dropped whole, expanded by the writer

@@ -28,6 +28,7 @@ SESSION_COLUMNS = (
     "event_count", "metric_count", "log_count", *LEVEL_FIELDS,
 )
 
+
 def keyed_windows_writer(config: Config) -> BatchWriter:
     """Write sliding windows, sessions and their stragglers, each keyed so a replayed batch changes nothing.
 

@@ -137,4 +137,3 @@ def _group_numbers(codes: list[np.ndarray]) -> np.ndarray:
 def publish(config: Config, batch_id: int, events: pa.Table) -> None:
     """Publish the partials of accept batch ``batch_id``'s accepted ``events`` (a no-op when published)."""
     accepted_log.publish_partials(config, batch_id, lambda: partials(events, config))
-

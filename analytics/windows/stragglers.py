@@ -40,6 +40,7 @@ CORRECTION_COLUMNS = (*CORRECTION_KEY, "late_events", "max_lateness_ms")
 EVENT_COLUMNS = (*SERIES, "partition", "offset", "id", "device", "corrected_event_time")
 """The accepted-event columns the late pass reads."""
 
+
 def late_contributions(events: pa.Table, config: Config, info: BatchInfo) -> pa.Table:
     """Every contribution (event, window) of the batch's late ``events`` (corrected time behind the watermark),
     with ``dropped``: True when Spark dropped it (window already closed), False when it corrected an open window.

@@ -99,4 +99,5 @@ def _escape(text: str) -> str:
 def _series_label(rule: AlertRule) -> str:
     return f"{rule.series.app} · {rule.series.kind} · {rule.series.name}" if rule.series else "pipeline"
 
+
 page()

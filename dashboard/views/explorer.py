@@ -94,4 +94,5 @@ def page() -> None:
 
     charts()
 
+
 page()

@@ -22,6 +22,7 @@ from tests.support.stack import own_database
 
 __all__ = ["browser"]   # the shared Chromium fixture
 
+
 @dataclass(frozen=True)
 class PageSpec:
     title: str
@@ -41,6 +42,7 @@ PAGES = {
     "stragglers": PageSpec("Stragglers & clocks", 5),
     "alerts": PageSpec("Alerts", 1, minutes=90),
 }
+
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Iterator[str]:

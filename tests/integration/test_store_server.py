@@ -145,6 +145,7 @@ def test_a_client_that_disconnects_mid_request_changes_nothing(tmp_path: Path) -
                 assert not answer.startswith(b"HTTP/1.1 200"), answer
             # Not a sleep: wait until both requests are over, which shows either as the line the server logs once
             # the handler of a request whose client left has ended, or as a row written.
+
             def gone() -> int:
                 return (tmp_path / "store" / "store.log").read_text().count("went away mid-request")
 

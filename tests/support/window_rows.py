@@ -25,7 +25,6 @@ class Event:
     level: str | None = None
 
 
-
 def window_row(config: Config, series: SeriesKey, start: datetime, length: timedelta, events: list[Event], *,
                kind: str = "tumbling", hop: timedelta | None = None, version: int = 2) -> dict[str, Any]:
     """The row the job would write for this window, sketches included."""
@@ -56,7 +55,6 @@ def window_row(config: Config, series: SeriesKey, start: datetime, length: timed
            for lvl in ("debug", "info", "warning", "error", "critical")},
         "version": version, "written_at": datetime.now(UTC),
     }
-
 
 
 def insert(config: Config, rows: list[dict[str, Any]]) -> None:

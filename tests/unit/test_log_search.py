@@ -13,6 +13,7 @@ from dashboard.log_search import logs_url, mask, parse_tag, parse_text, parse_ti
 
 # Reading a search text ------------------------------------------------------------------------------------------
 
+
 def test_words_are_single_tokens_and_phrases_are_quoted_or_hold_separators():
     assert parse_text('Refused "Connection refused" db-12 TIMEOUT') == (
         ["refused", "timeout"], ["connection refused", "db 12"])
