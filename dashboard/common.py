@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from clickhouse_connect.driver.client import Client
 
+from dashboard.log_search import naive_utc
 from eventide.config import Config, ConfigError, load_config
 from store.client import StoreUnavailable, connect
 
@@ -246,16 +247,12 @@ def time_axis(fig: go.Figure, span: tuple[datetime, datetime], title: str = "UTC
     Without a fixed range Plotly zooms to the data: a few buckets looked like the whole range, and a single one
     gave an axis milliseconds wide. Plotly reads naive datetimes as they are, so both ends are given in UTC.
     """
-    fig.update_xaxes(type="date", range=[_naive_utc(t) for t in span], tickformatstops=NO_SUB_SECOND_TICKS,
+    fig.update_xaxes(type="date", range=[naive_utc(t) for t in span], tickformatstops=NO_SUB_SECOND_TICKS,
                      title_text=title)
     # A line needs two points: a line trace with one gets its marker, or it would not show at all.
     fig.for_each_trace(lambda t: t.update(mode="lines+markers")
                        if t.type == "scatter" and t.mode == "lines" and t.x is not None and len(t.x) < 2 else None)
     return fig
-
-
-def _naive_utc(t: datetime) -> datetime:
-    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t
 
 
 def time_chart(df: pd.DataFrame, y: str, title: str, unit: str, span: tuple[datetime, datetime],

@@ -34,9 +34,6 @@ from urllib.parse import urlencode
 import pandas as pd
 from clickhouse_connect.driver.client import Client
 
-LEVELS = ("debug", "info", "warning", "error", "critical")
-"""The envelope's log levels (BRIEF §1), least severe first."""
-
 LINE_COLUMNS = ("corrected_event_time", "level", "app", "name", "device", "user", "message", "tags", "event_id",
                 "event_time", "received_time", "source_partition", "source_offset")
 """The columns :func:`search_lines` returns (plus ``late``)."""
@@ -139,15 +136,15 @@ class _Where:
         return " AND ".join(self.clauses) or "1"
 
 
-def _utc(t: datetime) -> datetime:
-    """Naive UTC, as the store's DateTime64 parameters take it."""
+def naive_utc(t: datetime) -> datetime:
+    """Naive UTC, as the store's DateTime64 parameters (and Plotly's axes) take it; a naive ``t`` is already UTC."""
     return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t
 
 
 def _where(query: LogQuery) -> _Where:
     where = _Where()
     where.add("corrected_event_time >= {since:DateTime64(3)} AND corrected_event_time < {until:DateTime64(3)}",
-              since=_utc(query.since), until=_utc(query.until))
+              since=naive_utc(query.since), until=naive_utc(query.until))
     # ``IN {x:Array(String)}``: the key condition the primary key (app, level, ...) prunes with.
     for column, values in (("app", query.apps), ("level", query.levels), ("name", query.names)):
         if values:
@@ -197,7 +194,7 @@ def search_lines(client: Client, query: LogQuery, limit: int, offset: int = 0) -
     wanted = offset + limit
     found: list[pd.DataFrame] = []
     count = 0
-    for lo, hi in _slices(_utc(query.since), _utc(query.until)):
+    for lo, hi in _slices(naive_utc(query.since), naive_utc(query.until)):
         part = _search_slice(client, replace(query, since=lo, until=hi), wanted - count)
         if not part.empty:
             found.append(part)
@@ -248,8 +245,8 @@ def message_patterns(client: Client, query: LogQuery, top: int = 20, max_lines: 
     range holds more, the patterns are those of its newest whole minutes holding no more than that (at least its
     newest minute). ``attrs["since"]`` is the start of the span counted, ``attrs["lines"]`` its matching lines.
     """
-    since = _pattern_start(client, query, max_lines) if max_lines is not None else _utc(query.since)
-    counted = replace(query, since=max(_utc(query.since), since))
+    since = _pattern_start(client, query, max_lines) if max_lines is not None else naive_utc(query.since)
+    counted = replace(query, since=max(naive_utc(query.since), since))
     where = _where(counted)
     result = client.query(
         "SELECT replaceRegexpAll(message, {mask_re:String}, {mask:String}) AS pattern, level, count() AS lines, "
@@ -269,11 +266,11 @@ def _pattern_start(client: Client, query: LogQuery, max_lines: int) -> datetime:
     minutes = client.query(
         "SELECT toStartOfMinute(corrected_event_time) AS minute, count() FROM logs "
         f"WHERE {where.sql} GROUP BY minute ORDER BY minute DESC", parameters=where.parameters).result_rows
-    total, start = 0, _utc(query.since)
+    total, start = 0, naive_utc(query.since)
     for i, (minute, lines) in enumerate(minutes):
         total += lines
         if total > max_lines:
-            return _utc(minutes[i - 1][0]) if i else _utc(minute)
+            return naive_utc(minutes[i - 1][0]) if i else naive_utc(minute)
     return start
 
 
@@ -297,7 +294,7 @@ def dead_lettered_logs(client: Client, since: datetime, until: datetime, limit: 
         "WHERE kafka_timestamp >= {since:DateTime64(3)} AND kafka_timestamp < {until:DateTime64(3)} "
         "AND (JSONExtractString(raw, 'kind') = 'log' OR match(raw, {kind_re:String})) "
         f"{app_filter}ORDER BY kafka_timestamp DESC, source_partition, source_offset LIMIT {{limit:UInt32}}",
-        parameters={"since": _utc(since), "until": _utc(until), "limit": limit, "apps": list(apps),
+        parameters={"since": naive_utc(since), "until": naive_utc(until), "limit": limit, "apps": list(apps),
                     "kind_re": r'"kind"\s*:\s*"log"'})
     return pd.DataFrame(result.result_rows, columns=list(DEAD_LETTER_COLUMNS))
 
@@ -310,7 +307,7 @@ def distinct_values(client: Client, since: datetime, until: datetime, column: st
     rows = client.query(
         f"SELECT DISTINCT {column} FROM logs "
         "WHERE corrected_event_time >= {since:DateTime64(3)} AND corrected_event_time < {until:DateTime64(3)} "
-        f"ORDER BY {column}", parameters={"since": _utc(since), "until": _utc(until)}).result_rows
+        f"ORDER BY {column}", parameters={"since": naive_utc(since), "until": naive_utc(until)}).result_rows
     return [r[0] for r in rows]
 
 

@@ -17,7 +17,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common, log_search, queries
-from dashboard.log_search import LEVELS, LogQuery
+from dashboard.log_search import LogQuery
+from ingest.envelope import LEVELS
 
 LEVEL_COLOURS = {"debug": "#9edae5", "info": "#1f77b4", "warning": "#ff7f0e", "error": "#d62728",
                  "critical": "#7b1fa2"}
@@ -175,7 +176,7 @@ def _patterns(config: Any, query: LogQuery) -> None:
         st.info("No line matches in this range, so no patterns.")
         return
     counted = f"{patterns.attrs['lines']:,} lines"
-    if patterns.attrs["since"] > _utc_naive(query.since):
+    if patterns.attrs["since"] > log_search.naive_utc(query.since):
         counted += (f", the newest: since {_fmt(patterns.attrs['since'])} UTC (at most about {budget:,}, "
                     "`dashboard.log_pattern_lines`)")
     st.caption(f"The {len(patterns)} most frequent messages per level among {counted}; numbers, hex strings and "
@@ -241,10 +242,6 @@ def _url_window() -> tuple[datetime, datetime] | None:
 
 def _fmt(t: datetime) -> str:
     return (t.astimezone(UTC) if t.tzinfo else t).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _utc_naive(t: datetime) -> datetime:
-    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t
 
 
 DrillTarget = tuple[tuple[str, ...], tuple[str, ...], datetime, datetime]   # (apps, levels, since, until)
