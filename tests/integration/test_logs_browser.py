@@ -20,7 +20,7 @@ from store.client import connect
 from store.migrations import apply_migrations
 from tests.integration.test_log_search import log_line
 from tests.support import dashboard_data as data
-from tests.support.browser import RULES, browser, populate, screenshot, serving, settle, texts
+from tests.support.browser import RULES, browser, opened, populate, screenshot, serving, settle, texts
 from tests.support.stack import own_database
 
 pytestmark = pytest.mark.integration
@@ -108,10 +108,7 @@ def chosen(page: Page, label: str) -> list[str]:
 
 
 def test_a_typed_search_lists_exactly_the_matching_lines_newest_first(browser: BrowserContext, dashboard: str):
-    page = browser.new_page()
-    try:
-        page.goto(f"{dashboard}/logs?minutes=30")
-        settle(page)
+    with opened(browser, f"{dashboard}/logs?minutes=30") as page:
         box = page.get_by_role("textbox", name='Words and "phrases"')
         box.fill('"payment gateway" timeout')
         box.press("Enter")
@@ -123,15 +120,10 @@ def test_a_typed_search_lists_exactly_the_matching_lines_newest_first(browser: B
         assert grid_texts(page).count("late") == 1, shot          # the last line's event was a dropped straggler
         assert parse_qs(urlparse(page.url).query)["q"] == ['"payment gateway" timeout']   # the link keeps it
         assert texts(page, '[data-testid="stException"]') == [], shot
-    finally:
-        page.close()
 
 
 def test_a_firing_error_ratio_alert_links_to_its_error_lines(browser: BrowserContext, dashboard: str):
-    page = browser.new_page()
-    try:
-        page.goto(f"{dashboard}/alerts")
-        settle(page)
+    with opened(browser, f"{dashboard}/alerts") as page:
         link = page.get_by_role("link", name=re.compile("Error lines of shop errors"))
         href = link.get_attribute("href") or ""
         assert href == log_search.logs_url(apps=["shop"], levels=["error", "critical"], names=["app.server"],
@@ -147,15 +139,10 @@ def test_a_firing_error_ratio_alert_links_to_its_error_lines(browser: BrowserCon
         page.get_by_role("button", name=re.compile("Clear window")).click()
         settle(page)
         assert "from=" not in page.url and "app=shop" in page.url
-    finally:
-        page.close()
 
 
 def test_a_click_on_the_overviews_error_chart_opens_that_apps_error_lines(browser: BrowserContext, dashboard: str):
-    page = browser.new_page()
-    try:
-        page.goto(dashboard)
-        settle(page)
+    with opened(browser, dashboard) as page:
         chart = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="Error + critical log lines/s")
         chart.scroll_into_view_if_needed()
         # The newest point of a trace: its marker, where Plotly takes the click.
@@ -172,15 +159,10 @@ def test_a_click_on_the_overviews_error_chart_opens_that_apps_error_lines(browse
         assert chosen(page, "Level") == ["error", "critical"] and chosen(page, "App") == params["app"], shot
         since, until = (log_search.parse_time(params[k][0]) for k in ("from", "to"))
         assert timedelta(0) < until - since <= timedelta(minutes=1), page.url
-    finally:
-        page.close()
 
 
 def test_a_click_on_a_bar_of_the_logs_chart_searches_that_level_and_bucket(browser: BrowserContext, dashboard: str):
-    page = browser.new_page()
-    try:
-        page.goto(f"{dashboard}/logs?q=timeout")
-        settle(page)
+    with opened(browser, f"{dashboard}/logs?q=timeout") as page:
         chart = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="Log lines per 10 s by level")
         # The error trace's newest bar (traces are drawn in legend order: critical, debug, error, ...).
         bar = chart.locator(".barlayer .trace").nth(2).locator("path").last
@@ -196,15 +178,10 @@ def test_a_click_on_a_bar_of_the_logs_chart_searches_that_level_and_bucket(brows
         since, until = (log_search.parse_time(params[k][0]) for k in ("from", "to"))
         assert until - since == timedelta(seconds=10) and since.second % 10 == 0, page.url
         assert page.get_by_role("textbox", name='Words and "phrases"').input_value() == "", shot
-    finally:
-        page.close()
 
 
 def test_the_patterns_and_dead_letter_views_render(browser: BrowserContext, dashboard: str):
-    page = browser.new_page()
-    try:
-        page.goto(f"{dashboard}/logs?minutes=30&view=patterns&q=timeout")
-        settle(page)
+    with opened(browser, f"{dashboard}/logs?minutes=30&view=patterns&q=timeout") as page:
         shot = screenshot(page, "logs-patterns")
         cells = grid_texts(page)
         assert "payment gateway timeout after <*> s (in alert window <*>)" in cells, (cells, shot)
@@ -215,5 +192,3 @@ def test_the_patterns_and_dead_letter_views_render(browser: BrowserContext, dash
         # The log record, with its reason; the fixture's other dead letters are no log records.
         assert "level: not one of debug, info, warning, error, critical" in cells and "fatal" in cells, (cells, shot)
         assert texts(page, '[data-testid="stException"]') == [], shot
-    finally:
-        page.close()

@@ -173,6 +173,18 @@ def browser() -> Iterator[BrowserContext]:
         chromium.close()
 
 
+@contextmanager
+def opened(browser: BrowserContext, url: str) -> Iterator[Page]:
+    """A new page of ``browser`` at ``url``, settled (:func:`settle`); closed when the block ends."""
+    page = browser.new_page()
+    try:
+        page.goto(url)
+        settle(page)
+        yield page
+    finally:
+        page.close()
+
+
 def settle(page: Page, timeout_s: float = 30.0) -> None:
     """Wait until the script run is over and the DOM stopped changing.
 
