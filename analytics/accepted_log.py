@@ -1,39 +1,48 @@
 """The accepted-events log: validated, deduplicated events, handed from the ``accept`` query to the stateful ones.
 
-The ``accept`` query writes one Parquet file per micro-batch, ``<dir>/<batch id:012d>.parquet``, and the stateful
-queries read the directory with Spark's file source, one file per micro-batch, so their batches are the accept
-query's batches. A file is published atomically: written aside (``_tmp/``), its metadata saved
-(``_meta/<batch id>.json``: the Kafka offsets the batch read, its broker-clock span, its size), then renamed into
-place; names starting with ``_`` are invisible to the file source. Before that rename the file and the metadata
-are synced to disk (and the metadata's directory), and after it the directory the file was renamed into, so after
-a power loss a published file is whole or absent, never empty or cut. A replayed accept batch whose file exists
-writes nothing: the hand-over is exactly-once without Kafka transactions, and a downstream query that read the
-file before a crash reads the very same events again.
+Each ``accept`` micro-batch is published as one directory, ``<dir>/<batch id:012d>/``, holding one Parquet file per
+partition of the events topic, ``<partition:05d>.parquet`` (``kafka.events_partitions`` files, empty ones for
+partitions the batch read nothing from). The files are written by the Spark tasks that accepted the events, each
+task its partition's file, aside (``_tmp/<batch id>-<attempt>/``, invisible to Spark's file source like every name
+starting with ``_``); once every task has succeeded the driver saves the batch's metadata (``_meta/<batch id>.json``:
+the Kafka offsets the batch read, its broker-clock span, per partition and in all, its size) and renames the
+directory into place: one ``rename(2)``, so a reader lists the whole batch or none of it. Each file is synced by the
+task that wrote it, the metadata and the staged directory by the driver before the rename, and the log directory
+after it, so after a power loss a published batch is whole or absent. A replayed accept batch whose directory
+exists publishes nothing again: the hand-over is exactly-once without Kafka transactions, and a downstream query
+that read the batch before a crash reads the very same events again.
 
-A reader killed between choosing its next file (Spark's file source writes ``sources/0/<n>`` first) and planning
-the batch that reads it (``offsets/<N>``) would, once restarted, plan a batch over that orphaned entry *and* the
-next new file: two accept batches under one watermark, so late events judged otherwise than in a run never killed.
-``forget_unplanned_files`` removes such an entry before a reader starts; Spark then chooses that file again, alone.
+The stateful queries read the directory with Spark's file source (``recursiveFileLookup``), taking
+``kafka.events_partitions`` files per micro-batch: files are taken oldest first, and a batch's files are all older
+than the next batch's (its tasks write them before the driver commits the batch), so each micro-batch of theirs is
+one accept batch. Batches published before this layout (one file, ``<dir>/<batch id:012d>.parquet``) are still
+read by the dedup horizon and the late passes; a reader must have read them all before the job is upgraded
+(docs/operations.md, "Upgrading").
 
-Beside each events file, ``publish_partials`` writes the batch's window partials (``analytics.windows.partials``)
-as ``<partials dir>/<batch id:012d>.parquet``, the same way: the ``windows`` query reads those, one per micro-batch,
-and the ``keyed_windows`` query the events. A batch's partials are published after its events file (the windows
-writer reads the events of the batch whose partials it merged); an accept batch replayed after a crash in between
-publishes them.
+A reader killed between choosing its next files (Spark's file source writes ``sources/0/<n>`` first) and planning
+the batch that reads them (``offsets/<N>``) would, once restarted, plan a batch over that orphaned entry *and* the
+next new files: two accept batches under one watermark, so late events judged otherwise than in a run never killed.
+``forget_unplanned_files`` removes such an entry before a reader starts; Spark then chooses those files again, alone.
+
+Beside each batch's events, its window partials (``analytics.windows.partials``) are published the same way, one
+file per partition under ``<partials dir>/<batch id:012d>/``: the ``windows`` query reads those, and the
+``keyed_windows`` query the events. A batch's partials are published after its events (the windows writer reads the
+events of the batch whose partials it merged); an accept batch replayed after a crash in between publishes them.
 
 Why files and not a Kafka topic: Spark's Kafka sink is at-least-once, so a replayed batch would hand its events
 over twice, and the windows would need a second deduplication (docs/architecture.md, "Accepted events").
-The driver publishes and reads these files with local-filesystem calls (``pathlib``, ``pyarrow``), and renames are
-atomic on a POSIX filesystem: on a multi-host cluster ``stream.checkpoint_dir`` must be a shared POSIX mount (NFS),
-not HDFS or an object store (docs/operations.md).
+Tasks and driver publish and read these files with local-filesystem calls (``pathlib``, ``pyarrow``), and renames
+are atomic on a POSIX filesystem: on a multi-host cluster ``stream.checkpoint_dir`` must be a shared POSIX mount
+(NFS) that every executor mounts at the same path, not HDFS or an object store (docs/operations.md).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
@@ -62,91 +71,184 @@ class BatchMeta:
     end_offsets: Offsets
     first_timestamp_ms: int   # broker clock (Kafka timestamp) of the batch's earliest and latest valid record
     last_timestamp_ms: int
-    events: int = 0           # accepted events in the file, and its size (filled in by ``publish``)
+    events: int = 0           # accepted events in the batch's files, and their size (filled in by ``publish``)
     size_bytes: int = 0
+    partitions: dict[str, list[int]] = field(default_factory=dict)
+    """Per Kafka partition with valid records: [first, last broker timestamp (ms), accepted events, file size].
+    Empty in batches published before the per-partition layout."""
+
+    def last_timestamp_of(self, partition: int) -> int | None:
+        """The latest broker time of the partition's valid records in the batch (None: it had none); for a batch
+        of the one-file layout, the batch's."""
+        if not self.partitions:
+            return self.last_timestamp_ms
+        span = self.partitions.get(str(partition))
+        return span[1] if span else None
+
+    def partition_events(self, partition: int) -> int:
+        """Accepted events of the partition in the batch (the batch's, in the one-file layout)."""
+        return self.partitions.get(str(partition), [0, 0, 0, 0])[2] if self.partitions else self.events
+
+    def partition_bytes(self, partition: int) -> int:
+        """Size of the partition's file (the batch's file, in the one-file layout)."""
+        return self.partitions.get(str(partition), [0, 0, 0, 0])[3] if self.partitions else self.size_bytes
 
 
-def events_file(config: Config, batch_id: int) -> Path:
-    return config.accepted_events_dir / f"{batch_id:012d}.parquet"
+def batch_dir(root: Path, batch_id: int) -> Path:
+    """Where a published batch's files are, under ``root`` (the events or the partials directory)."""
+    return root / f"{batch_id:012d}"
+
+
+def partition_file(root: Path, batch_id: int, partition: int) -> Path:
+    return batch_dir(root, batch_id) / f"{partition:05d}.parquet"
+
+
+def _single_file(root: Path, batch_id: int) -> Path:
+    """A batch's one file in the layout before per-partition files."""
+    return root / f"{batch_id:012d}.parquet"
+
+
+def _batch_files(root: Path, batch_id: int) -> list[Path]:
+    directory = batch_dir(root, batch_id)
+    if directory.is_dir():
+        return sorted(directory.glob("*.parquet"))
+    single = _single_file(root, batch_id)
+    return [single] if single.exists() else []
+
+
+def events_files(config: Config, batch_id: int) -> list[Path]:
+    """The files of a published batch's events (none when it is not published)."""
+    return _batch_files(config.accepted_events_dir, batch_id)
+
+
+def partials_files(config: Config, batch_id: int) -> list[Path]:
+    """The files of a published batch's window partials."""
+    return _batch_files(config.window_partials_dir, batch_id)
+
+
+def partition_events(config: Config, batch_id: int, partition: int, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the events a published batch accepted from one Kafka partition (its file, or its rows of the
+    batch's one file in the earlier layout)."""
+    path = partition_file(config.accepted_events_dir, batch_id, partition)
+    if path.exists():
+        return pq.read_table(path, columns=list(columns))
+    single = _single_file(config.accepted_events_dir, batch_id)
+    wanted = list(dict.fromkeys([*columns, "partition"]))
+    table = pq.read_table(single, columns=wanted, filters=[("partition", "=", partition)])
+    return table.select(list(columns))
 
 
 def _meta_file(config: Config, batch_id: int) -> Path:
     return config.accepted_events_dir / _META / f"{batch_id}.json"
 
 
-def _batch_id(events_path: str) -> int:
-    return int(Path(events_path.removeprefix("file:")).name.split(".")[0])
-
-
-def partials_file(config: Config, batch_id: int) -> Path:
-    return config.window_partials_dir / f"{batch_id:012d}.parquet"
+def _batch_id(path: str) -> int:
+    """The accept batch of a file a reader's file-source log names (either layout)."""
+    file = Path(unquote(urlparse(path).path) if path.startswith("file:") else path)
+    return int(file.parent.name) if file.parent.name.isdigit() else int(file.name.split(".")[0])
 
 
 def events_file_of(config: Config, log_file: str) -> Path:
-    """The events file of the batch of a file a reader's file-source log names (an events or a partials file)."""
-    return events_file(config, _batch_id(log_file))
+    """The events file holding the events of a file a reader's file-source log names (an events or a partials
+    file: the same batch and partition, or the batch's one file)."""
+    file = Path(unquote(urlparse(log_file).path) if log_file.startswith("file:") else log_file)
+    batch_id = _batch_id(log_file)
+    if file.parent.name.isdigit():
+        return batch_dir(config.accepted_events_dir, batch_id) / file.name
+    return _single_file(config.accepted_events_dir, batch_id)
 
 
 def published(config: Config, batch_id: int) -> bool:
-    """The batch's events file exists: it is renamed into place only once it and its metadata are on disk, so an
-    existing file is whole, even after a power loss."""
-    return events_file(config, batch_id).exists()
+    """The batch's events are published: its directory (or one file) is renamed into place only once its files
+    and its metadata are on disk, so what exists is whole, even after a power loss."""
+    return (batch_dir(config.accepted_events_dir, batch_id).is_dir()
+            or _single_file(config.accepted_events_dir, batch_id).exists())
 
 
-def publish(config: Config, row_groups: Sequence[pa.Table], meta: BatchMeta) -> None:
-    """Write the batch's events (``envelope.accepted_schema``'s columns and any others, one schema) as its one
-    file, atomically, each table of ``row_groups`` as row groups of its own, in order; a no-op when it is already
-    published. The stored metadata is ``meta`` with the file's event count and size."""
-    if published(config, meta.batch_id):
-        return
-    events = sum(rows.num_rows for rows in row_groups)
-    # One file per batch, so a reader taking one file per trigger takes exactly one accept batch.
-    _write_atomically(row_groups, events_file(config, meta.batch_id), before_rename=lambda size: _save_meta(
-        config, meta.batch_id, asdict(meta) | {"events": events, "size_bytes": size}))
+def partials_published(config: Config, batch_id: int) -> bool:
+    return (batch_dir(config.window_partials_dir, batch_id).is_dir()
+            or _single_file(config.window_partials_dir, batch_id).exists())
 
 
-def publish_partials(config: Config, batch_id: int, rows: Callable[[], pa.Table]) -> None:
-    """Write the batch's window partials (``window_partials.SCHEMA``, computed by ``rows`` only when needed) as its
-    one partials file, atomically; a no-op when it is already published (a replayed batch)."""
-    if not partials_file(config, batch_id).exists():
-        _write_atomically([rows()], partials_file(config, batch_id))
+def staging_dir(root: Path, batch_id: int, attempt: str) -> Path:
+    """Where the tasks of one attempt at a batch write its files (``root``: the events or the partials directory),
+    invisible to readers until ``publish`` renames it into place."""
+    return root / _TMP / f"{batch_id:012d}-{attempt}"
+
+
+def stage_file(staging: Path, partition: int, row_groups: Sequence[pa.Table]) -> int:
+    """Write one partition's file of a batch into ``staging`` (run by the task that made the rows): each table of
+    ``row_groups`` (one schema) as row groups of its own, in order, synced to disk. A retried task replaces the
+    file of its failed attempt. Returns the file's size."""
+    _make_directory(staging)
+    target = staging / f"{partition:05d}.parquet"
+    partial = staging / f".{partition:05d}-{uuid.uuid4().hex}.parquet"
+    try:
+        with pq.ParquetWriter(partial, row_groups[0].schema) as writer:
+            for rows in row_groups:
+                if rows.num_rows:
+                    writer.write_table(rows)
+        sync_file(partial)
+        partial.rename(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target.stat().st_size
+
+
+def publish(config: Config, meta: BatchMeta, attempt: str) -> None:
+    """Publish the files the tasks of ``attempt`` staged for batch ``meta.batch_id`` (at least one task staged its
+    partition's): first its events, then its window partials, each padded to one file per topic partition
+    (``kafka.events_partitions``) with empty files, then renamed into place whole; the metadata (``meta`` with the
+    events' size) is on disk before the events are. What is already published stays as it is (a replayed batch);
+    staged files of other attempts at the batch (tasks that failed) are removed."""
+    events_root, partials_root = config.accepted_events_dir, config.window_partials_dir
+    files = config.kafka.events_partitions
+    if not published(config, meta.batch_id):
+        staged = staging_dir(events_root, meta.batch_id, attempt)
+        _pad(staged, files)
+        size = sum(f.stat().st_size for f in staged.glob("*.parquet"))
+        _publish_directory(staged, batch_dir(events_root, meta.batch_id),
+                           before_rename=lambda: _save_meta(config, meta.batch_id, asdict(meta) | {"size_bytes": size}))
+    if not partials_published(config, meta.batch_id):
+        staged = staging_dir(partials_root, meta.batch_id, attempt)
+        _pad(staged, files)
+        _publish_directory(staged, batch_dir(partials_root, meta.batch_id))
+    for root in (events_root, partials_root):
+        for leftover in (root / _TMP).glob(f"{meta.batch_id:012d}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _pad(staged: Path, files: int) -> None:
+    """One file per partition in ``staged``: an empty one (synced), of the staged files' schema, for each partition
+    no task wrote."""
+    schema = pq.read_schema(next(staged.glob("*.parquet")))
+    for partition in range(files):
+        if not (staged / f"{partition:05d}.parquet").exists():
+            stage_file(staged, partition, [schema.empty_table()])
 
 
 def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> Path:
-    """Write the batch's metadata (until its events file is renamed into place no reader looks at it, so a plain
-    overwrite is safe); returns its path, for ``_write_atomically`` to sync with the events file."""
+    """Write the batch's metadata (until its events are renamed into place no reader looks at it, so a plain
+    overwrite is safe); returns its path, for ``_publish_directory`` to sync before the rename."""
     path = _meta_file(config, batch_id)
     _make_directory(path.parent)
     path.write_text(json.dumps(meta))
     return path
 
 
-def _write_atomically(row_groups: Sequence[pa.Table], target: Path,
-                      before_rename: Callable[[int], Path | None] | None = None) -> None:
-    """Write ``row_groups`` (one schema; each table its own row groups) aside (``_tmp/``, invisible to Spark's
-    file source), sync it, then rename the file to ``target`` and sync ``target``'s directory: once this returns
-    the file is published, and a power loss at any moment leaves it whole or absent. ``before_rename`` gets the
-    file's size and may write a file of its own that must be on disk before the rename (synced with its directory).
-    """
-    staging = target.parent / _TMP / f"{target.stem}-{uuid.uuid4().hex}.parquet"
-    _make_directory(staging.parent)
-    try:
-        with pq.ParquetWriter(staging, row_groups[0].schema) as writer:
-            for rows in row_groups:
-                if rows.num_rows:
-                    writer.write_table(rows)
-        companion = before_rename(staging.stat().st_size) if before_rename is not None else None
-        # Data before name: without these syncs the rename can reach the disk before the data (an empty or cut
-        # file published). Every write comes before the first sync, so one journal commit can carry them all.
-        # The staging name itself need not be durable, only the rename's (the target directory's sync).
-        sync_file(staging)
-        if companion is not None:
-            sync_file(companion)
-            sync_directory(companion.parent)
-        staging.rename(target)
-        sync_directory(target.parent)
-    finally:
-        staging.unlink(missing_ok=True)
+def _publish_directory(staged: Path, target: Path, before_rename: Callable[[], Path] | None = None) -> None:
+    """Rename the directory ``staged`` (its files already synced) to ``target``, after syncing ``staged`` itself
+    (the names of its files) and the file ``before_rename`` writes (with its directory), and sync ``target``'s
+    parent after: once this returns the batch is published, and a power loss at any moment leaves it whole or
+    absent."""
+    companion = before_rename() if before_rename is not None else None
+    sync_directory(staged)
+    if companion is not None:
+        sync_file(companion)
+        sync_directory(companion.parent)
+    _make_directory(target.parent)
+    staged.rename(target)
+    sync_directory(target.parent)
 
 
 def _make_directory(directory: Path) -> None:
@@ -170,7 +272,10 @@ _known: dict[Path, BatchMeta] = {}   # metadata never changes once published: re
 def metas(config: Config) -> list[BatchMeta]:
     """Metadata of every published batch still kept, oldest first."""
     found = []
-    for path in (config.accepted_events_dir / _META).glob("*.json"):
+    listed = set((config.accepted_events_dir / _META).glob("*.json"))
+    for gone in [p for p in _known if p.parent == config.accepted_events_dir / _META and p not in listed]:
+        del _known[gone]   # expired (by this process or, for a Spark task's process, by the driver)
+    for path in listed:
         if path not in _known:
             if not published(config, int(path.stem)):
                 continue   # metadata of a batch whose file is still being renamed into place (or was deleted)
@@ -181,17 +286,19 @@ def metas(config: Config) -> list[BatchMeta]:
 
 def read_stream(spark: SparkSession, config: Config, schema: StructType) -> DataFrame:
     """The accepted events as a stream, one accept batch per micro-batch, in the order they were published."""
-    return _one_file_per_batch(spark, config.accepted_events_dir, schema)
+    return _one_batch_per_trigger(spark, config, config.accepted_events_dir, schema)
 
 
 def read_partials_stream(spark: SparkSession, config: Config, schema: StructType) -> DataFrame:
     """The window partials as a stream, one accept batch per micro-batch, in the order they were published."""
-    return _one_file_per_batch(spark, config.window_partials_dir, schema)
+    return _one_batch_per_trigger(spark, config, config.window_partials_dir, schema)
 
 
-def _one_file_per_batch(spark: SparkSession, directory: Path, schema: StructType) -> DataFrame:
+def _one_batch_per_trigger(spark: SparkSession, config: Config, directory: Path, schema: StructType) -> DataFrame:
+    """The files under ``directory`` as a stream, a batch's files (one per topic partition) per micro-batch."""
     directory.mkdir(parents=True, exist_ok=True)
-    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
+    return (spark.readStream.schema(schema).option("recursiveFileLookup", "true")
+            .option("maxFilesPerTrigger", config.kafka.events_partitions).parquet(str(directory)))
 
 
 def read_files(files: list[str], columns: Sequence[str]) -> pa.Table:
@@ -304,8 +411,9 @@ def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
     deleted = []
     for meta in kept:
         if meta.batch_id < min(read_by_all) and meta.last_timestamp_ms < horizon:  # type: ignore[type-var]
-            events_file(config, meta.batch_id).unlink(missing_ok=True)
-            partials_file(config, meta.batch_id).unlink(missing_ok=True)
+            for root in (config.accepted_events_dir, config.window_partials_dir):
+                shutil.rmtree(batch_dir(root, meta.batch_id), ignore_errors=True)
+                _single_file(root, meta.batch_id).unlink(missing_ok=True)
             _meta_file(config, meta.batch_id).unlink(missing_ok=True)
             _known.pop(_meta_file(config, meta.batch_id), None)
             deleted.append(meta.batch_id)

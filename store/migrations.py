@@ -46,6 +46,7 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "kafka_data_loss": ("rejected", "detected_at"),
     "pipeline_progress": ("progress", "recorded_at"),
     "dedup_state": ("progress", "recorded_at"),
+    "dedup_partitions": ("progress", "recorded_at"),
     "alert_states": ("alerts", "updated_at"),
     "alert_transitions": ("alerts", "recorded_at"),
     "alert_notifications": ("alerts", "delivered_at"),

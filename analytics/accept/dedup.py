@@ -7,11 +7,17 @@ is a duplicate when its key is among the batch's earlier copies or among the eve
 before it; the accepted-events log (``analytics.accepted_log``, which stores ``app`` and ``id``) is that memory, so
 it survives restarts with nothing else to checkpoint.
 
-The choice is made in the driver, where the accept query brings each batch as Arrow, on its copy columns (app, id,
-broker time, position), vectorised: a micro-batch is at most ``stream.max_offsets_per_trigger`` records and the
-horizon's keys (rate x horizon, ~50 bytes each) fit in the driver's memory, which keeps them between batches
-(``AcceptedIds``). Doing it in Spark cost a shuffle of whole events and a re-read of the horizon's files in every
-batch: a quarter of the job's throughput.
+**Per Kafka partition.** The events topic's key is the device (BRIEF §1), and every copy of an event is sent by its
+device (the SDK's retries and spool, the gateway's clients re-sending a request), so every copy of an event lands in
+the partition of its first copy. So the choice is made where the partition is read: in the Spark task that accepts
+the partition's records (``analytics.accept.task``), against the keys its partition accepted within the horizon,
+with no shuffle and no state shared between tasks. A copy produced with another key (another device name) lands
+elsewhere and is not recognised; docs/time-semantics.md says so.
+
+The keys are kept in the task's Python process between batches (``AcceptedIds``, one per partition), vectorised
+(a micro-batch's share of a partition is at most ``stream.max_offsets_per_trigger`` records); a process that has
+not seen the partition, or was restarted, reads them back from the partition's files. Doing it in Spark's own
+operators cost a shuffle of whole events and a re-read of the horizon's files in every batch.
 
 A key is one string, ``<length of app>:<app>:<id>`` (the length makes it unambiguous whatever the app or id holds),
 so the batch's keys are hashed once and the horizon's are probed against them as plain strings, as ids were.
@@ -22,7 +28,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
@@ -48,41 +53,44 @@ def keys(events: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(pc.cast(pc.utf8_length(apps), pa.string()), apps, ids, ":")
 
 
-def horizon(config: Config, batch_id: int, earliest_ms: int) -> list[BatchMeta]:
-    """The published batches a batch is checked against: every earlier one holding an event that reached the
-    broker within the horizon before the batch's earliest event."""
+def horizon(config: Config, batch_id: int, partition: int, earliest_ms: int) -> list[BatchMeta]:
+    """The published batches a batch's records of one Kafka partition are checked against: every earlier batch
+    holding an event of that partition that reached the broker within the horizon before the partition's
+    earliest record in this batch."""
     cutoff = earliest_ms - config.stream.dedup_horizon_ms
-    return [m for m in accepted_log.metas(config) if m.batch_id < batch_id and m.last_timestamp_ms >= cutoff]
+    return [m for m in accepted_log.metas(config) if m.batch_id < batch_id
+            and (last := m.last_timestamp_of(partition)) is not None and last >= cutoff]
 
 
 class AcceptedIds:
-    """The keys (app, id: :func:`keys`) each published batch accepted, held in memory for as long as a batch is
-    within the horizon.
+    """The keys (app, id: :func:`keys`) each published batch accepted from one Kafka partition, held in memory for
+    as long as the batch is within the horizon.
 
-    After a restart (or for a batch evicted and needed again) the keys are read back from the batch's file (its
-    ``app`` and ``id`` columns), so the memory is a cache of the accepted-events log and needs no checkpoint of its
-    own."""
+    After a restart (or for a batch evicted and needed again) the keys are read back from the batch's file of the
+    partition (its ``app`` and ``id`` columns), so the memory is a cache of the accepted-events log and needs no
+    checkpoint of its own."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, partition: int) -> None:
         self._config = config
+        self._partition = partition
         self._ids: dict[int, pa.Array] = {}
 
     def remember(self, batch_id: int, accepted: pa.Table) -> None:
-        """Keep the keys of the events ``batch_id`` accepted (a table with ``app`` and ``id``)."""
+        """Keep the keys of the events ``batch_id`` accepted from the partition (a table with ``app`` and ``id``)."""
         self._ids[batch_id] = keys(accepted.select(list(KEY_COLUMNS)))
 
     def of(self, batches: list[BatchMeta]) -> pa.ChunkedArray:
-        """The keys accepted by ``batches``; keys of batches not among them are forgotten."""
+        """The keys accepted from the partition by ``batches``; keys of batches not among them are forgotten."""
         wanted = {m.batch_id for m in batches}
         for batch_id in set(self._ids) - wanted:
             del self._ids[batch_id]
         for batch_id in wanted - set(self._ids):
-            file = accepted_log.events_file(self._config, batch_id)
-            self._ids[batch_id] = keys(pq.read_table(file, columns=list(KEY_COLUMNS)))
+            self._ids[batch_id] = keys(accepted_log.partition_events(self._config, batch_id, self._partition,
+                                                                     KEY_COLUMNS))
         return pa.chunked_array([self._ids[b] for b in sorted(wanted)], type=pa.string())
 
     def nbytes(self, batches: list[BatchMeta]) -> int:
-        """Driver memory held by the keys of ``batches``."""
+        """Memory held by the keys of ``batches``."""
         return sum(self._ids[m.batch_id].nbytes for m in batches if m.batch_id in self._ids)
 
 
@@ -115,9 +123,10 @@ def first_copies(batch: pa.Table, remembered: pa.ChunkedArray) -> pa.BooleanArra
     return pa.array(keep)
 
 
-def published_copies(batch: pa.Table, events_file: str) -> pa.BooleanArray:
-    """Which rows of ``batch`` a batch already published accepted (its file is the truth on a replay)."""
-    stored = pq.read_table(events_file, columns=list(POSITION))
+def published_copies(batch: pa.Table, stored: pa.Table) -> pa.BooleanArray:
+    """Which rows of ``batch`` a batch already published accepted (``stored``: the positions, ``partition`` and
+    ``offset``, of the events it published; its files are the truth on a replay)."""
+    stored = stored.select(list(POSITION))
     stored = stored.append_column("_accepted", pa.array(np.ones(stored.num_rows, dtype=bool)))
     marked = (batch.select(list(POSITION)).append_column("_row", pa.array(np.arange(batch.num_rows)))
               .join(stored, list(POSITION), join_type="left outer"))

@@ -4,10 +4,10 @@ Every tumbling and hopping window starts and ends on a multiple of one grain G, 
 tumbling lengths and the hops (a hop divides its window's length). So all events of one series in one bucket
 ``[kG, kG + G)`` belong to exactly the same windows, and one **partial** per (series, bucket) can stand for them:
 counts, sum, min, max, level counts, a KLL sketch of the values and HLL sketches of the users and devices, plus
-the bucket's latest ``corrected_event_time``. ``accept`` computes a batch's partials in the driver, where the batch
-already is (Arrow, numpy, DataSketches: the same sketch formats Spark writes), and publishes them beside the
-batch's events file; the ``windows`` query expands each partial, not each event, into its windows and merges them
-(``windows.aggregate``). A batch of 500,000 events has a few thousand partials.
+the bucket's latest ``corrected_event_time``. ``accept``'s tasks compute each partition's partials where its
+events already are (Arrow, numpy, DataSketches: the same sketch formats Spark writes), and publish them beside the
+partition's events file; the ``windows`` query expands each partial, not each event, into its windows and merges
+them (``windows.aggregate``). A batch of 500,000 events has a few thousand partials.
 
 Why the results are the ones the events would give:
 
@@ -32,7 +32,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasketches import hll_sketch, kll_doubles_sketch, tgt_hll_type
 
-from analytics import accepted_log
 from analytics.vocabulary import ARROW_TIME, BUCKET_START, LEVEL_COLUMNS, LEVEL_FIELDS, SERIES, WindowSpec, window_specs
 from eventide.config import Config
 
@@ -42,7 +41,8 @@ SCHEMA = pa.schema([
     ("max", pa.float64()), ("value_sketch", pa.binary()), ("users_sketch", pa.binary()),
     ("devices_sketch", pa.binary()), *[(f, pa.int64()) for f in LEVEL_FIELDS],
 ])
-"""A partial's columns, as published (``accepted_log.publish_partials``) and read by the ``windows`` query."""
+"""A partial's columns, as ``accept``'s tasks stage them (``accepted_log.stage_file``) and the ``windows`` query
+reads them."""
 
 """:data:`SCHEMA` as Spark's types, for the ``windows`` query's file source."""
 
@@ -132,8 +132,3 @@ def _group_numbers(codes: list[np.ndarray]) -> np.ndarray:
             bound = int(group.max()) + 1
         group, bound = group * size + column, bound * size
     return group
-
-
-def publish(config: Config, batch_id: int, events: pa.Table) -> None:
-    """Publish the partials of accept batch ``batch_id``'s accepted ``events`` (a no-op when published)."""
-    accepted_log.publish_partials(config, batch_id, lambda: partials(events, config))

@@ -23,7 +23,13 @@ def publish_fake(config: Config, batch_id: int, last_ms: int, end_offset: int) -
     meta = BatchMeta(batch_id, {"t": {"0": end_offset - 10}}, {"t": {"0": end_offset}}, last_ms - 1000, last_ms,
                      10, 100)
     (config.accepted_events_dir / "_meta" / f"{batch_id}.json").write_text(json.dumps(meta.__dict__))
-    accepted_log.events_file(config, batch_id).write_bytes(b"parquet")
+    accepted_log.batch_dir(config.accepted_events_dir, batch_id).mkdir(parents=True)
+    events_file(config, batch_id).write_bytes(b"parquet")
+
+
+def events_file(config: Config, batch_id: int) -> Path:
+    """The batch's file of partition 0."""
+    return accepted_log.partition_file(config.accepted_events_dir, batch_id, 0)
 
 
 def reader_read(config: Config, checkpoint: Path, batches: list[int], committed: int, compact_at: int | None = None
@@ -32,7 +38,7 @@ def reader_read(config: Config, checkpoint: Path, batches: list[int], committed:
     up to ``committed``; with ``compact_at``, Spark has compacted the log entries up to that batch."""
     log = checkpoint / "sources" / "0"
     log.mkdir(parents=True)
-    entries = [{"path": f"file://{accepted_log.events_file(config, b)}", "timestamp": 0, "batchId": n}
+    entries = [{"path": f"file://{events_file(config, b)}", "timestamp": 0, "batchId": n}
                for n, b in enumerate(batches)]
     for n, entry in enumerate(entries):
         if compact_at is not None and n <= compact_at:
@@ -59,7 +65,7 @@ def test_a_batch_is_deleted_only_once_every_reader_committed_past_it_and_it_is_p
 
     assert accepted_log.expire(config, [windows, keyed], now) == [0, 1]
     assert [m.batch_id for m in accepted_log.metas(config)] == [2, 3, 4, 5, 6]
-    assert not accepted_log.events_file(config, 0).exists() and accepted_log.events_file(config, 2).exists()
+    assert not events_file(config, 0).exists() and events_file(config, 2).exists()
 
 
 def test_nothing_is_deleted_before_every_reader_has_committed_a_batch(tmp_path):
@@ -80,9 +86,9 @@ def test_files_of_a_batch_and_the_kafka_offsets_a_reader_reached_survive_log_com
 
     compacted = BatchInfo(2, 0, {"logOffset": 0}, {"logOffset": 2})
     assert accepted_log.files_read(windows, compacted) == [
-        f"file://{accepted_log.events_file(config, b)}" for b in (1, 2)]
+        f"file://{events_file(config, b)}" for b in (1, 2)]
     assert accepted_log.files_read(windows, BatchInfo(4, 0, {"logOffset": 3}, {"logOffset": 4})) == [
-        f"file://{accepted_log.events_file(config, 4)}"]
+        f"file://{events_file(config, 4)}"]
     assert accepted_log.kafka_offsets_reached(config, windows, 1) == {"t": {"0": 200}}
     assert accepted_log.kafka_offsets_reached(config, windows, 4) == {"t": {"0": 500}}
     assert accepted_log.kafka_offsets_reached(config, windows, -1) == {}
@@ -100,7 +106,7 @@ def test_a_file_chosen_but_never_planned_is_forgotten_before_the_reader_starts_a
 
     assert sorted(p.name for p in (checkpoint / "sources" / "0").iterdir()) == ["0", "1", "2", "3"]
     assert accepted_log.files_read(checkpoint, BatchInfo(3, 0, {"logOffset": 2}, {"logOffset": 3})) == [
-        f"file://{accepted_log.events_file(config, 3)}"]
+        f"file://{events_file(config, 3)}"]
 
 
 def test_a_compacted_log_batch_never_planned_keeps_every_earlier_entry(tmp_path):
@@ -115,7 +121,7 @@ def test_a_compacted_log_batch_never_planned_keeps_every_earlier_entry(tmp_path)
     assert compact[0] == "v1" and [json.loads(e)["batchId"] for e in compact[1:]] == [0, 1, 2, 3]
     assert not (checkpoint / "sources" / "0" / ".4.compact.crc").exists()
     assert accepted_log.files_read(checkpoint, BatchInfo(3, 0, {"logOffset": 2}, {"logOffset": 3})) == [
-        f"file://{accepted_log.events_file(config, 3)}"]
+        f"file://{events_file(config, 3)}"]
 
 
 def test_a_planned_batch_keeps_its_files_even_before_it_is_committed(tmp_path):
@@ -128,22 +134,35 @@ def test_a_planned_batch_keeps_its_files_even_before_it_is_committed(tmp_path):
     assert accepted_log.forget_unplanned_files(tmp_path / "never_started") == []
 
 
-def test_publishing_writes_the_rows_once_in_their_row_groups_with_their_count_and_leaves_nothing_aside(tmp_path):
+def test_publishing_writes_each_partition_s_rows_once_in_their_row_groups_pads_the_rest_and_leaves_nothing_aside(
+        tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     config = config_in(tmp_path)
     rows = pa.table({"id": ["a", "b", "c"], "offset": [1, 2, 3]})
-    meta = BatchMeta(7, {"t": {"0": 0}}, {"t": {"0": 3}}, 1000, 2000)
-    accepted_log.publish(config, [rows.slice(0, 2), rows.slice(2, 0), rows.slice(2)], meta)
-    accepted_log.publish(config, [rows.slice(0, 1)], meta)     # a replayed batch: its file is the truth
-    assert pq.read_table(accepted_log.events_file(config, 7)).equals(rows)
-    groups = pq.ParquetFile(accepted_log.events_file(config, 7)).metadata
+    meta = BatchMeta(7, {"t": {"0": 0}}, {"t": {"0": 3}}, 1000, 2000, events=3,
+                     partitions={"1": [1000, 2000, 3, 0]})
+    for root in (config.accepted_events_dir, config.window_partials_dir):
+        accepted_log.stage_file(accepted_log.staging_dir(root, 7, "one"), 1,
+                                [rows.slice(0, 2), rows.slice(2, 0), rows.slice(2)])
+    accepted_log.stage_file(accepted_log.staging_dir(config.accepted_events_dir, 7, "failed"), 1, [rows])
+    accepted_log.publish(config, meta, "one")
+    accepted_log.stage_file(accepted_log.staging_dir(config.accepted_events_dir, 7, "again"), 1, [rows.slice(0, 1)])
+    accepted_log.publish(config, meta, "again")     # a replayed batch: its files are the truth
+    files = accepted_log.events_files(config, 7)
+    assert [f.name for f in files] == [f"{p:05d}.parquet" for p in range(config.kafka.events_partitions)]
+    assert pq.read_table(files[1]).equals(rows)
+    assert all(pq.read_table(f).num_rows == 0 and pq.read_schema(f) == rows.schema for f in files if f != files[1])
+    groups = pq.ParquetFile(files[1]).metadata
     assert [groups.row_group(i).num_rows for i in range(groups.num_row_groups)] == [2, 1]
+    assert [f.name for f in accepted_log.partials_files(config, 7)] == [f.name for f in files]
     stored = accepted_log.meta(config, 7)
     assert (stored.events, stored.first_timestamp_ms, stored.last_timestamp_ms) == (3, 1000, 2000)
-    assert stored.size_bytes == accepted_log.events_file(config, 7).stat().st_size
-    assert not list((config.accepted_events_dir / "_tmp").iterdir())
+    assert stored.size_bytes == sum(f.stat().st_size for f in files)
+    assert accepted_log.partition_events(config, 7, 1, ["id"])["id"].to_pylist() == ["a", "b", "c"]
+    for root in (config.accepted_events_dir, config.window_partials_dir):
+        assert not list((root / "_tmp").iterdir())
 
 
 def test_a_backlog_older_than_the_retention_keeps_the_files_a_later_batch_s_dedup_horizon_still_needs(tmp_path):
@@ -171,4 +190,4 @@ def test_a_backlog_older_than_the_retention_keeps_the_files_a_later_batch_s_dedu
     # Batch 6's earliest is at 6 steps − 1 s: batches 0 and 1 end more than a horizon (4 steps) before it.
     assert accepted_log.expire(config, [windows, keyed], now) == [0, 1]
     assert [m.batch_id for m in accepted_log.metas(config)] == [2, 3, 4, 5, 6]
-    assert not accepted_log.events_file(config, 1).exists() and accepted_log.events_file(config, 2).exists()
+    assert not events_file(config, 1).exists() and events_file(config, 2).exists()

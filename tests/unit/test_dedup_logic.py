@@ -55,7 +55,7 @@ def test_a_replayed_batch_takes_what_its_published_file_accepted(tmp_path):
     batch = copies(("a", 1.0, 0, 1), ("a", 2.0, 0, 2), ("b", 3.0, 1, 1))
     file = tmp_path / "000000000007.parquet"
     pq.write_table(batch.filter(pa.array([True, False, True])), file)
-    assert published_copies(batch, str(file)).to_pylist() == [True, False, True]
+    assert published_copies(batch, pq.read_table(file)).to_pylist() == [True, False, True]
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -107,11 +107,12 @@ def test_after_a_restart_the_horizon_remembers_from_the_log_exactly_the_keys_it_
     config = load_config(environ={}, root=str(tmp_path), paths={"data_dir": str(tmp_path / "var")})
     accepted = app_copies(("checkout", "a", 1.0, 0, 1), ("search", "a", 2.0, 0, 2), ("search", "b", 3.0, 0, 3))
     meta = BatchMeta(4, {"t": {"0": 0}}, {"t": {"0": 3}}, 0, 0)
-    accepted_log.events_file(config, 4).parent.mkdir(parents=True)
-    pq.write_table(accepted, accepted_log.events_file(config, 4))   # what the accepted-events log stores
-    running = AcceptedIds(config)
+    file = accepted_log.partition_file(config.accepted_events_dir, 4, 0)
+    file.parent.mkdir(parents=True)
+    pq.write_table(accepted, file)   # what the accepted-events log stores for partition 0
+    running = AcceptedIds(config, 0)
     running.remember(4, accepted)
-    restarted = AcceptedIds(config)   # a new driver: nothing in memory, read back from the file
+    restarted = AcceptedIds(config, 0)   # a new process: nothing in memory, read back from the file
     assert restarted.of([meta]).to_pylist() == running.of([meta]).to_pylist()
     batch = app_copies(("search", "a", 9.0, 0, 7), ("mobile", "a", 9.0, 0, 8))
     assert first_copies(batch, restarted.of([meta])).to_pylist() == [False, True]

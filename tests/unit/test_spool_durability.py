@@ -183,11 +183,12 @@ def test_a_segment_is_synced_when_rolled_and_closed_and_its_directory_when_segme
     assert synced == [directory, directory]               # each replayed segment's removal
 
 
-def test_the_accepted_log_publishes_a_file_only_after_its_data_and_metadata_are_on_disk(tmp_path, synced,
-                                                                                        monkeypatch):
-    """After a power loss a published accept batch must be whole or absent: the events file and the metadata are
-    synced (with the metadata's directory) before the rename that publishes the file, and the directory the file
-    was renamed into after it. The partials file likewise."""
+def test_the_accepted_log_publishes_a_batch_only_after_its_files_and_metadata_are_on_disk(tmp_path, synced,
+                                                                                         monkeypatch):
+    """After a power loss a published accept batch must be whole or absent: each partition's file is synced by the
+    task that staged it, and before the rename that publishes the batch's directory the driver syncs the padding
+    files, the staged directory (its names) and the metadata (with its directory); the directory the batch was
+    renamed into after it. The partials likewise."""
     renames: list[str] = []
     real_rename = Path.rename
 
@@ -199,18 +200,27 @@ def test_the_accepted_log_publishes_a_file_only_after_its_data_and_metadata_are_
     monkeypatch.setattr(Path, "rename", rename)
     config = load_config(environ={}, root=str(tmp_path), paths={"data_dir": str(tmp_path / "var")})
     events = pa.table({"id": ["a", "b"], "value": [1.0, 2.0]})
-    accepted_log.publish(config, [events], BatchMeta(7, {"t": {"0": 0}}, {"t": {"0": 2}}, 1, 2))
-    accepted_log.publish_partials(config, 7, lambda: events)
+    staged = {root: accepted_log.staging_dir(root, 7, "attempt")
+              for root in (config.accepted_events_dir, config.window_partials_dir)}
+    for directory in staged.values():
+        accepted_log.stage_file(directory, 1, [events])
+    staging = synced[:]
+    synced.clear()
+    accepted_log.publish(config, BatchMeta(7, {"t": {"1": 0}}, {"t": {"1": 2}}, 1, 2, events=2), "attempt")
 
-    target, partials = accepted_log.events_file(config, 7), accepted_log.partials_file(config, 7)
+    for directory in staged.values():   # each task's file: data synced, then renamed within the staging directory
+        [data] = [p for p in staging if p.startswith(f"{directory}/.00001-")]
+        assert staging.index(data) < staging.index(f"rename -> {directory}/00001.parquet")
+    target = accepted_log.batch_dir(config.accepted_events_dir, 7)
+    partials = accepted_log.batch_dir(config.window_partials_dir, 7)
     meta = config.accepted_events_dir / "_meta" / "7.json"
     first_publish = synced[:synced.index(f"rename -> {target}") + 2]
-    staged = [p for p in first_publish if "/_tmp/" in p]
-    assert len(staged) == 1 and staged[0].startswith(str(config.accepted_events_dir / "_tmp" / "000000000007-"))
-    assert first_publish[-4:] == [str(meta), str(meta.parent), f"rename -> {target}", str(target.parent)]
-    assert first_publish.index(staged[0]) < first_publish.index(str(meta))
+    padding = [p for p in first_publish if p.startswith(f"{staged[config.accepted_events_dir]}/.")]
+    assert len(padding) == config.kafka.events_partitions - 1
+    assert first_publish[-5:] == [str(staged[config.accepted_events_dir]), str(meta), str(meta.parent),
+                                  f"rename -> {target}", str(target.parent)]
+    assert max(first_publish.index(p) for p in padding) < first_publish.index(str(meta))
     second = synced[len(first_publish):]
-    assert second[-2:] == [f"rename -> {partials}", str(partials.parent)]
-    assert any(p.startswith(str(config.window_partials_dir / "_tmp" / "000000000007-")) for p in second[:-2])
-    assert renames == [str(target), str(partials)]
+    assert second[-3:] == [str(staged[config.window_partials_dir]), f"rename -> {partials}", str(partials.parent)]
+    assert [r for r in renames if "_tmp" not in r] == [str(target), str(partials)]
     assert accepted_log.meta(config, 7).events == 2 and accepted_log.published(config, 7)

@@ -1,0 +1,277 @@
+"""The ``accept`` query's work on one Kafka partition of a batch, run in the Spark task that read it.
+
+The driver's ``accept`` writer (``analytics.accept.writer``) hands each task its partition's validated records as
+Arrow (``mapInArrow``), and each task, in parallel over the partitions of the events topic:
+
+- splits valid from rejected records;
+- chooses the first copies against its partition's dedup horizon (``analytics.accept.dedup``);
+- marks session runs and the rows ``keyed_windows`` reads (``analytics.keyed.runs``, ``analytics.keyed.rows``) and
+  stages its partition's events file, then its window partials (``analytics.windows.partials``), for the driver to
+  publish (``accepted_log.publish``) once every task has succeeded;
+- stores its log lines, duplicates, rejected records and devices' clock offsets in ClickHouse, and forwards the
+  rejected records to the dead-letter topic;
+- returns one small row (:data:`RESULT`): its counts, broker-time span, dedup state size and stage timings.
+
+So what reaches the driver per batch is one row per partition, whatever the number of events.
+
+Everything a task writes is idempotent, so a retried task or a replayed batch changes nothing: staged files are
+published only once (a replay of a published batch stages nothing and takes its first copies from the published
+file), and every table is keyed by Kafka position, by device and batch, or (``logs``) deduplicated by the insert
+itself (the same first copies in the same order make the same block).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Producer
+
+from analytics import accepted_log
+from analytics.accept import dedup
+from analytics.keyed import rows as keyed_rows
+from analytics.keyed import runs as session_runs
+from analytics.sinks import insert_tables, with_constants
+from analytics.vocabulary import ACCEPT_QUERY
+from analytics.windows import partials as window_partials
+from eventide.config import Config
+
+DUPLICATE_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "event_id", "app",
+                     "device")
+DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
+                       "raw_bytes")
+KAFKA_COORDINATES = ("topic", "partition", "offset", "kafka_timestamp")
+REJECTED_COLUMNS = (*KAFKA_COORDINATES, "reason", "raw", "raw_bytes", "value")   # dead letters, their topic copy
+_COPY_SOURCE = (*KAFKA_COORDINATES, "id", "app", "device")                        # -> DUPLICATE_COLUMNS
+
+RESULT = pa.schema([
+    ("partition", pa.int32()), ("candidates", pa.int64()), ("accepted", pa.int64()), ("dead_letters", pa.int64()),
+    ("first_timestamp_ms", pa.int64()), ("last_timestamp_ms", pa.int64()), ("horizon_ids", pa.int64()),
+    ("horizon_bytes", pa.int64()), ("horizon_memory_bytes", pa.int64()), ("staged_bytes", pa.int64()),
+    ("seconds", pa.string()),
+])
+"""What each task returns to the driver: one row per Kafka partition of the batch (``seconds``: its stage timings
+as JSON, for the benchmark)."""
+
+
+@dataclass(frozen=True)
+class AcceptPartition:
+    """One batch's work on each Kafka partition, as ``mapInArrow``'s function (pickled to the tasks).
+
+    ``records``' schema is the driver's projection (``writer.accept_projection``): the accepted columns, the
+    message, and the reason, raw bytes and value of a rejected record. ``replay``: the batch's events are already
+    published; ``partials_published``: so are its partials."""
+
+    config: Config
+    batch_id: int
+    attempt: str
+    accepted_columns: tuple[str, ...]
+    replay: bool
+    partials_published: bool
+    now: datetime
+
+    def __call__(self, chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batches = list(chunks)
+        if not batches or not sum(b.num_rows for b in batches):
+            return
+        records = pa.Table.from_batches(batches)
+        yield pa.RecordBatch.from_pylist([self._accept(records)], schema=RESULT)
+
+    def _accept(self, batch: pa.Table) -> dict[str, object]:
+        config, batch_id = self.config, self.batch_id
+        partition = _only_partition(batch, config)
+        seconds: dict[str, float] = {}
+        clock = _Stopwatch(seconds)
+        valid = pc.is_null(batch["reason"]).to_numpy(zero_copy_only=False)
+        candidates = batch.select(list(dedup.COPY_COLUMNS)).filter(pa.array(valid))
+        rejected = batch.select(list(REJECTED_COLUMNS)).filter(pa.array(~valid))
+        accepted = batch.select(list(self.accepted_columns)).slice(0, 0)
+        kept = np.zeros(batch.num_rows, dtype=bool)
+        memory: list[accepted_log.BatchMeta] = []
+        span: dict[str, int | None] = {"first": None, "last": None}
+        staged_bytes, memory_bytes = 0, 0
+        rows: list[tuple[str, pa.Table]] = []
+        if candidates.num_rows:
+            times = pc.min_max(candidates["kafka_timestamp"].cast(pa.int64())).as_py()   # µs since the epoch
+            span = {"first": times["min"] // 1000, "last": times["max"] // 1000}
+            with clock("dedup"):
+                first = self._first_copies(candidates, partition, span["first"], memory)
+                kept[valid] = first.to_numpy(zero_copy_only=False)
+                accepted = batch.select(list(self.accepted_columns)).filter(pa.array(kept))
+                copies = batch.select(list(_COPY_SOURCE)).filter(pa.array(valid & ~kept))
+            if not self.replay:
+                with clock("events_file"):
+                    # Session runs are marked here, where the partition's batch is at hand (analytics.keyed.runs),
+                    # and so are the rows keyed_windows reads, written first (analytics.keyed.rows).
+                    staged_bytes = accepted_log.stage_file(
+                        accepted_log.staging_dir(config.accepted_events_dir, batch_id, self.attempt), partition,
+                        keyed_rows.row_groups(session_runs.with_runs(accepted, config.stream.session_gap_s * 1000),
+                                              config))
+            if config.stream.deduplicate:
+                memory_bytes = _memory(config, partition).nbytes(memory)
+                _memory(config, partition).remember(batch_id, accepted)
+            if not self.partials_published:
+                with clock("window_partials"):
+                    accepted_log.stage_file(
+                        accepted_log.staging_dir(config.window_partials_dir, batch_id, self.attempt), partition,
+                        [window_partials.partials(accepted, config)])
+            with clock("log_lines"):
+                rows.append(("logs", log_lines(batch, kept)))
+            if copies.num_rows:
+                rows.append(("duplicates", with_constants(copies.rename_columns(list(DUPLICATE_COLUMNS)),
+                                                           batch_id=batch_id, detected_at=self.now)))
+        rows.append(("device_clocks", with_constants(clock_offsets(accepted), batch_id=batch_id,
+                                                      recorded_at=self.now)))
+        if rejected.num_rows:
+            rows.append(("dead_letters", with_constants(rejected.select(
+                [*KAFKA_COORDINATES, "reason", "raw", "raw_bytes"]).rename_columns(
+                list(DEAD_LETTER_COLUMNS)), detected_at=self.now)))
+        with clock("store_write"):
+            insert_tables(config, rows, ACCEPT_QUERY)
+        if rejected.num_rows:
+            # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
+            with clock("dead_letter_topic"):
+                _dead_letter_topic(config).forward(rejected)
+        return {
+            "partition": partition, "candidates": candidates.num_rows, "accepted": accepted.num_rows,
+            "dead_letters": rejected.num_rows, "first_timestamp_ms": span["first"],
+            "last_timestamp_ms": span["last"],
+            "horizon_ids": sum(m.partition_events(partition) for m in memory),
+            "horizon_bytes": sum(m.partition_bytes(partition) for m in memory), "horizon_memory_bytes": memory_bytes,
+            "staged_bytes": staged_bytes, "seconds": json.dumps(seconds),
+        }
+
+    def _first_copies(self, candidates: pa.Table, partition: int, earliest_ms: int,
+                      memory: list[accepted_log.BatchMeta]) -> pa.BooleanArray:
+        """Which candidates are first copies; fills ``memory`` with the batches of the horizon they were checked
+        against."""
+        config = self.config
+        if self.replay:   # the published file says what was accepted
+            return dedup.published_copies(candidates, accepted_log.partition_events(
+                config, self.batch_id, partition, dedup.POSITION))
+        if not config.stream.deduplicate:
+            return pa.array(np.ones(candidates.num_rows, dtype=bool))
+        memory.extend(dedup.horizon(config, self.batch_id, partition, earliest_ms))
+        return dedup.first_copies(candidates, _memory(config, partition).of(memory))
+
+
+def _only_partition(batch: pa.Table, config: Config) -> int:
+    """The one Kafka partition a task's records come from; a partition the layout has no file for is refused
+    with what to change."""
+    found = pc.unique(batch["partition"]).to_pylist()
+    if len(found) != 1:
+        raise RuntimeError(f"accept batch task read Kafka partitions {found}: each task must read exactly one "
+                           "(do not set the Kafka source's minPartitions or maxRecordsPerPartition)")
+    partition = int(found[0])
+    if partition >= config.kafka.events_partitions:
+        raise RuntimeError(
+            f"the events topic has a partition {partition}, but kafka.events_partitions is "
+            f"{config.kafka.events_partitions}: the accepted-events log has one file per partition; set "
+            "kafka.events_partitions to the topic's partition count once the stateful queries have caught up "
+            "(docs/operations.md, \"Adding partitions\")")
+    return partition
+
+
+class _Stopwatch:
+    """``with clock("stage"):`` adds the block's seconds to the stage's."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self._seconds = seconds
+
+    def __call__(self, stage: str) -> _Stopwatch:
+        self._stage = stage
+        return self
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *_: object) -> None:
+        self._seconds[self._stage] = self._seconds.get(self._stage, 0.0) + time.perf_counter() - self._start
+
+
+_memories: dict[tuple[str, int], dedup.AcceptedIds] = {}
+
+
+def _memory(config: Config, partition: int) -> dedup.AcceptedIds:
+    """This process's dedup memory of one partition of one accepted-events log (a worker may serve several
+    partitions, and in tests several jobs)."""
+    key = (str(config.accepted_events_dir), partition)
+    if key not in _memories:
+        _memories[key] = dedup.AcceptedIds(config, partition)
+    return _memories[key]
+
+
+def log_lines(batch: pa.Table, kept: np.ndarray) -> pa.Table:
+    """The ``logs`` table's rows (sql/0013_logs.sql) of the batch's first copies (``kept``) that are logs.
+
+    One block, and nothing in it from the wall clock: a replayed batch (the same first copies, in the same order)
+    sends the very same block, which the table's insert deduplication drops (sql/0013_logs.sql)."""
+    is_log = pc.equal(batch["kind"], "log").to_numpy(zero_copy_only=False)
+    lines = batch.filter(pa.array(kept & np.asarray(is_log, dtype=bool))).combine_chunks()
+    tags = lines["tags"].combine_chunks() if lines.num_rows else pa.array([], lines.schema.field("tags").type)
+    return pa.table({
+        "corrected_event_time": lines["corrected_event_time"],
+        "event_time": pc.cast(lines["event_time"], pa.timestamp("ms", tz="UTC")),
+        "received_time": pc.cast(lines["received_time"], pa.timestamp("ms", tz="UTC")),
+        **{c: lines[c] for c in ("app", "level", "name", "device")},
+        "user": pc.fill_null(lines["user"], ""),
+        "message": lines["message"],
+        # An event without tags has a null map; the column holds an empty one.
+        "tags": pa.MapArray.from_arrays(tags.offsets, tags.keys, tags.items),
+        "event_id": lines["id"], "source_partition": lines["partition"], "source_offset": lines["offset"],
+    })
+
+
+def clock_offsets(accepted: pa.Table) -> pa.Table:
+    """Per (app, device) of the accepted events: their count and clock offsets, and the latest receive time."""
+    grouped = accepted.group_by(["app", "device"], use_threads=False).aggregate([
+        ("id", "count"), ("clock_offset_ms", "min"), ("clock_offset_ms", "max"), ("clock_offset_ms", "mean"),
+        ("received_time", "max")])
+    return pa.table({
+        "app": grouped["app"], "device": grouped["device"], "events": grouped["id_count"],
+        "offset_min_ms": grouped["clock_offset_ms_min"], "offset_max_ms": grouped["clock_offset_ms_max"],
+        "offset_avg_ms": grouped["clock_offset_ms_mean"],
+        "last_received": grouped["received_time_max"].cast(pa.timestamp("ms", tz="UTC")),
+    })
+
+
+class _DeadLetterTopic:
+    """A copy of each rejected record on the dead-letter topic, its reason and source in headers; one producer
+    per process (a Spark task's Python worker) and topic."""
+
+    def __init__(self, config: Config) -> None:
+        self._topic = config.kafka.dead_letter_topic
+        self._producer = Producer({"bootstrap.servers": config.kafka.bootstrap, "acks": "all",
+                                   "enable.idempotence": True})
+
+    def forward(self, rejected: pa.Table) -> None:
+        """Send ``rejected`` (columns topic, partition, offset, reason, value) and wait until the broker has every
+        copy; raise if it refused one (Spark then retries the task, and the batch)."""
+        topic, failures = self._topic, []
+        for source_topic, partition, offset, reason, value in zip(
+                *(rejected[c].to_pylist() for c in ("topic", "partition", "offset", "reason", "value")),
+                strict=True):
+            self._producer.produce(
+                topic, value, headers=[("reason", reason.encode()),
+                                       ("source", f"{source_topic}/{partition}/{offset}".encode())],
+                on_delivery=lambda err, _msg: failures.append(str(err)) if err else None)
+            self._producer.poll(0)
+        self._producer.flush()   # returns once each copy is delivered or failed (the producer's delivery timeout)
+        if failures:
+            raise RuntimeError(f"the dead-letter topic {topic} did not take {len(failures)} records: {failures[:3]}")
+
+
+_dead_letter_topics: dict[tuple[str, str], _DeadLetterTopic] = {}
+
+
+def _dead_letter_topic(config: Config) -> _DeadLetterTopic:
+    key = (config.kafka.bootstrap, config.kafka.dead_letter_topic)
+    if key not in _dead_letter_topics:
+        _dead_letter_topics[key] = _DeadLetterTopic(config)
+    return _dead_letter_topics[key]
