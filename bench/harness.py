@@ -587,9 +587,14 @@ def stored_summary(config: Config) -> dict[str, Any]:
             for t in ("window_aggregates", "sliding_windows", "sessions", "stragglers", "dead_letters", "duplicates")}
         ids, size, memory = ch.query("SELECT max(horizon_ids), max(horizon_bytes), max(horizon_memory_bytes) "
                                      "FROM dedup_state FINAL").result_rows[0]
+        # The dedup state is held per Kafka partition, in the task that reads it: its largest partition's share.
+        part_ids, part_memory = ch.query("SELECT max(horizon_ids), max(horizon_memory_bytes) "
+                                         "FROM dedup_partitions FINAL").result_rows[0]
     stored["dedup_horizon_ids_max"] = ids
     stored["dedup_horizon_bytes_per_1m_ids"] = round(size / ids * 1e6) if ids else None
     stored["dedup_memory_bytes_per_1m_ids"] = round(memory / ids * 1e6) if ids else None
+    stored["dedup_partition_ids_max"] = part_ids
+    stored["dedup_partition_memory_bytes_max"] = part_memory
     return stored
 
 

@@ -77,20 +77,45 @@ class AcceptPartition:
     now: datetime
 
     def __call__(self, chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        batches = list(chunks)
-        if not batches or not sum(b.num_rows for b in batches):
-            return
-        records = pa.Table.from_batches(batches)
-        yield pa.RecordBatch.from_pylist([self._accept(records)], schema=RESULT)
-
-    def _accept(self, batch: pa.Table) -> dict[str, object]:
-        config, batch_id = self.config, self.batch_id
-        partition = _only_partition(batch, config)
         seconds: dict[str, float] = {}
         clock = _Stopwatch(seconds)
-        valid = pc.is_null(batch["reason"]).to_numpy(zero_copy_only=False)
-        candidates = batch.select(list(dedup.COPY_COLUMNS)).filter(pa.array(valid))
-        rejected = batch.select(list(REJECTED_COLUMNS)).filter(pa.array(~valid))
+        valid_chunks: list[pa.RecordBatch] = []
+        partitions: set[int] = set()
+        records = dead_letters = 0
+        for chunk in chunks:
+            # Spark's Arrow chunks are bounded in records and bytes (analytics.spark.settings). A rejected record
+            # (raw bytes up to the topic's largest message) is stored and forwarded with its chunk, never held:
+            # what the task keeps is valid records, each at most envelope.max_record_bytes.
+            records += chunk.num_rows
+            partitions.update(pc.unique(chunk.column("partition")).to_pylist())
+            is_valid = pc.is_null(chunk.column("reason"))
+            rejected = chunk.filter(pc.invert(is_valid))
+            if rejected.num_rows:
+                dead_letters += rejected.num_rows
+                self._reject(pa.Table.from_batches([rejected]), clock)
+            valid_chunks.append(chunk.filter(is_valid).select([*self.accepted_columns, "message"]))
+        if not records:
+            return
+        partition = _only_partition(partitions, self.config)
+        valid = pa.Table.from_batches(valid_chunks)
+        yield pa.RecordBatch.from_pylist([self._accept(valid, partition, dead_letters, seconds, clock)],
+                                         schema=RESULT)
+
+    def _reject(self, rejected: pa.Table, clock: _Stopwatch) -> None:
+        """Store rejected records in ``dead_letters`` and forward them to the dead-letter topic."""
+        with clock("store_write"):
+            insert_tables(self.config, [("dead_letters", with_constants(rejected.select(
+                [*KAFKA_COORDINATES, "reason", "raw", "raw_bytes"]).rename_columns(
+                list(DEAD_LETTER_COLUMNS)), detected_at=self.now))], ACCEPT_QUERY)
+        # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
+        with clock("dead_letter_topic"):
+            _dead_letter_topic(self.config).forward(rejected)
+
+    def _accept(self, batch: pa.Table, partition: int, dead_letters: int, seconds: dict[str, float],
+                clock: _Stopwatch) -> dict[str, object]:
+        """The valid records' work (``batch``: the accepted columns and the message)."""
+        config, batch_id = self.config, self.batch_id
+        candidates = batch.select(list(dedup.COPY_COLUMNS))
         accepted = batch.select(list(self.accepted_columns)).slice(0, 0)
         kept = np.zeros(batch.num_rows, dtype=bool)
         memory: list[accepted_log.BatchMeta] = []
@@ -101,10 +126,10 @@ class AcceptPartition:
             times = pc.min_max(candidates["kafka_timestamp"].cast(pa.int64())).as_py()   # µs since the epoch
             span = {"first": times["min"] // 1000, "last": times["max"] // 1000}
             with clock("dedup"):
-                first = self._first_copies(candidates, partition, span["first"], memory)
-                kept[valid] = first.to_numpy(zero_copy_only=False)
+                kept = self._first_copies(candidates, partition, span["first"], memory).to_numpy(
+                    zero_copy_only=False)
                 accepted = batch.select(list(self.accepted_columns)).filter(pa.array(kept))
-                copies = batch.select(list(_COPY_SOURCE)).filter(pa.array(valid & ~kept))
+                copies = batch.select(list(_COPY_SOURCE)).filter(pa.array(~kept))
             if not self.replay:
                 with clock("events_file"):
                     # Session runs are marked here, where the partition's batch is at hand (analytics.keyed.runs),
@@ -128,19 +153,11 @@ class AcceptPartition:
                                                            batch_id=batch_id, detected_at=self.now)))
         rows.append(("device_clocks", with_constants(clock_offsets(accepted), batch_id=batch_id,
                                                       recorded_at=self.now)))
-        if rejected.num_rows:
-            rows.append(("dead_letters", with_constants(rejected.select(
-                [*KAFKA_COORDINATES, "reason", "raw", "raw_bytes"]).rename_columns(
-                list(DEAD_LETTER_COLUMNS)), detected_at=self.now)))
         with clock("store_write"):
             insert_tables(config, rows, ACCEPT_QUERY)
-        if rejected.num_rows:
-            # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
-            with clock("dead_letter_topic"):
-                _dead_letter_topic(config).forward(rejected)
         return {
             "partition": partition, "candidates": candidates.num_rows, "accepted": accepted.num_rows,
-            "dead_letters": rejected.num_rows, "first_timestamp_ms": span["first"],
+            "dead_letters": dead_letters, "first_timestamp_ms": span["first"],
             "last_timestamp_ms": span["last"],
             "horizon_ids": sum(m.partition_events(partition) for m in memory),
             "horizon_bytes": sum(m.partition_bytes(partition) for m in memory), "horizon_memory_bytes": memory_bytes,
@@ -161,14 +178,13 @@ class AcceptPartition:
         return dedup.first_copies(candidates, _memory(config, partition).of(memory))
 
 
-def _only_partition(batch: pa.Table, config: Config) -> int:
+def _only_partition(found: set[int], config: Config) -> int:
     """The one Kafka partition a task's records come from; a partition the layout has no file for is refused
     with what to change."""
-    found = pc.unique(batch["partition"]).to_pylist()
     if len(found) != 1:
-        raise RuntimeError(f"accept batch task read Kafka partitions {found}: each task must read exactly one "
+        raise RuntimeError(f"accept batch task read Kafka partitions {sorted(found)}: each task must read exactly one "
                            "(do not set the Kafka source's minPartitions or maxRecordsPerPartition)")
-    partition = int(found[0])
+    [partition] = found
     if partition >= config.kafka.events_partitions:
         raise RuntimeError(
             f"the events topic has a partition {partition}, but kafka.events_partitions is "
