@@ -59,18 +59,21 @@ def test_a_reader_stopped_between_choosing_its_next_file_and_planning_it_still_r
     run_job(spark, reference)
 
     run_until_idle(spark, faulted, only=("accept",))
-    published = sorted(faulted.window_partials_dir.glob("*.parquet"))   # the files the windows query reads
+    # The batches the windows query reads: a directory of partials files each.
+    published = sorted(p for p in faulted.window_partials_dir.iterdir() if p.name.isdigit())
     aside = tmp_path / "aside"
     aside.mkdir()
-    for file in published[3:]:
-        file.rename(aside / file.name)
+    for batch in published[3:]:
+        batch.rename(aside / batch.name)
     run_until_idle(spark, faulted, only=("windows",))                 # the first three accept batches
-    for file in published[3:]:
-        (aside / file.name).rename(file)                               # rename keeps the files' order in time
+    for batch in published[3:]:
+        (aside / batch.name).rename(batch)                             # rename keeps the files' order in time
     log = faulted.checkpoint_dir / "windows" / "sources" / "0"
     chosen = max(int(p.name) for p in log.iterdir() if p.name.isdigit()) + 1
-    entry = {"path": published[3].as_uri(), "timestamp": int(published[3].stat().st_mtime * 1000), "batchId": chosen}
-    (log / str(chosen)).write_text("v1\n" + json.dumps(entry))         # as Spark writes it, just before planning
+    entries = [{"path": file.as_uri(), "timestamp": int(file.stat().st_mtime * 1000), "batchId": chosen}
+               for file in sorted(published[3].glob("*.parquet"))]
+    (log / str(chosen)).write_text("v1\n" + "\n".join(json.dumps(e) for e in entries))   # as Spark writes it, just
+    # before planning
 
     run_job(spark, faulted)                                            # restart: every query to the end
 
