@@ -83,3 +83,72 @@ def with_constants(table: pa.Table, **extra: Any) -> pa.Table:
 def renamed(table: pa.Table, names: dict[str, str]) -> pa.Table:
     """``table`` with the columns named in ``names`` renamed."""
     return table.rename_columns([names.get(c, c) for c in table.column_names])
+
+
+# Writing from Spark's tasks --------------------------------------------------------------------------------------
+# A reader's rows (window rows, sliding windows, sessions, stragglers) scale with its events; brought to the driver
+# they make the one driver the limit of the job however many executors it has (issue 40). So its tasks insert
+# them, each its own partition's, and send the driver only a few numbers. Retried tasks and replayed batches are
+# harmless: every table is keyed and versioned by batch id (module docstring), so the same rows written twice are
+# one write.
+
+TASK_REPORT = pa.schema([("table", pa.string()), ("rows", pa.int64()), ("result", pa.binary())])
+"""What a writing task sends back: a row per table it wrote (``rows`` written, ``result`` null) and, when it has
+one, a row with ``table`` null whose ``result`` is a small Arrow table (IPC stream) for the driver to merge."""
+TASK_REPORT_DDL = "`table` string, rows long, result binary"
+""":data:`TASK_REPORT` as Spark's schema string."""
+
+
+class TaskWriter:
+    """A ``mapInArrow`` function (its output schema :data:`TASK_REPORT`) inserting its partition's rows from the
+    task: :meth:`tables` maps the partition's rows to (table, rows) pairs, and optionally a small table for the
+    driver; they are inserted with :func:`insert_tables` and reported. Picklable (the ``Config`` and plain values):
+    every constant a row carries (``version``, ``written_at``) is chosen once in the driver and set on the writer,
+    so every task, and every retry of one, writes the same rows."""
+
+    def __init__(self, config: Config, query: str) -> None:
+        self.config = config
+        self.query = query
+
+    def tables(self, rows: pa.Table) -> tuple[list[tuple[str, pa.Table]], pa.Table | None]:
+        raise NotImplementedError
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = list(batches)
+        if not received or not sum(b.num_rows for b in received):
+            return   # an empty partition (a reader's state partition without output this batch) reports nothing
+        tables, result = self.tables(pa.Table.from_batches(received))
+        insert_tables(self.config, tables, self.query)
+        yield task_report(tables, result)
+
+
+def task_report(tables: list[tuple[str, pa.Table]], result: pa.Table | None = None) -> pa.RecordBatch:
+    """A task's :data:`TASK_REPORT` rows for the ``tables`` it inserted and its ``result`` for the driver."""
+    written = [(table, data.num_rows) for table, data in tables if data.num_rows]
+    names, counts, results = [t for t, _ in written], [n for _, n in written], [None] * len(written)
+    if result is not None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, result.schema) as stream:
+            stream.write_table(result)
+        names, counts, results = [*names, None], [*counts, 0], [*results, sink.getvalue().to_pybytes()]
+    return pa.RecordBatch.from_arrays([pa.array(names, pa.string()), pa.array(counts, pa.int64()),
+                                       pa.array(results, pa.binary())], schema=TASK_REPORT)
+
+
+def insert_in_tasks(frames: list[DataFrame], writers: list[TaskWriter]) -> tuple[dict[str, int], list[pa.Table]]:
+    """Run each frame through its writer (``mapInArrow``) and all of them as one Spark job (a union, collected:
+    every Spark job costs a fixed overhead per micro-batch, docs/performance.md#one-spark-job-per-accept-batch).
+    Returns the rows written per table and the tasks' results, for the driver to merge."""
+    written = [frame.mapInArrow(writer, TASK_REPORT_DDL) for frame, writer in zip(frames, writers, strict=True)]
+    job = written[0]
+    for other in written[1:]:
+        job = job.union(other)
+    reports = job.toArrow()
+    rows: dict[str, int] = defaultdict(int)
+    results = []
+    for table, count, result in zip(*(reports[c].to_pylist() for c in TASK_REPORT.names), strict=True):
+        if table is not None:
+            rows[table] += count
+        if result is not None:
+            results.append(pa.ipc.open_stream(result).read_all())
+    return dict(rows), results
