@@ -92,10 +92,12 @@ def renamed(table: pa.Table, names: dict[str, str]) -> pa.Table:
 # harmless: every table is keyed and versioned by batch id (module docstring), so the same rows written twice are
 # one write.
 
-TASK_REPORT = pa.schema([("table", pa.string()), ("rows", pa.int64()), ("result", pa.binary())])
-"""What a writing task sends back: a row per table it wrote (``rows`` written, ``result`` null) and, when it has
-one, a row with ``table`` null whose ``result`` is a small Arrow table (IPC stream) for the driver to merge."""
-TASK_REPORT_DDL = "`table` string, rows long, result binary"
+TASK_REPORT = pa.schema([("table", pa.string()), ("rows", pa.int64()), ("result", pa.binary()),
+                         ("message", pa.string())])
+"""What a writing task sends back: a row per table it wrote (``rows`` written); when it has one, a row whose
+``result`` is a small Arrow table (IPC stream) for the driver to merge; a row per warning :func:`insert_tables`
+logged in the task (``message``: the store was away and the task waited), for the driver's log."""
+TASK_REPORT_DDL = "`table` string, rows long, result binary, message string"
 """:data:`TASK_REPORT` as Spark's schema string."""
 
 
@@ -118,27 +120,58 @@ class TaskWriter:
         if not received or not sum(b.num_rows for b in received):
             return   # an empty partition (a reader's state partition without output this batch) reports nothing
         tables, result = self.tables(pa.Table.from_batches(received))
-        insert_tables(self.config, tables, self.query)
-        yield task_report(tables, result)
+        with _warnings_kept() as warnings:
+            insert_tables(self.config, tables, self.query)
+        yield task_report(tables, result, warnings)
 
 
-def task_report(tables: list[tuple[str, pa.Table]], result: pa.Table | None = None) -> pa.RecordBatch:
-    """A task's :data:`TASK_REPORT` rows for the ``tables`` it inserted and its ``result`` for the driver."""
-    written = [(table, data.num_rows) for table, data in tables if data.num_rows]
-    names, counts, results = [t for t, _ in written], [n for _, n in written], [None] * len(written)
+class _Kept(logging.Handler):
+    """Keeps the messages of the records it handles, and lets them through to the process's own output."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        if not logging.getLogger().handlers:   # a bare Python worker: still on its stderr (the executor's log)
+            logging.lastResort.handle(record)   # type: ignore[union-attr]
+
+
+@contextmanager
+def _warnings_kept() -> Iterator[list[str]]:
+    """The warnings this module logs meanwhile (a task waiting for the store), to be reported to the driver: a task's
+    log is the executor's, and the driver's log is where an operator, and the fault tests, look."""
+    kept = _Kept()
+    log.addHandler(kept)
+    try:
+        yield kept.messages
+    finally:
+        log.removeHandler(kept)
+
+
+def task_report(tables: list[tuple[str, pa.Table]], result: pa.Table | None = None,
+                warnings: list[str] | None = None) -> pa.RecordBatch:
+    """A task's :data:`TASK_REPORT` rows for the ``tables`` it inserted, its ``result`` for the driver and the
+    ``warnings`` it logged."""
+    rows: list[tuple[str | None, int, bytes | None, str | None]] = [
+        (table, data.num_rows, None, None) for table, data in tables if data.num_rows]
     if result is not None:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, result.schema) as stream:
             stream.write_table(result)
-        names, counts, results = [*names, None], [*counts, 0], [*results, sink.getvalue().to_pybytes()]
-    return pa.RecordBatch.from_arrays([pa.array(names, pa.string()), pa.array(counts, pa.int64()),
-                                       pa.array(results, pa.binary())], schema=TASK_REPORT)
+        rows.append((None, 0, sink.getvalue().to_pybytes(), None))
+    rows += [(None, 0, None, message) for message in warnings or []]
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(TASK_REPORT)
+    return pa.RecordBatch.from_arrays([pa.array(column, field.type) for column, field in zip(
+        columns, TASK_REPORT, strict=True)], schema=TASK_REPORT)
 
 
 def insert_in_tasks(frames: list[DataFrame], writers: list[TaskWriter]) -> tuple[dict[str, int], list[pa.Table]]:
     """Run each frame through its writer (``mapInArrow``) and all of them as one Spark job (a union, collected:
     every Spark job costs a fixed overhead per micro-batch, docs/performance.md#one-spark-job-per-accept-batch).
-    Returns the rows written per table and the tasks' results, for the driver to merge."""
+    Returns the rows written per table and the tasks' results, for the driver to merge; the tasks' warnings are
+    logged here, once the job is done."""
     written = [frame.mapInArrow(writer, TASK_REPORT_DDL) for frame, writer in zip(frames, writers, strict=True)]
     job = written[0]
     for other in written[1:]:
@@ -146,9 +179,11 @@ def insert_in_tasks(frames: list[DataFrame], writers: list[TaskWriter]) -> tuple
     reports = job.toArrow()
     rows: dict[str, int] = defaultdict(int)
     results = []
-    for table, count, result in zip(*(reports[c].to_pylist() for c in TASK_REPORT.names), strict=True):
+    for table, count, result, message in zip(*(reports[c].to_pylist() for c in TASK_REPORT.names), strict=True):
         if table is not None:
             rows[table] += count
         if result is not None:
             results.append(pa.ipc.open_stream(result).read_all())
+        if message is not None:
+            log.warning("%s (in a writing task)", message)
     return dict(rows), results

@@ -149,6 +149,7 @@ def test_a_writing_task_inserts_its_rows_and_reports_their_counts_and_its_result
     assert report.schema == sinks.TASK_REPORT
     assert report["table"].to_pylist() == ["a", None]
     assert report["rows"].to_pylist() == [6, 0]
+    assert report["message"].to_pylist() == [None, None]
     assert pa.ipc.open_stream(report["result"][1].as_py()).read_all().to_pylist() == [{"x": 1}]
     assert list(writer(iter([]))) == [] and list(writer(iter([batch.slice(0, 0)]))) == []
     assert len(inserted) == 1
@@ -172,3 +173,14 @@ def test_the_late_pass_of_a_batch_split_by_file_equals_the_pass_over_all_its_eve
     assert sorted_rows(pa.concat_tables([stragglers(late) for late in per_file])) == sorted_rows(stragglers(whole))
     assert sorted_rows(merged_corrections([corrections(late) for late in per_file])) == sorted_rows(
         corrections(whole))
+
+
+def test_a_task_s_waits_for_the_store_are_reported_to_the_driver(monkeypatch) -> None:
+    def away_then_back(config, rows, query):
+        sinks.log.warning("%s: store unreachable at x; the micro-batch waits and retries in 1 s", query)
+
+    monkeypatch.setattr(sinks, "insert_tables", away_then_back)
+    [report] = list(_Rows(load_config(environ={}), "q")(iter([pa.record_batch({"x": [1]})])))
+
+    assert report["message"].to_pylist()[-1] == "q: store unreachable at x; the micro-batch waits and retries in 1 s"
+    assert not any(isinstance(h, sinks._Kept) for h in sinks.log.handlers)
