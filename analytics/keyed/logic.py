@@ -142,10 +142,13 @@ class KeyedWindowsLogic:
             self._move_timer(registered, self._sessions_due(bucket))
             if len(dropped_at):
                 kinds, names = self._session_keys(dropped_keys.tolist())
+                # The head's Kafka partition and the run's size let the writer find the run's events within
+                # that partition when it was formed there (analytics.keyed.runs.events_of_runs).
                 yield _output(len(dropped_at), {
                     **self._key_columns(key, DROPPED_RUN, watermark), "kind": kinds, "name": names,
                     "window_start_ms": start, "window_end_ms": end, "event_time_ms": first[dropped_at],
-                    RUN_LAST: last[dropped_at]})
+                    RUN_LAST: last[dropped_at], "source_partition": frame["partition"].to_numpy(np.int32)[dropped_at],
+                    "event_count": frame[RUN_EVENTS].to_numpy(np.int64)[dropped_at]})
 
     def handle_expired_timer(self, key: Any, timer_values: TimerValues) -> Iterator[pd.DataFrame]:
         key = _unpack_key(key)

@@ -89,16 +89,34 @@ def events_of_runs(runs: pa.Table, events: pa.Table) -> pa.Table:
     ``runs`` has columns ``app``, ``kind`` (``user`` | ``device``), ``name`` (the session key), ``first_ms``,
     ``last_ms`` and any others, which are carried; identical rows count once (a file without runs names each
     event as its own run, so events of one key at one time appear as one run per event). ``events`` are
-    accepted events of the batch the runs were formed in (:data:`EVENT_COLUMNS` and any others, carried; none
-    may share a name with a column of ``runs``)."""
+    accepted events of the batch the runs were formed in (:data:`EVENT_COLUMNS`, ``partition`` when ``runs`` has
+    ``head_partition``, and any others, carried; none may share a name with a column of ``runs``).
+
+    With ``head_partition`` (the Kafka partition of the run's head) and ``run_events`` (its size) on ``runs``, a run
+    takes its key's events of its head's partition within ``[first, last]`` when there are exactly ``run_events`` of
+    them: a run formed within one partition (events of different partitions may then form overlapping runs of one
+    key, which its partition tells apart). Otherwise (a run formed over the whole batch, one of whose events is in
+    another partition, or no size known) it takes its key's events of every partition in ``[first, last]``, which
+    for a run maximal over the batch are exactly its own; where both rules apply they select the same events."""
     runs = runs.group_by(runs.column_names, use_threads=False).aggregate([])
+    by_partition = "head_partition" in runs.column_names and "run_events" in runs.column_names
+    if by_partition:
+        runs = runs.append_column("run_index", pa.array(np.arange(runs.num_rows, dtype=np.int64)))
     kind, key = session_keys(events)
     keyed = events.append_column("kind", kind).append_column("name", key).append_column(
         "t_ms", pa.array(epoch_ms(events["corrected_event_time"])))
     joined = runs.join(keyed, keys=["app", "kind", "name"], join_type="inner", use_threads=False)
     within = pc.and_(pc.greater_equal(joined["t_ms"], joined["first_ms"]),
                      pc.less_equal(joined["t_ms"], joined["last_ms"]))
-    return joined.filter(within)
+    joined = joined.filter(within)
+    if not by_partition:
+        return joined
+    run = np.asarray(joined["run_index"], dtype=np.int64)
+    same = np.asarray(pc.fill_null(pc.equal(joined["partition"], joined["head_partition"]), False), dtype=bool)
+    in_head_partition = np.bincount(run[same], minlength=runs.num_rows)
+    size = np.asarray(pc.fill_null(runs["run_events"], -1), dtype=np.int64)
+    formed_in_partition = in_head_partition == size
+    return joined.filter(pa.array(same | ~formed_in_partition[run])).drop_columns(["run_index"])
 
 
 def _codes(values: pa.ChunkedArray) -> np.ndarray:

@@ -4,6 +4,7 @@ changes nothing."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,7 +15,7 @@ from analytics import accepted_log
 from analytics.checkpoint import batch_info
 from analytics.keyed import runs as session_runs
 from analytics.keyed.schema import DROPPED_RUN, RUN_LAST, SESSION, SLIDING
-from analytics.sinks import BatchWriter, insert_tables, renamed, timed, with_constants
+from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, renamed, timed, with_constants
 from analytics.vocabulary import KEYED_WINDOWS_QUERY, LEVEL_FIELDS, SERIES, epoch_ms
 from analytics.windows.stragglers import STRAGGLER_COLUMNS
 from eventide.config import Config
@@ -32,8 +33,9 @@ SESSION_COLUMNS = (
 def keyed_windows_writer(config: Config) -> BatchWriter:
     """Write sliding windows, sessions and their stragglers, each keyed so a replayed batch changes nothing.
 
-    One Spark job per batch: every output row comes to the driver once, with each table's derived columns
-    computed in Spark, and the three tables are split from it with Arrow."""
+    One Spark job per batch, and the rows never reach the driver: each task of the query's output computes each
+    table's derived columns in Spark, splits its rows into the three tables and inserts them (:class:`KeyedRows`);
+    the driver collects a row per table and task (issue 40)."""
     sliding_ms = config.stream.sliding_window_s * 1000
     gap_ms = config.stream.session_gap_s * 1000
     ts = F.timestamp_millis
@@ -42,31 +44,49 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
     def write(batch: DataFrame, batch_id: int) -> None:
         now = datetime.now(UTC)
         has_values = F.col("value_count") > 0
-        with timed(KEYED_WINDOWS_QUERY, "collect"):
-            out = batch.select(
-                "row_type", "window_kind", *SERIES,
-                # a sliding window's length, or a session's gap (also the length of each one's stragglers)
-                F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
-                ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
-                ts("event_time_ms").alias("event_time"),
-                (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
-                "source_partition", "source_offset", "event_id", "device", "event_count", "value_count", "sum",
-                F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
-                F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
-                (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), "metric_count", "log_count",
-                *LEVEL_FIELDS, ts("watermark_ms").alias("watermark"), "lateness_ms", RUN_LAST,
-            ).toArrow()
+        out = batch.select(
+            "row_type", "window_kind", *SERIES,
+            # a sliding window's length, or a session's gap (also the length of each one's stragglers)
+            F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
+            ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
+            ts("event_time_ms").alias("event_time"),
+            (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
+            "source_partition", "source_offset", "event_id", "device", "event_count", "value_count", "sum",
+            F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
+            F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
+            (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), "metric_count", "log_count",
+            *LEVEL_FIELDS, ts("watermark_ms").alias("watermark"), "lateness_ms", RUN_LAST,
+        )
+        with timed(KEYED_WINDOWS_QUERY, "tasks"):   # the stateful query runs when its rows are written
+            insert_in_tasks([out], [KeyedRows(config, checkpoint, batch_id, now)])
+
+    return write
+
+
+class KeyedRows(TaskWriter):
+    """A task's share of the query's output rows, split by ``row_type`` into the three tables; a run of session
+    events dropped whole (``dropped_run``) is expanded into its events' stragglers from the batch's events files,
+    read by the task that has the run (rare: late session events)."""
+
+    def __init__(self, config: Config, checkpoint: Path, batch_id: int, written_at: datetime) -> None:
+        super().__init__(config, KEYED_WINDOWS_QUERY)
+        self.checkpoint = checkpoint
+        self.batch_id = batch_id
+        self.written_at = written_at
+
+    def tables(self, out: pa.Table) -> tuple[list[tuple[str, pa.Table]], pa.Table | None]:
+        batch_id, now = self.batch_id, self.written_at
         is_window = pc.equal(out["row_type"], "window")
         sliding = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SLIDING)))
         sessions = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SESSION)))
         dropped = out.filter(pc.equal(out["row_type"], "straggler")).select(list(_KEYED_STRAGGLER_COLUMNS))
         dropped_runs = out.filter(pc.equal(out["row_type"], DROPPED_RUN))
         if dropped_runs.num_rows:
-            with timed(KEYED_WINDOWS_QUERY, "dropped_runs"):
-                files = accepted_log.files_read(checkpoint, batch_info(checkpoint, batch_id))
-                dropped = pa.concat_tables([dropped, _run_stragglers(
-                    dropped_runs, accepted_log.read_files(files, _RUN_EVENT_COLUMNS)).cast(dropped.schema)])
-        rows = [
+            # Every events file the batch read (an accept batch may have several).
+            files = accepted_log.files_read(self.checkpoint, batch_info(self.checkpoint, batch_id))
+            dropped = pa.concat_tables([dropped, _run_stragglers(
+                dropped_runs, accepted_log.read_files(files, _RUN_EVENT_COLUMNS)).cast(dropped.schema)])
+        return [
             ("sliding_windows", with_constants(sliding.select(list(SLIDING_COLUMNS)),
                                                 version=batch_id, written_at=now)),
             ("sessions", with_constants(renamed(sessions, {
@@ -76,10 +96,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
             ("stragglers", with_constants(renamed(dropped, {"event_time": "corrected_event_time"}).append_column(
                 "window_hop_ms", pa.array([0] * dropped.num_rows, pa.int64())).select(list(STRAGGLER_COLUMNS)),
                 query_name=KEYED_WINDOWS_QUERY, batch_id=batch_id, detected_at=now)),
-        ]
-        insert_tables(config, rows, KEYED_WINDOWS_QUERY)
-
-    return write
+        ], None
 
 
 _RUN_EVENT_COLUMNS = (*session_runs.EVENT_COLUMNS, "partition", "offset", "id")
@@ -90,13 +107,17 @@ _KEYED_STRAGGLER_COLUMNS = ("window_kind", "window_length_ms", "app", "kind", "n
 
 def _run_stragglers(runs: pa.Table, events: pa.Table) -> pa.Table:
     """The straggler rows of the session runs ``keyed_windows`` dropped whole (its ``dropped_run`` rows), one per
-    event of each run, from the batch's accepted events: the columns of the processor's own straggler rows."""
+    event of each run, from the batch's accepted events: the columns of the processor's own straggler rows.
+
+    A row carries its head's partition and its size (``source_partition``, ``event_count``), so a run formed within
+    one Kafka partition takes only that partition's events (``session_runs.events_of_runs``)."""
     straggler_of = session_runs.events_of_runs(pa.table({
         **{c: runs[c] for c in ("app", "kind", "name", "window_kind", "series_tags", "window_length_ms",
                                 "window_start", "window_end", "watermark")},
         "first_ms": epoch_ms(runs["event_time"]), "last_ms": runs[RUN_LAST],
-        "watermark_ms": epoch_ms(runs["watermark"])}), events)
-    return pa.table({
+        "watermark_ms": epoch_ms(runs["watermark"]),
+        "head_partition": runs["source_partition"], "run_events": runs["event_count"]}), events)
+    found = pa.table({
         **{c: straggler_of[c] for c in ("window_kind", "window_length_ms", "app", "kind", "name", "series_tags",
                                         "window_start", "window_end")},
         "event_time": straggler_of["corrected_event_time"], "source_partition": straggler_of["partition"],
@@ -104,3 +125,5 @@ def _run_stragglers(runs: pa.Table, events: pa.Table) -> pa.Table:
         "watermark": straggler_of["watermark"],
         "lateness_ms": pc.subtract(straggler_of["watermark_ms"], straggler_of["t_ms"]),
     })
+    # An event taken by two runs (events of one key and time, each its own run in a file without runs) is one row.
+    return found.group_by(found.column_names, use_threads=False).aggregate([]).select(found.column_names)

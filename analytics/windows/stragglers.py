@@ -10,17 +10,24 @@ Duplicates never reach those files, so they are never stragglers.
 
 The late events whose window was still open are the **corrections**: the same pass counts them per window.
 
-Late events are a few percent of a batch, so the pass runs in the driver on Arrow: the batch's files are read
-with pyarrow (the columns it needs), late events filtered and assigned their windows with numpy. A Spark job for
-the same work pays Spark's fixed cost per job in every micro-batch whatever its size (planning, scheduling,
-reading the files again; docs/performance.md#one-spark-job-per-accept-batch).
+The pass runs in Spark's tasks, one per events file (``analytics.windows.writer``), in the same Spark job as the
+window rows: a file is read with pyarrow, its time column first and the other columns only when some of its events
+are late (:func:`late_events`), late events are assigned their windows with numpy, its stragglers are inserted by
+the task, and only its per-window correction partials go to the driver, which merges them
+(:func:`merged_corrections`). So the driver's work per batch is bounded by files and windows, not events. Reading
+the files with Spark instead (its Parquet reader, the watermark filter in the JVM) decodes every row of every
+column it needs in the JVM and sends the late rows to Python all the same; pyarrow decodes one int64 column per
+row and the rest only for files with late events, and needs no plan per batch.
 """
 
 from __future__ import annotations
 
+from urllib.parse import unquote, urlparse
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from analytics.checkpoint import BatchInfo
 from analytics.vocabulary import ARROW_TIME, SERIES, assign_windows, epoch_ms, window_specs
@@ -89,3 +96,26 @@ def corrections(late: pa.Table) -> pa.Table:
         [("lateness_ms", "count"), ("lateness_ms", "max")])
     return per_window.rename_columns(
         {"lateness_ms_count": "late_events", "lateness_ms_max": "max_lateness_ms"}).select(list(CORRECTION_COLUMNS))
+
+
+def late_events(file: str, watermark_ms: int) -> pa.Table:
+    """:data:`EVENT_COLUMNS` of the events in one accepted-events ``file`` (a ``file:`` URI, as a reader's
+    file-source log names it, or a path) whose corrected time is behind the watermark: the only ones
+    :func:`late_contributions` counts. The time column is read first; the others only when an event is late."""
+    parquet = pq.ParquetFile(unquote(urlparse(file).path))
+    times = parquet.read(columns=["corrected_event_time"])["corrected_event_time"]
+    late = epoch_ms(times, null_ms=watermark_ms) < watermark_ms
+    if not late.any():
+        return parquet.schema_arrow.empty_table().select(list(EVENT_COLUMNS))
+    return parquet.read(columns=list(EVENT_COLUMNS)).filter(pa.array(late))
+
+
+def merged_corrections(partials: list[pa.Table]) -> pa.Table:
+    """One row per window of :func:`corrections` tables of parts of a batch (one per events file): the late
+    events summed, the largest lateness kept. A single part comes back as it is."""
+    if len(partials) == 1:
+        return partials[0]
+    per_window = pa.concat_tables(partials).group_by(list(CORRECTION_KEY), use_threads=False).aggregate(
+        [("late_events", "sum"), ("max_lateness_ms", "max")])
+    return per_window.rename_columns(
+        {"late_events_sum": "late_events", "max_lateness_ms_max": "max_lateness_ms"}).select(list(CORRECTION_COLUMNS))
