@@ -120,7 +120,7 @@ class TaskWriter:
         if not received or not sum(b.num_rows for b in received):
             return   # an empty partition (a reader's state partition without output this batch) reports nothing
         tables, result = self.tables(pa.Table.from_batches(received))
-        with _warnings_kept() as warnings:
+        with warnings_kept() as warnings:
             insert_tables(self.config, tables, self.query)
         yield task_report(tables, result, warnings)
 
@@ -139,7 +139,7 @@ class _Kept(logging.Handler):
 
 
 @contextmanager
-def _warnings_kept() -> Iterator[list[str]]:
+def warnings_kept() -> Iterator[list[str]]:
     """The warnings this module logs meanwhile (a task waiting for the store), to be reported to the driver: a task's
     log is the executor's, and the driver's log is where an operator, and the fault tests, look."""
     kept = _Kept()

@@ -37,7 +37,7 @@ from analytics import accepted_log
 from analytics.accept import dedup
 from analytics.keyed import rows as keyed_rows
 from analytics.keyed import runs as session_runs
-from analytics.sinks import insert_tables, with_constants
+from analytics.sinks import insert_tables, warnings_kept, with_constants
 from analytics.vocabulary import ACCEPT_QUERY
 from analytics.windows import partials as window_partials
 from eventide.config import Config
@@ -50,14 +50,17 @@ KAFKA_COORDINATES = ("topic", "partition", "offset", "kafka_timestamp")
 REJECTED_COLUMNS = (*KAFKA_COORDINATES, "reason", "raw", "raw_bytes", "value")   # dead letters, their topic copy
 _COPY_SOURCE = (*KAFKA_COORDINATES, "id", "app", "device")                        # -> DUPLICATE_COLUMNS
 
+REJECTED_BYTES = 64 * 1024 * 1024
+"""Rejected records a task holds before it stores and forwards them (one request each way)."""
+
 RESULT = pa.schema([
     ("partition", pa.int32()), ("candidates", pa.int64()), ("accepted", pa.int64()), ("dead_letters", pa.int64()),
     ("first_timestamp_ms", pa.int64()), ("last_timestamp_ms", pa.int64()), ("horizon_ids", pa.int64()),
     ("horizon_bytes", pa.int64()), ("horizon_memory_bytes", pa.int64()), ("staged_bytes", pa.int64()),
-    ("seconds", pa.string()),
+    ("seconds", pa.string()), ("warnings", pa.list_(pa.string())),
 ])
 """What each task returns to the driver: one row per Kafka partition of the batch (``seconds``: its stage timings
-as JSON, for the benchmark)."""
+as JSON, for the benchmark; ``warnings``: what it logged while it waited for the store, for the driver's log)."""
 
 
 @dataclass(frozen=True)
@@ -80,40 +83,53 @@ class AcceptPartition:
         seconds: dict[str, float] = {}
         clock = _Stopwatch(seconds)
         valid_chunks: list[pa.RecordBatch] = []
+        rejected: list[pa.RecordBatch] = []
         partitions: set[int] = set()
         records = dead_letters = 0
         for chunk in chunks:
-            # Spark's Arrow chunks are bounded in records and bytes (analytics.spark.settings). A rejected record
-            # (raw bytes up to the topic's largest message) is stored and forwarded with its chunk, never held:
-            # what the task keeps is valid records, each at most envelope.max_record_bytes.
+            # Spark's Arrow chunks hold at most spark.sql.execution.arrow.maxRecordsPerBatch records (10,000).
+            # Rejected records (raw bytes up to the topic's largest message each) are stored and forwarded once
+            # they add up to REJECTED_BYTES, never all held: what the task keeps is valid records, each at most
+            # envelope.max_record_bytes.
             records += chunk.num_rows
             partitions.update(pc.unique(chunk.column("partition")).to_pylist())
             is_valid = pc.is_null(chunk.column("reason"))
-            rejected = chunk.filter(pc.invert(is_valid))
-            if rejected.num_rows:
-                dead_letters += rejected.num_rows
-                self._reject(pa.Table.from_batches([rejected]), clock)
+            refused = chunk.filter(pc.invert(is_valid))
+            if refused.num_rows:
+                dead_letters += refused.num_rows
+                rejected.append(refused)
+                if sum(r.nbytes for r in rejected) >= REJECTED_BYTES:
+                    self._reject(rejected, clock)
+                    rejected = []
             valid_chunks.append(chunk.filter(is_valid).select([*self.accepted_columns, "message"]))
         if not records:
             return
         partition = _only_partition(partitions, self.config)
         valid = pa.Table.from_batches(valid_chunks)
-        yield pa.RecordBatch.from_pylist([self._accept(valid, partition, dead_letters, seconds, clock)],
-                                         schema=RESULT)
+        with warnings_kept() as warnings:
+            result = self._accept(valid, partition, rejected, dead_letters, seconds, clock)
+        yield pa.RecordBatch.from_pylist([{**result, "warnings": warnings}], schema=RESULT)
 
-    def _reject(self, rejected: pa.Table, clock: _Stopwatch) -> None:
-        """Store rejected records in ``dead_letters`` and forward them to the dead-letter topic."""
-        with clock("store_write"):
-            insert_tables(self.config, [("dead_letters", with_constants(rejected.select(
+    def _reject(self, rejected: list[pa.RecordBatch], clock: _Stopwatch, rows: list[tuple[str, pa.Table]] | None = None
+                ) -> None:
+        """Store rejected records in ``dead_letters`` (with the other ``rows``, in one request) and forward them to
+        the dead-letter topic."""
+        table = pa.Table.from_batches(rejected) if rejected else None
+        if table is not None:
+            rows = [*(rows or []), ("dead_letters", with_constants(table.select(
                 [*KAFKA_COORDINATES, "reason", "raw", "raw_bytes"]).rename_columns(
-                list(DEAD_LETTER_COLUMNS)), detected_at=self.now))], ACCEPT_QUERY)
-        # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
-        with clock("dead_letter_topic"):
-            _dead_letter_topic(self.config).forward(rejected)
+                list(DEAD_LETTER_COLUMNS)), detected_at=self.now))]
+        with clock("store_write"):
+            insert_tables(self.config, rows or [], ACCEPT_QUERY)
+        if table is not None:
+            # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
+            with clock("dead_letter_topic"):
+                _dead_letter_topic(self.config).forward(table)
 
-    def _accept(self, batch: pa.Table, partition: int, dead_letters: int, seconds: dict[str, float],
-                clock: _Stopwatch) -> dict[str, object]:
-        """The valid records' work (``batch``: the accepted columns and the message)."""
+    def _accept(self, batch: pa.Table, partition: int, rejected: list[pa.RecordBatch], dead_letters: int,
+                seconds: dict[str, float], clock: _Stopwatch) -> dict[str, object]:
+        """The valid records' work (``batch``: the accepted columns and the message), written with the ``rejected``
+        records not yet stored."""
         config, batch_id = self.config, self.batch_id
         candidates = batch.select(list(dedup.COPY_COLUMNS))
         accepted = batch.select(list(self.accepted_columns)).slice(0, 0)
@@ -153,8 +169,7 @@ class AcceptPartition:
                                                            batch_id=batch_id, detected_at=self.now)))
         rows.append(("device_clocks", with_constants(clock_offsets(accepted), batch_id=batch_id,
                                                       recorded_at=self.now)))
-        with clock("store_write"):
-            insert_tables(config, rows, ACCEPT_QUERY)
+        self._reject(rejected, clock, rows)
         return {
             "partition": partition, "candidates": candidates.num_rows, "accepted": accepted.num_rows,
             "dead_letters": dead_letters, "first_timestamp_ms": span["first"],

@@ -8,6 +8,7 @@ events, so adding executors adds throughput: the per-event work spreads over the
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -25,6 +26,8 @@ from analytics.checkpoint import batch_info
 from analytics.sinks import BatchWriter, insert_tables, sink_seconds, timed
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, WINDOWS_QUERY
 from eventide.config import Config
+
+log = logging.getLogger(__name__)
 
 
 def accept_writer(config: Config) -> BatchWriter:
@@ -49,6 +52,8 @@ def accept_writer(config: Config) -> BatchWriter:
         with timed(ACCEPT_QUERY, "tasks"):
             results = accept_projection(records, accepted_columns, limit).mapInArrow(task, result_schema).toArrow()
         _add_task_seconds(results)
+        for warning in (w for found in results["warnings"].to_pylist() for w in found or []):
+            log.warning("%s (in an accept task)", warning)
         with_valid = results.filter(pc.greater(results["candidates"], 0))
         if with_valid.num_rows:
             info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)

@@ -30,14 +30,7 @@ PYTHON_WORKERS: dict[str, str] = {
     "spark.python.daemon.module": "analytics.spark.python_daemon",
 }
 
-ARROW_BATCH_BYTES = 64 * 1024 * 1024
-"""The most bytes of one Arrow chunk Spark hands a Python task (as well as 10,000 records at most): ``accept``'s
-tasks get their records in such chunks, so a batch of large records (up to the topic's largest message each) never
-arrives in one piece (analytics/accept/task.py)."""
-
-ARROW_CHUNKS: dict[str, str] = {"spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_BATCH_BYTES)}
-
-JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_CHUNKS}
+JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS}
 """Every setting above, for the session builder and ``spark-submit`` alike."""
 
 LOG4J_PROPERTIES = Path(__file__).resolve().parent / "log4j2.properties"

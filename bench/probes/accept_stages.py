@@ -10,7 +10,11 @@ and each stage below runs over it as a batch job writing to Spark's ``noop`` sin
 - ``fields``: + the typed fields cast from the variant (``fields_from_json``: read by a second parse instead;
   ``fields_per_field``: one ``try_variant_get`` per field)
 - ``validate``: ``envelope.parse`` as the job runs it (fast path, rules for the rest, clock correction)
-- ``collect``: ``accept``'s projection of that brought to the driver as Arrow (what its batch does)
+- ``collect``: ``accept``'s projection of that brought to the driver as Arrow (what its batch did before its tasks
+  did the per-event work)
+- ``tasks``: the same projection handed to Python tasks as Arrow (``mapInArrow``, each task only counting its rows:
+  what the batch's Spark job costs before the tasks' own work); ``tasks_byte_capped``: with Arrow chunks also
+  capped at 64 MiB (``spark.sql.execution.arrow.maxBytesPerBatch``)
 
 Prints JSON: per stage the minimum over ``--repeat`` runs, in seconds and µs per record.
 
@@ -34,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--stages", default="scan,string,parse,shape,fields,validate,collect")
+    parser.add_argument("--stages", default="scan,string,parse,shape,fields,validate,collect,tasks,tasks_byte_capped")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     # Removed however the run ends (an interrupted run used to leave it behind).
@@ -88,9 +92,15 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
                               "fields_per_field": fields_per_field, "fields_json_tuple": fields_json_tuple,
                               "validate": validated}
 
+    from analytics.accept.writer import accept_projection
+    projected = accept_projection(validated, envelope.accepted_schema(spark, config).fieldNames(), limit)
+
     def collect() -> None:
-        from analytics.accept.writer import accept_projection
-        accept_projection(validated, envelope.accepted_schema(spark, config).fieldNames(), limit).toArrow()
+        projected.toArrow()
+
+    def tasks(cap: str) -> None:
+        spark.conf.set("spark.sql.execution.arrow.maxBytesPerBatch", cap)
+        projected.mapInArrow(_count_rows, "rows long").collect()
 
     out: dict[str, Any] = {"events": n, "repeat": args.repeat}
     for stage in args.stages.split(","):
@@ -99,6 +109,8 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
             t = time.perf_counter()
             if stage == "collect":
                 collect()
+            elif stage in ("tasks", "tasks_byte_capped"):
+                tasks(str(64 * 1024 * 1024 if stage == "tasks_byte_capped" else 2**31 - 1))
             else:
                 frames[stage].write.format("noop").mode("overwrite").save()
             times.append(time.perf_counter() - t)
@@ -108,6 +120,12 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         print(f"[{stage}] {json.dumps(out[stage])}", file=sys.stderr, flush=True)
     spark.stop()
     return out
+
+
+def _count_rows(chunks: Any) -> Any:
+    import pyarrow as pa
+
+    yield pa.RecordBatch.from_pydict({"rows": [sum(chunk.num_rows for chunk in chunks)]})
 
 
 if __name__ == "__main__":
