@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -10,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analytics import accepted_log
-from analytics.accept.dedup import AcceptedIds, first_copies, keys, published_copies
+from analytics.accept.dedup import AcceptedIds, first_copies, horizon, keys, published_copies
 from analytics.accepted_log import BatchMeta
 from eventide.config import load_config
 
@@ -116,3 +117,26 @@ def test_after_a_restart_the_horizon_remembers_from_the_log_exactly_the_keys_it_
     assert restarted.of([meta]).to_pylist() == running.of([meta]).to_pylist()
     batch = app_copies(("search", "a", 9.0, 0, 7), ("mobile", "a", 9.0, 0, 8))
     assert first_copies(batch, restarted.of([meta])).to_pylist() == [False, True]
+
+
+def test_a_partition_is_checked_against_the_batches_that_accepted_events_from_it_within_its_horizon(tmp_path):
+    """Dedup runs per Kafka partition: a batch's records of partition 0 are checked against the earlier batches
+    holding partition-0 events that reached the broker within the horizon before the partition's earliest record;
+    what other partitions accepted, or when, does not matter."""
+    config = load_config(environ={}, root=str(tmp_path), paths={"data_dir": str(tmp_path / "var")},
+                         stream={"dedup_horizon_s": 60})
+    meta_dir = config.accepted_events_dir / "_meta"
+    meta_dir.mkdir(parents=True)
+    spans = {1: {"0": [0, 10_000, 5, 100]},                              # partition 0, long before
+             2: {"0": [50_000, 70_000, 5, 100], "1": [0, 1000, 5, 100]},  # partition 0 within the horizon
+             3: {"1": [80_000, 90_000, 5, 100]},                          # only partition 1
+             4: {"0": [95_000, 99_000, 5, 100]}}                          # the batch being checked, and later
+    for batch_id, partitions in spans.items():
+        (meta_dir / f"{batch_id}.json").write_text(json.dumps(BatchMeta(
+            batch_id, {}, {}, min(s[0] for s in partitions.values()), max(s[1] for s in partitions.values()),
+            partitions=partitions).__dict__))
+        accepted_log.batch_dir(config.accepted_events_dir, batch_id).mkdir()
+    earliest = 100_000   # the partition's earliest record in batch 4: the horizon reaches back to 40 s
+    assert [m.batch_id for m in horizon(config, 4, 0, earliest)] == [2]
+    assert [m.batch_id for m in horizon(config, 4, 1, earliest)] == [3]
+    assert [m.batch_id for m in horizon(config, 5, 0, earliest)] == [2, 4]
