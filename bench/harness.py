@@ -354,12 +354,13 @@ class JvmCpu:
 
     def stop(self) -> dict[str, Any]:
         """Stop reading; CPU seconds since creation by part (``jit``, ``gc``, ``executor``, ``python_workers``,
-        ``driver_jvm``) and the driver-side JVM threads' by name (``driver_jvm_threads``)."""
+        ``driver_jvm``) and the driver-side and executor JVM threads' by name (``driver_jvm_threads``,
+        ``executor_threads``)."""
         self._stopped.set()
         self._poller.join()
         self._last.update({**self._read_threads(every=True), **self._read_workers()})
         parts: dict[str, float] = dict.fromkeys(("jit", "gc", "executor", "python_workers", "driver_jvm"), 0.0)
-        names: dict[str, float] = defaultdict(float)
+        names: dict[str, dict[str, float]] = {"driver_jvm": defaultdict(float), "executor": defaultdict(float)}
         for key, cpu in self._last.items():
             spent = cpu - self._start.get(key, 0.0)
             if key.startswith("p"):
@@ -367,9 +368,9 @@ class JvmCpu:
                 continue
             part, name = self._thread[key]
             parts[part] += spent
-            if part == "driver_jvm":
-                names[name] += spent
-        return {**parts, "driver_jvm_threads": dict(names)}
+            if part in names:
+                names[part][name] += spent
+        return {**parts, "driver_jvm_threads": dict(names["driver_jvm"]), "executor_threads": dict(names["executor"])}
 
 
 class Spent:
@@ -422,6 +423,8 @@ def driver_figures(python: float, jvm: dict[str, Any], machine: float, events: i
             "rest_of_machine_us_per_event": us(machine - attributed),
             "measuring_cpu_s": round(measuring, 2),
             "driver_jvm_threads_us_per_event": {name: us(cpu) for name, cpu in top},
+            "executor_threads_by_name_us_per_event": {name: us(cpu) for name, cpu in sorted(
+                jvm["executor_threads"].items(), key=lambda kv: -kv[1])[:8]},
             "driver_python_peak_rss_mb": python_peak_mb, "jvm_peak_rss_mb": jvm_peak_mb,
             "peak_rss_of": "the drain" if peaks_reset else "the process"}
 

@@ -112,9 +112,9 @@ def first_copies(batch: pa.Table, remembered: pa.ChunkedArray) -> pa.BooleanArra
         earliest[order[np.unique(codes[repeated][order], return_index=True)[1]]] = True   # each key's first
         keep[repeated] = earliest
     if len(remembered):
-        # The horizon's keys (rate x horizon, millions at 15k ev/s) are probed against the batch's distinct keys, not
-        # hashed into a set of their own in every batch (millions of keys at a high rate: that dominated accept's
-        # driver; docs/performance.md#dedup-in-the-driver).
+        # The horizon's keys (rate x horizon / partitions, millions at a high rate) are probed against the batch's
+        # distinct keys, not hashed into a set of their own in every batch (that once dominated accept's work;
+        # docs/performance.md#dedup-per-partition-in-the-tasks).
         seen = pc.drop_null(pc.index_in(remembered, value_set=encoded.dictionary))
         if len(seen):
             accepted_before = np.zeros(len(encoded.dictionary), dtype=bool)

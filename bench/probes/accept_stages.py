@@ -16,7 +16,8 @@ and each stage below runs over it as a batch job writing to Spark's ``noop`` sin
   what the batch's Spark job costs before the tasks' own work); ``tasks_byte_capped``: with Arrow chunks also
   capped at 64 MiB (``spark.sql.execution.arrow.maxBytesPerBatch``)
 
-Prints JSON: per stage the minimum over ``--repeat`` runs, in seconds and µs per record.
+Prints JSON: per stage the minimum over ``--repeat`` runs, in seconds and µs per record, and the least CPU of
+Spark's JVM (all its threads) per record.
 
     .venv/bin/python -m bench.probes.accept_stages --events 300000
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -102,10 +104,17 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         spark.conf.set("spark.sql.execution.arrow.maxBytesPerBatch", cap)
         projected.mapInArrow(_count_rows, "rows long").collect()
 
+    jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+
+    def jvm_cpu_s() -> float:
+        fields = Path(f"/proc/{jvm_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     out: dict[str, Any] = {"events": n, "repeat": args.repeat}
     for stage in args.stages.split(","):
-        times = []
+        times, cpu = [], []
         for _ in range(args.repeat):
+            c = jvm_cpu_s()
             t = time.perf_counter()
             if stage == "collect":
                 collect()
@@ -114,9 +123,10 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
             else:
                 frames[stage].write.format("noop").mode("overwrite").save()
             times.append(time.perf_counter() - t)
+            cpu.append(jvm_cpu_s() - c)
         best = min(times)
         out[stage] = {"s": round(best, 3), "us_per_record": round(best * 1e6 / n, 2),
-                      "all_s": [round(x, 3) for x in times]}
+                      "jvm_cpu_us_per_record": round(min(cpu) * 1e6 / n, 2), "all_s": [round(x, 3) for x in times]}
         print(f"[{stage}] {json.dumps(out[stage])}", file=sys.stderr, flush=True)
     spark.stop()
     return out
