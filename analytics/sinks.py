@@ -1,5 +1,6 @@
-"""Writing to ClickHouse from the stream job's ``foreachBatch`` writers: one insert path with retries while the
-store is away, the per-stage timings the benchmark reads, and small Arrow helpers the writers share.
+"""Writing to ClickHouse from the stream job's writers, in the driver's ``foreachBatch`` functions and in Spark's
+tasks (``insert_in_tasks``): one insert path with retries while the store is away, the per-stage timings the
+benchmark reads, and small Arrow helpers the writers share.
 
 Writes are idempotent, which with Spark's checkpoints gives an exactly-once effect: every table is keyed (window
 rows by window and series, versioned by batch id; stragglers and dead letters by their event's Kafka position;

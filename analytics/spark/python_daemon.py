@@ -12,11 +12,13 @@ path is left as Spark set it.
 
 It also puts ``analytics.spark.tws_input``'s vectorised loader in place of PySpark's row-by-row one for
 ``transformWithStateInPandas`` (the query ``keyed_windows``), and Arrow's jemalloc allocator in place of its default
-(``analytics.spark.settings.use_jemalloc_for_arrow``), before any worker is forked.
+(``analytics.spark.settings.use_jemalloc_for_arrow``), and imports the modules the job's tasks run (``TASK_MODULES``),
+before any worker is forked.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -25,6 +27,7 @@ import sys
 import zipfile
 
 _SPARK_ZIPS = ("pyspark", "py4j")
+TASK_MODULES = ("analytics.accept.task", "analytics.windows.writer", "analytics.keyed.writer")
 
 
 def spark_zips(path: list[str]) -> list[str]:
@@ -80,6 +83,10 @@ def main() -> None:
 
     tws_input.install()
     spark_settings.use_jemalloc_for_arrow()
+    # The modules the job's tasks run (accept's per-partition work, the readers' writers, with the store client,
+    # the Kafka producer and DataSketches): imported once here, not again in every new worker.
+    for module in TASK_MODULES:
+        importlib.import_module(module)
 
     daemon.manager()
 
