@@ -2,10 +2,11 @@
 
 The session rule (``analytics.keyed.sessions``) joins events of one (app, session key) whose gaps are under G, so the
 events of a key within one batch that are less than G apart always end up in one session, or are dropped together. The
-``accept`` query's task for each Kafka partition already holds the partition's accepted events of the batch, so it
-marks their runs there (sorted by key and time, in array operations) before staging its file: the run's first event (the **head**) carries the run's last
-time and its counts, the other events carry ``session_run_events = 0``. The ``keyed_windows`` query then sends one row
-per run, not per event, through Spark's Python stateful operator, whose rows are most of its cost
+``accept`` query's task for each Kafka partition already holds the partition's accepted events of the batch, so it marks
+their runs there (sorted by key and time, in array operations) before staging its file: the run's first event (the
+**head**) carries the run's last time and its counts, the other events carry ``session_run_events = 0``. The
+``keyed_windows`` query then sends one row per run, not per event, through Spark's Python stateful operator, whose rows
+are most of its cost
 (docs/performance.md#sessions-as-runs-keyed-rows-first). A run it drops is expanded back into its events by
 :func:`events_of_runs` from the same batch's files: within its key and partition a run is contiguous in time, so the
 key, the head's partition and ``[first, last]`` select exactly its events. Runs of one key formed in different
