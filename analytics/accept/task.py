@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -80,8 +81,7 @@ class AcceptPartition:
     now: datetime
 
     def __call__(self, chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        seconds: dict[str, float] = {}
-        clock = _Stopwatch(seconds)
+        clock = _Stopwatch()
         valid_chunks: list[pa.RecordBatch] = []
         rejected: list[pa.RecordBatch] = []
         partitions: set[int] = set()
@@ -107,7 +107,7 @@ class AcceptPartition:
         partition = _only_partition(partitions, self.config)
         valid = pa.Table.from_batches(valid_chunks)
         with warnings_kept() as warnings:
-            result = self._accept(valid, partition, rejected, dead_letters, seconds, clock)
+            result = self._accept(valid, partition, rejected, dead_letters, clock)
         yield pa.RecordBatch.from_pylist([{**result, "warnings": warnings}], schema=RESULT)
 
     def _reject(self, rejected: list[pa.RecordBatch], clock: _Stopwatch, rows: list[tuple[str, pa.Table]] | None = None
@@ -127,7 +127,7 @@ class AcceptPartition:
                 _dead_letter_topic(self.config).forward(table)
 
     def _accept(self, batch: pa.Table, partition: int, rejected: list[pa.RecordBatch], dead_letters: int,
-                seconds: dict[str, float], clock: _Stopwatch) -> dict[str, object]:
+                clock: _Stopwatch) -> dict[str, object]:
         """The valid records' work (``batch``: the accepted columns and the message), written with the ``rejected``
         records not yet stored."""
         config, batch_id = self.config, self.batch_id
@@ -176,7 +176,7 @@ class AcceptPartition:
             "last_timestamp_ms": span["last"],
             "horizon_ids": sum(m.partition_events(partition) for m in memory),
             "horizon_bytes": sum(m.partition_bytes(partition) for m in memory), "horizon_memory_bytes": memory_bytes,
-            "staged_bytes": staged_bytes, "seconds": json.dumps(seconds),
+            "staged_bytes": staged_bytes, "seconds": json.dumps(clock.seconds),
         }
 
     def _first_copies(self, candidates: pa.Table, partition: int, earliest_ms: int,
@@ -210,20 +210,18 @@ def _only_partition(found: set[int], config: Config) -> int:
 
 
 class _Stopwatch:
-    """``with clock("stage"):`` adds the block's seconds to the stage's."""
+    """The seconds one task spends per stage: ``with clock("stage"):`` adds the block's to ``seconds[stage]``."""
 
-    def __init__(self, seconds: dict[str, float]) -> None:
-        self._seconds = seconds
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
 
-    def __call__(self, stage: str) -> _Stopwatch:
-        self._stage = stage
-        return self
-
-    def __enter__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __exit__(self, *_: object) -> None:
-        self._seconds[self._stage] = self._seconds.get(self._stage, 0.0) + time.perf_counter() - self._start
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
 _memories: dict[tuple[str, int], dedup.AcceptedIds] = {}
