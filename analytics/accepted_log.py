@@ -142,16 +142,21 @@ def _meta_file(config: Config, batch_id: int) -> Path:
     return config.accepted_events_dir / _META / f"{batch_id}.json"
 
 
-def _batch_id(path: str) -> int:
+def local_path(name: str) -> Path:
+    """The path of a file as a reader's file-source log names it (a ``file:`` URI), or as given (a path)."""
+    return Path(unquote(urlparse(name).path) if name.startswith("file:") else name)
+
+
+def _batch_id(name: str) -> int:
     """The accept batch of a file a reader's file-source log names (either layout)."""
-    file = Path(unquote(urlparse(path).path) if path.startswith("file:") else path)
+    file = local_path(name)
     return int(file.parent.name) if file.parent.name.isdigit() else int(file.name.split(".")[0])
 
 
 def events_file_of(config: Config, log_file: str) -> Path:
     """The events file holding the events of a file a reader's file-source log names (an events or a partials
     file: the same batch and partition, or the batch's one file)."""
-    file = Path(unquote(urlparse(log_file).path) if log_file.startswith("file:") else log_file)
+    file = local_path(log_file)
     batch_id = _batch_id(log_file)
     if file.parent.name.isdigit():
         return batch_dir(config.accepted_events_dir, batch_id) / file.name
@@ -161,13 +166,16 @@ def events_file_of(config: Config, log_file: str) -> Path:
 def published(config: Config, batch_id: int) -> bool:
     """The batch's events are published: its directory (or one file) is renamed into place only once its files
     and its metadata are on disk, so what exists is whole, even after a power loss."""
-    return (batch_dir(config.accepted_events_dir, batch_id).is_dir()
-            or _single_file(config.accepted_events_dir, batch_id).exists())
+    return _published(config.accepted_events_dir, batch_id)
 
 
 def partials_published(config: Config, batch_id: int) -> bool:
-    return (batch_dir(config.window_partials_dir, batch_id).is_dir()
-            or _single_file(config.window_partials_dir, batch_id).exists())
+    """The batch's window partials are published (the same way)."""
+    return _published(config.window_partials_dir, batch_id)
+
+
+def _published(root: Path, batch_id: int) -> bool:
+    return batch_dir(root, batch_id).is_dir() or _single_file(root, batch_id).exists()
 
 
 def staging_dir(root: Path, batch_id: int, attempt: str) -> Path:
@@ -303,8 +311,8 @@ def _one_batch_per_trigger(spark: SparkSession, config: Config, directory: Path,
 
 def read_files(files: list[str], columns: Sequence[str]) -> pa.Table:
     """``columns`` of the accepted events in ``files`` (one or more, as a reader's file-source log names them:
-    ``file:`` URIs), read in the driver."""
-    return pa.concat_tables([pq.read_table(unquote(urlparse(f).path), columns=list(columns)) for f in files])
+    ``file:`` URIs)."""
+    return pa.concat_tables([pq.read_table(local_path(f), columns=list(columns)) for f in files])
 
 
 def forget_unplanned_files(checkpoint: Path) -> list[int]:

@@ -22,13 +22,12 @@ row and the rest only for files with late events, and needs no plan per batch.
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urlparse
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analytics.accepted_log import local_path
 from analytics.checkpoint import BatchInfo
 from analytics.vocabulary import ARROW_TIME, SERIES, assign_windows, epoch_ms, window_specs
 from eventide.config import Config
@@ -102,7 +101,7 @@ def late_events(file: str, watermark_ms: int) -> pa.Table:
     """:data:`EVENT_COLUMNS` of the events in one accepted-events ``file`` (a ``file:`` URI, as a reader's
     file-source log names it, or a path) whose corrected time is behind the watermark: the only ones
     :func:`late_contributions` counts. The time column is read first; the others only when an event is late."""
-    parquet = pq.ParquetFile(unquote(urlparse(file).path))
+    parquet = pq.ParquetFile(local_path(file))
     times = parquet.read(columns=["corrected_event_time"])["corrected_event_time"]
     late = epoch_ms(times, null_ms=watermark_ms) < watermark_ms
     if not late.any():
