@@ -38,10 +38,11 @@ are atomic on a POSIX filesystem: on a multi-host cluster ``stream.checkpoint_di
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -184,16 +185,19 @@ def staging_dir(root: Path, batch_id: int, attempt: str) -> Path:
     return root / _TMP / f"{batch_id:012d}-{attempt}"
 
 
-def stage_file(staging: Path, partition: int, row_groups: Sequence[pa.Table]) -> int:
+def stage_file(staging: Path, partition: int, row_groups: Iterable[pa.Table]) -> int:
     """Write one partition's file of a batch into ``staging`` (run by the task that made the rows): each table of
-    ``row_groups`` (one schema) as row groups of its own, in order, synced to disk. A retried task replaces the
-    file of its failed attempt. Returns the file's size."""
+    ``row_groups`` (one schema, at least one table; an iterator is consumed as it is written, so a task need not
+    hold them all) as row groups of its own, in order, synced to disk. A retried task replaces the file of its failed
+    attempt. Returns the file's size."""
     _make_directory(staging)
     target = staging / f"{partition:05d}.parquet"
     partial = staging / f".{partition:05d}-{uuid.uuid4().hex}.parquet"
+    groups = iter(row_groups)
+    first = next(groups)
     try:
-        with pq.ParquetWriter(partial, row_groups[0].schema) as writer:
-            for rows in row_groups:
+        with pq.ParquetWriter(partial, first.schema) as writer:
+            for rows in itertools.chain([first], groups):
                 if rows.num_rows:
                     writer.write_table(rows)
         sync_file(partial)

@@ -246,7 +246,12 @@ class StreamConfig(_Section):
     """Most Kafka records one ``accept`` micro-batch reads. With a processing-time trigger it also caps the rate the
     job can sustain, at this many records per ``trigger_interval_s`` (500k per 5 s: 100k ev/s); it binds only
     while catching up on a backlog, where larger batches spread each batch's fixed costs over more events. Each
-    batch comes to the driver as Arrow (a few hundred bytes an event), so ``driver_memory`` bounds it too."""
+    batch is read by one Spark task per Kafka partition, which holds up to ``task_memory_bytes`` of it."""
+    task_memory_bytes: int = Field(256 * 1024 * 1024, ge=64 * 1024)
+    """Valid records an ``accept`` task holds in memory for its Kafka partition's share of a batch; beyond it, it
+    writes them to its local disk (the Python worker's temporary directory, ``TMPDIR``) and reads them back mapped,
+    holding only their narrow columns (a few hundred bytes a record) and one slice of the rest at a time
+    (docs/operations.md, "Memory per task"). Typical batches stay under it and never touch the disk."""
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     kll_k: int = Field(200, ge=8, le=65535)
     hll_lg_k: int = Field(12, ge=4, le=21)

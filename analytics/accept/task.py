@@ -36,6 +36,7 @@ from confluent_kafka import Producer
 
 from analytics import accepted_log
 from analytics.accept import dedup
+from analytics.accept.spill import HeldRecords
 from analytics.keyed import rows as keyed_rows
 from analytics.keyed import runs as session_runs
 from analytics.sinks import insert_tables, warnings_kept, with_constants
@@ -51,6 +52,10 @@ KAFKA_COORDINATES = ("topic", "partition", "offset", "kafka_timestamp")
 REJECTED_COLUMNS = (*KAFKA_COORDINATES, "reason", "raw", "raw_bytes", "value")   # dead letters, their topic copy
 _COPY_SOURCE = (*KAFKA_COORDINATES, "id", "app", "device")                        # -> DUPLICATE_COLUMNS
 
+WIDE_COLUMNS = ("tags", "message")
+"""The columns of a valid record a task reads one slice at a time, where it writes them (``analytics.accept.spill``);
+it holds the others, a few hundred bytes a record, for its partition's whole batch."""
+
 REJECTED_BYTES = 64 * 1024 * 1024
 """Rejected records a task holds before it stores and forwards them (one request each way)."""
 
@@ -58,9 +63,10 @@ RESULT = pa.schema([
     ("partition", pa.int32()), ("candidates", pa.int64()), ("accepted", pa.int64()), ("dead_letters", pa.int64()),
     ("first_timestamp_ms", pa.int64()), ("last_timestamp_ms", pa.int64()), ("horizon_ids", pa.int64()),
     ("horizon_bytes", pa.int64()), ("horizon_memory_bytes", pa.int64()), ("staged_bytes", pa.int64()),
-    ("seconds", pa.string()), ("warnings", pa.list_(pa.string())),
+    ("spilled_bytes", pa.int64()), ("seconds", pa.string()), ("warnings", pa.list_(pa.string())),
 ])
-"""What each task returns to the driver: one row per Kafka partition of the batch (``seconds``: its stage timings
+"""What each task returns to the driver: one row per Kafka partition of the batch (``spilled_bytes``: its valid records
+written to its local disk, 0 unless they exceeded ``stream.task_memory_bytes``; ``seconds``: its stage timings
 as JSON, for the benchmark; ``warnings``: what it logged while it waited for the store, for the driver's log)."""
 
 
@@ -82,32 +88,31 @@ class AcceptPartition:
 
     def __call__(self, chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         clock = _Stopwatch()
-        valid_chunks: list[pa.RecordBatch] = []
         rejected: list[pa.RecordBatch] = []
         partitions: set[int] = set()
         records = dead_letters = 0
-        for chunk in chunks:
-            # Spark's Arrow chunks hold at most spark.sql.execution.arrow.maxRecordsPerBatch records (10,000).
-            # Rejected records (raw bytes up to the topic's largest message each) are stored and forwarded once
-            # they add up to REJECTED_BYTES, never all held: what the task keeps is valid records, each at most
-            # envelope.max_record_bytes.
-            records += chunk.num_rows
-            partitions.update(pc.unique(chunk.column("partition")).to_pylist())
-            is_valid = pc.is_null(chunk.column("reason"))
-            refused = chunk.filter(pc.invert(is_valid))
-            if refused.num_rows:
-                dead_letters += refused.num_rows
-                rejected.append(refused)
-                if sum(r.nbytes for r in rejected) >= REJECTED_BYTES:
-                    self._reject(rejected, clock)
-                    rejected = []
-            valid_chunks.append(chunk.filter(is_valid).select([*self.accepted_columns, "message"]))
-        if not records:
-            return
-        partition = _only_partition(partitions, self.config)
-        valid = pa.Table.from_batches(valid_chunks)
-        with warnings_kept() as warnings:
-            result = self._accept(valid, partition, rejected, dead_letters, clock)
+        with HeldRecords(self.config.stream.task_memory_bytes) as held:
+            for chunk in chunks:
+                # Spark's Arrow chunks hold at most spark.sql.execution.arrow.maxRecordsPerBatch records (10,000).
+                # Rejected records (raw bytes up to the topic's largest message each) are stored and forwarded once
+                # they add up to REJECTED_BYTES, never all held; valid records (each at most
+                # envelope.max_record_bytes) are held up to stream.task_memory_bytes, then spilled to local disk.
+                records += chunk.num_rows
+                partitions.update(pc.unique(chunk.column("partition")).to_pylist())
+                is_valid = pc.is_null(chunk.column("reason"))
+                refused = chunk.filter(pc.invert(is_valid))
+                if refused.num_rows:
+                    dead_letters += refused.num_rows
+                    rejected.append(refused)
+                    if sum(r.nbytes for r in rejected) >= REJECTED_BYTES:
+                        self._reject(rejected, clock)
+                        rejected = []
+                held.add(chunk.filter(is_valid).select([*self.accepted_columns, "message"]))
+            if not records:
+                return
+            partition = _only_partition(partitions, self.config)
+            with warnings_kept() as warnings:
+                result = self._accept(held, partition, rejected, dead_letters, clock)
         yield pa.RecordBatch.from_pylist([{**result, "warnings": warnings}], schema=RESULT)
 
     def _reject(self, rejected: list[pa.RecordBatch], clock: _Stopwatch, rows: list[tuple[str, pa.Table]] | None = None
@@ -126,34 +131,42 @@ class AcceptPartition:
             with clock("dead_letter_topic"):
                 _dead_letter_topic(self.config).forward(table)
 
-    def _accept(self, batch: pa.Table, partition: int, rejected: list[pa.RecordBatch], dead_letters: int,
+    def _accept(self, held: HeldRecords, partition: int, rejected: list[pa.RecordBatch], dead_letters: int,
                 clock: _Stopwatch) -> dict[str, object]:
-        """The valid records' work (``batch``: the accepted columns and the message), written with the ``rejected``
-        records not yet stored."""
+        """The valid records' work (``held``: the accepted columns and the message), written with the ``rejected``
+        records not yet stored.
+
+        The choices that span the partition's batch (first copies, session runs, window partials, clock offsets) read
+        its narrow columns; the wide ones are read one slice at a time (``HeldRecords.slices``: the whole batch unless
+        it was spilled) where they are written, to the events file and the ``logs`` rows."""
         config, batch_id = self.config, self.batch_id
-        candidates = batch.select(list(dedup.COPY_COLUMNS))
-        accepted = batch.select(list(self.accepted_columns)).slice(0, 0)
+        batch = held.table()
+        narrow_columns = [c for c in self.accepted_columns if c not in WIDE_COLUMNS]
+        accepted = batch.select(narrow_columns).slice(0, 0)
         kept = np.zeros(batch.num_rows, dtype=bool)
         memory: list[accepted_log.BatchMeta] = []
         span: dict[str, int | None] = {"first": None, "last": None}
         staged_bytes, memory_bytes = 0, 0
         rows: list[tuple[str, pa.Table]] = []
-        if candidates.num_rows:
+        if batch.num_rows:
+            candidates = batch.select(list(dedup.COPY_COLUMNS))
             times = pc.min_max(candidates["kafka_timestamp"].cast(pa.int64())).as_py()   # µs since the epoch
             span = {"first": times["min"] // 1000, "last": times["max"] // 1000}
             with clock("dedup"):
                 kept = self._first_copies(candidates, partition, span["first"], memory).to_numpy(
                     zero_copy_only=False)
-                accepted = batch.select(list(self.accepted_columns)).filter(pa.array(kept))
+                # Held in memory, the whole batch is one slice: its first copies are filtered once, all columns.
+                whole = None if held.spilled else batch.select(list(self.accepted_columns)).filter(pa.array(kept))
+                accepted = (batch.select(narrow_columns).filter(pa.array(kept)) if whole is None
+                            else whole.select(narrow_columns))
                 copies = batch.select(list(_COPY_SOURCE)).filter(pa.array(~kept))
             if not self.replay:
                 with clock("events_file"):
                     # Session runs are marked here, where the partition's batch is at hand (analytics.keyed.runs),
-                    # and so are the rows keyed_windows reads, written first (analytics.keyed.rows).
+                    # and so are the rows keyed_windows reads (analytics.keyed.rows).
                     staged_bytes = accepted_log.stage_file(
                         accepted_log.staging_dir(config.accepted_events_dir, batch_id, self.attempt), partition,
-                        keyed_rows.row_groups(session_runs.with_runs(accepted, config.stream.session_gap_s * 1000),
-                                              config))
+                        self._events_file_rows(held, batch, kept, accepted, whole))
             if config.stream.deduplicate:
                 memory_bytes = _memory(config, partition).nbytes(memory)
                 _memory(config, partition).remember(batch_id, accepted)
@@ -162,8 +175,14 @@ class AcceptPartition:
                     accepted_log.stage_file(
                         accepted_log.staging_dir(config.window_partials_dir, batch_id, self.attempt), partition,
                         [window_partials.partials(accepted, config)])
+            slices = list(held.slices(batch))
+            for start, end in slices[:-1]:   # a spilled batch's lines, one request per slice but the last
+                lines = log_lines(batch.slice(start, end - start), kept[start:end])
+                with clock("store_write"):
+                    insert_tables(config, [("logs", lines)], ACCEPT_QUERY)
+            start, end = slices[-1]
             with clock("log_lines"):
-                rows.append(("logs", log_lines(batch, kept)))
+                rows.append(("logs", log_lines(batch.slice(start, end - start), kept[start:end])))
             if copies.num_rows:
                 rows.append(("duplicates", with_constants(copies.rename_columns(list(DUPLICATE_COLUMNS)),
                                                            batch_id=batch_id, detected_at=self.now)))
@@ -171,13 +190,31 @@ class AcceptPartition:
                                                       recorded_at=self.now)))
         self._reject(rejected, clock, rows)
         return {
-            "partition": partition, "candidates": candidates.num_rows, "accepted": accepted.num_rows,
+            "partition": partition, "candidates": batch.num_rows, "accepted": accepted.num_rows,
             "dead_letters": dead_letters, "first_timestamp_ms": span["first"],
             "last_timestamp_ms": span["last"],
             "horizon_ids": sum(m.partition_events(partition) for m in memory),
             "horizon_bytes": sum(m.partition_bytes(partition) for m in memory), "horizon_memory_bytes": memory_bytes,
-            "staged_bytes": staged_bytes, "seconds": json.dumps(clock.seconds),
+            "staged_bytes": staged_bytes, "spilled_bytes": held.spilled_bytes, "seconds": json.dumps(clock.seconds),
         }
+
+    def _events_file_rows(self, held: HeldRecords, batch: pa.Table, kept: np.ndarray, accepted: pa.Table,
+                          whole: pa.Table | None) -> Iterator[pa.Table]:
+        """The partition's events file, row group by row group: per slice of ``batch``, its first copies (``kept``)
+        with their session-run columns, the rows ``keyed_windows`` reads first (``analytics.keyed.rows``). The runs
+        are formed over the whole batch (``accepted``: the first copies' narrow columns, in the same order);
+        ``whole``: every first copy with all its columns, when the batch is one slice."""
+        config = self.config
+        runs = session_runs.with_runs(accepted.select([*session_runs.EVENT_COLUMNS, "level"]),
+                                      config.stream.session_gap_s * 1000).select(list(session_runs.RUN_FIELDS))
+        before = np.concatenate([[0], np.cumsum(kept)])   # first copies before each row
+        for start, end in held.slices(batch):
+            rows = whole if whole is not None else batch.slice(start, end - start).select(
+                list(self.accepted_columns)).filter(pa.array(kept[start:end]))
+            run_rows = runs.slice(int(before[start]), rows.num_rows)
+            for name in session_runs.RUN_FIELDS:
+                rows = rows.append_column(run_rows.schema.field(name), run_rows[name])
+            yield from keyed_rows.row_groups(rows, config)
 
     def _first_copies(self, candidates: pa.Table, partition: int, earliest_ms: int,
                       memory: list[accepted_log.BatchMeta]) -> pa.BooleanArray:

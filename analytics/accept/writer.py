@@ -54,6 +54,9 @@ def accept_writer(config: Config) -> BatchWriter:
         _add_task_seconds(results)
         for warning in (w for found in results["warnings"].to_pylist() for w in found or []):
             log.warning("%s (in an accept task)", warning)
+        for spilled in results.filter(pc.greater(results["spilled_bytes"], 0)).to_pylist():
+            log.info("accept batch %d: partition %d held %.1f MB of valid records on its task's disk "
+                     "(stream.task_memory_bytes)", batch_id, spilled["partition"], spilled["spilled_bytes"] / 1e6)
         with_valid = results.filter(pc.greater(results["candidates"], 0))
         if with_valid.num_rows:
             info = batch_info(config.checkpoint_dir / ACCEPT_QUERY, batch_id)
