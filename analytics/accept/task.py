@@ -90,7 +90,7 @@ class AcceptPartition:
         clock = _Stopwatch()
         rejected: list[pa.RecordBatch] = []
         partitions: set[int] = set()
-        records = dead_letters = 0
+        records = dead_letters = rejected_bytes = 0
         with HeldRecords(self.config.stream.task_memory_bytes) as held:
             for chunk in chunks:
                 # Spark's Arrow chunks hold at most spark.sql.execution.arrow.maxRecordsPerBatch records (10,000).
@@ -104,9 +104,10 @@ class AcceptPartition:
                 if refused.num_rows:
                     dead_letters += refused.num_rows
                     rejected.append(refused)
-                    if sum(r.nbytes for r in rejected) >= REJECTED_BYTES:
+                    rejected_bytes += refused.nbytes   # a running sum: nbytes walks every buffer of a batch
+                    if rejected_bytes >= REJECTED_BYTES:
                         self._reject(rejected, clock)
-                        rejected = []
+                        rejected, rejected_bytes = [], 0
                 held.add(chunk.filter(is_valid).select([*self.accepted_columns, "message"]))
             if not records:
                 return

@@ -3,9 +3,9 @@
 ``keyed_windows`` takes one row per session run (its head, ``analytics.keyed.runs``) and every event of a sliding
 series: a small part of a batch. Reading the whole file to find them decoded every other row for nothing
 (docs/performance.md#sessions-as-runs-keyed-rows-first). So ``accept``, which marks the runs, also marks these rows
-(``keyed_row``) and writes them in row groups of their own, the others after (per slice, when a task handles its batch in
-slices: ``analytics.accept.spill``). The query filters on the mark; Spark pushes the filter down to its Parquet reader,
-whose row-group statistics let it skip the unmarked rows' groups undecoded.
+(``keyed_row``) and writes them in row groups of their own, the others after (per slice, when a task handles its
+batch in slices: ``analytics.accept.spill``). The query filters on the mark; Spark pushes the filter down to its
+Parquet reader, whose row-group statistics let it skip the unmarked rows' groups undecoded.
 
 The marks depend on the configuration (the session gap forms the runs, the sliding series pick events), so each
 row also carries ``keyed_selection``, a fingerprint of what the marks were chosen for. A file marked for another
