@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from analytics.job import QUERIES
 from analytics.vocabulary import ACCEPT_QUERY
@@ -549,9 +549,21 @@ def topic_end_offsets(config: Config) -> dict[int, int]:
     try:
         topic = config.kafka.events_topic
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        return {p: _end_offset(consumer, TopicPartition(topic, p)) for p in partitions}
     finally:
         consumer.close()
+
+
+def _end_offset(consumer: Consumer, partition: TopicPartition, attempts: int = 20) -> int:
+    """A partition's end offset; retried while the broker, just started, has no leader for it yet."""
+    for attempt in range(attempts):
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=10)[1]
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION or attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def drain_alone(spark: Any, config: Config, query: str, events: int) -> dict[str, Any]:

@@ -13,8 +13,10 @@ and each stage below runs over it as a batch job writing to Spark's ``noop`` sin
 - ``collect``: ``accept``'s projection of that brought to the driver as Arrow (what its batch did before its tasks
   did the per-event work)
 - ``tasks``: the same projection handed to Python tasks as Arrow (``mapInArrow``, each task only counting its rows:
-  what the batch's Spark job costs before the tasks' own work); ``tasks_byte_capped``: with Arrow chunks also
-  capped at 64 MiB (``spark.sql.execution.arrow.maxBytesPerBatch``)
+  what the batch's Spark job costs before the tasks' own work), as the job runs it, with no byte limit per Arrow
+  chunk; ``tasks_byte_capped``: with Spark 4.1's default limit of 64 MiB
+  (``spark.sql.execution.arrow.maxBytesPerBatch``), checked after every row
+  (docs/performance.md#the-arrow-hand-over-to-the-tasks)
 
 Prints JSON: per stage the minimum over ``--repeat`` runs, in seconds and µs per record, and the least CPU of
 Spark's JVM (all its threads) per record.
