@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.sql.streaming.listener import JStreamingQueryListener
 
 from analytics.checkpoint import Offsets
 from eventide.config import Config
@@ -38,28 +39,37 @@ def _ts(iso: str | None) -> datetime:
 SourceOffsets = Callable[[str], Offsets]
 
 
-def _source(source: Any, kafka_offsets: SourceOffsets | None) -> dict[str, Any]:
-    described = {"description": source.description, "startOffset": source.startOffset,
-                 "endOffset": source.endOffset, "latestOffset": source.latestOffset}
+def _offset(value: Any) -> str | None:
+    """A source offset as the JVM's progress object gives it: compact JSON text (the report nests it as JSON)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _source(source: dict[str, Any], kafka_offsets: SourceOffsets | None) -> dict[str, Any]:
+    described = {"description": source.get("description"), "startOffset": _offset(source.get("startOffset")),
+                 "endOffset": _offset(source.get("endOffset")), "latestOffset": _offset(source.get("latestOffset"))}
     if kafka_offsets is not None:
         # A query reading the accepted-events log records how far into the events topic its results reach, so
         # lag is measured the same way for every query.
-        described.update(description=f"events topic, through {source.description}", startOffset=None,
-                         latestOffset=None, endOffset=json.dumps(kafka_offsets(source.endOffset or "{}")))
+        described.update(description=f"events topic, through {described['description']}", startOffset=None,
+                         latestOffset=None, endOffset=json.dumps(kafka_offsets(described["endOffset"] or "{}")))
     return described
 
 
-def progress_row(progress: Any, kafka_offsets: SourceOffsets | None = None) -> list[Any]:
-    """One ``pipeline_progress`` row from a ``StreamingQueryProgress``."""
-    operators = progress.stateOperators or []
+def progress_row(report: dict[str, Any], kafka_offsets: SourceOffsets | None = None) -> list[Any]:
+    """One ``pipeline_progress`` row from a ``StreamingQueryProgress`` as Spark writes it in JSON."""
+    operators = report.get("stateOperators") or []
+    durations = report.get("durationMs") or {}
     return [
-        progress.name or "", str(progress.id), str(progress.runId), progress.batchId, _ts(progress.timestamp),
-        _ts((progress.eventTime or {}).get("watermark")), progress.numInputRows,
-        float(progress.inputRowsPerSecond or 0.0), float(progress.processedRowsPerSecond or 0.0),
-        sum(op.numRowsDroppedByWatermark for op in operators), sum(op.numRowsTotal for op in operators),
-        sum(op.memoryUsedBytes for op in operators), int((progress.durationMs or {}).get("triggerExecution", 0)),
-        json.dumps(progress.durationMs or {}),
-        json.dumps([_source(s, kafka_offsets) for s in progress.sources]),
+        report.get("name") or "", str(report["id"]), str(report["runId"]), report["batchId"],
+        _ts(report.get("timestamp")), _ts((report.get("eventTime") or {}).get("watermark")),
+        report.get("numInputRows") or 0, float(report.get("inputRowsPerSecond") or 0.0),
+        float(report.get("processedRowsPerSecond") or 0.0),
+        *(sum(op.get(metric, 0) for op in operators)
+          for metric in ("numRowsDroppedByWatermark", "numRowsTotal", "memoryUsedBytes")),
+        int(durations.get("triggerExecution", 0)),
+        json.dumps(durations), json.dumps([_source(source, kafka_offsets) for source in report.get("sources") or []]),
         datetime.now(UTC),
     ]
 
@@ -80,22 +90,50 @@ class ProgressRecorder(StreamingQueryListener):
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        tracked = self._stores.get(str(event.progress.id))
+        self.record(json.loads(event.progress.json()))
+
+    def record(self, report: dict[str, Any]) -> None:
+        """Store one progress ``report`` (Spark's JSON of a ``StreamingQueryProgress``) if its query is tracked."""
+        tracked = self._stores.get(str(report["id"]))
         if tracked is None:
             return
         config, kafka_offsets = tracked
         try:
             with connect(config) as client:
-                client.insert("pipeline_progress", [progress_row(event.progress, kafka_offsets)],
+                client.insert("pipeline_progress", [progress_row(report, kafka_offsets)],
                               column_names=list(PROGRESS_COLUMNS))
         except Exception:
-            log.exception("could not record progress of %s", event.progress.name)
+            log.exception("could not record progress of %s", report.get("name"))
 
     def onQueryIdle(self, event: Any) -> None:
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
         pass
+
+    @property
+    def _jlistener(self) -> Any:
+        """The JVM's handle on this listener (what ``spark.streams.addListener`` registers): PySpark's, except that
+        a progress report crosses as its JSON (:class:`_ProgressAsJson`)."""
+        if not hasattr(self, "_jlistener_json"):
+            from pyspark import SparkContext
+
+            self._jlistener_json = SparkContext._jvm.PythonStreamingQueryListenerWrapper(  # type: ignore[union-attr]
+                _ProgressAsJson(self))
+        return self._jlistener_json
+
+
+class _ProgressAsJson(JStreamingQueryListener):
+    """PySpark's bridge from the JVM's listener bus, with each progress report read as one JSON string.
+
+    PySpark builds the report field by field (``StreamingQueryProgress.fromJObject``): a call into the JVM per field,
+    per state operator and per custom metric, hundreds per report, each a round trip between the driver's JVM and
+    Python on the listener's thread. One ``json()`` call carries the same report."""
+
+    pylistener: ProgressRecorder
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        self.pylistener.record(json.loads(jevent.progress().json()))
 
 
 def progress_recorder(spark: SparkSession) -> ProgressRecorder:
