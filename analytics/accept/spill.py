@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -67,10 +66,10 @@ class HeldRecords:
     def spilled(self) -> bool:
         return self._writer is not None
 
-    def table(self) -> pa.Table | None:
-        """Every record added (None when none was): in memory, or mapped from the spill file."""
+    def table(self) -> pa.Table:
+        """Every record added (at least one chunk, which may be empty): in memory, or mapped from the spill file."""
         if self._writer is None:
-            return pa.Table.from_batches(self._held) if self._held else None
+            return pa.Table.from_batches(self._held)
         assert self._path is not None
         self._writer.close()
         self._mapped = pa.memory_map(str(self._path))
@@ -79,22 +78,22 @@ class HeldRecords:
         self._path = None
         return table
 
-    def slices(self, table: pa.Table) -> Iterator[tuple[int, int]]:
+    def slices(self, table: pa.Table) -> list[tuple[int, int]]:
         """Row ranges ``[start, end)`` of ``table`` (this holder's :meth:`table`) to handle its wide columns in: the
         whole table when nothing was spilled, else consecutive ranges of about ``budget / SLICES_PER_BUDGET`` bytes
         (at least one row each)."""
         if not self.spilled:
-            yield 0, table.num_rows
-            return
+            return [(0, table.num_rows)]
         share = max(1, self.budget_bytes // SLICES_PER_BUDGET)
-        start = 0
+        ranges, start = [], 0
         for batch in table.to_batches():
             rows = batch.num_rows
             per_slice = max(1, rows * share // max(1, batch.nbytes))
             for offset in range(0, rows, per_slice):
                 end = start + min(per_slice, rows - offset)
-                yield start, end
+                ranges.append((start, end))
                 start = end
+        return ranges
 
     def close(self) -> None:
         """Drop the mapping and the spill file (if it is still there)."""

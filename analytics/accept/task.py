@@ -149,6 +149,7 @@ class AcceptPartition:
         span: dict[str, int | None] = {"first": None, "last": None}
         staged_bytes, memory_bytes = 0, 0
         rows: list[tuple[str, pa.Table]] = []
+        slices = held.slices(batch)
         if batch.num_rows:
             candidates = batch.select(list(dedup.COPY_COLUMNS))
             times = pc.min_max(candidates["kafka_timestamp"].cast(pa.int64())).as_py()   # µs since the epoch
@@ -156,10 +157,7 @@ class AcceptPartition:
             with clock("dedup"):
                 kept = self._first_copies(candidates, partition, span["first"], memory).to_numpy(
                     zero_copy_only=False)
-                # Held in memory, the whole batch is one slice: its first copies are filtered once, all columns.
-                whole = None if held.spilled else batch.select(list(self.accepted_columns)).filter(pa.array(kept))
-                accepted = (batch.select(narrow_columns).filter(pa.array(kept)) if whole is None
-                            else whole.select(narrow_columns))
+                accepted = batch.select(narrow_columns).filter(pa.array(kept))
                 copies = batch.select(list(_COPY_SOURCE)).filter(pa.array(~kept))
             if not self.replay:
                 with clock("events_file"):
@@ -167,7 +165,7 @@ class AcceptPartition:
                     # and so are the rows keyed_windows reads (analytics.keyed.rows).
                     staged_bytes = accepted_log.stage_file(
                         accepted_log.staging_dir(config.accepted_events_dir, batch_id, self.attempt), partition,
-                        self._events_file_rows(held, batch, kept, accepted, whole))
+                        self._events_file_rows(batch, slices, kept, accepted))
             if config.stream.deduplicate:
                 memory_bytes = _memory(config, partition).nbytes(memory)
                 _memory(config, partition).remember(batch_id, accepted)
@@ -176,7 +174,6 @@ class AcceptPartition:
                     accepted_log.stage_file(
                         accepted_log.staging_dir(config.window_partials_dir, batch_id, self.attempt), partition,
                         [window_partials.partials(accepted, config)])
-            slices = list(held.slices(batch))
             for start, end in slices[:-1]:   # a spilled batch's lines, one request per slice but the last
                 lines = log_lines(batch.slice(start, end - start), kept[start:end])
                 with clock("store_write"):
@@ -199,19 +196,18 @@ class AcceptPartition:
             "staged_bytes": staged_bytes, "spilled_bytes": held.spilled_bytes, "seconds": json.dumps(clock.seconds),
         }
 
-    def _events_file_rows(self, held: HeldRecords, batch: pa.Table, kept: np.ndarray, accepted: pa.Table,
-                          whole: pa.Table | None) -> Iterator[pa.Table]:
+    def _events_file_rows(self, batch: pa.Table, slices: list[tuple[int, int]], kept: np.ndarray,
+                          accepted: pa.Table) -> Iterator[pa.Table]:
         """The partition's events file, row group by row group: per slice of ``batch``, its first copies (``kept``)
         with their session-run columns, the rows ``keyed_windows`` reads first (``analytics.keyed.rows``). The runs
-        are formed over the whole batch (``accepted``: the first copies' narrow columns, in the same order);
-        ``whole``: every first copy with all its columns, when the batch is one slice."""
+        are formed over the whole batch (``accepted``: the first copies' narrow columns, in the same order)."""
         config = self.config
         runs = session_runs.with_runs(accepted.select([*session_runs.EVENT_COLUMNS, "level"]),
                                       config.stream.session_gap_s * 1000).select(list(session_runs.RUN_FIELDS))
         before = np.concatenate([[0], np.cumsum(kept)])   # first copies before each row
-        for start, end in held.slices(batch):
-            rows = whole if whole is not None else batch.slice(start, end - start).select(
-                list(self.accepted_columns)).filter(pa.array(kept[start:end]))
+        for start, end in slices:
+            rows = batch.slice(start, end - start).select(list(self.accepted_columns)).filter(
+                pa.array(kept[start:end]))
             run_rows = runs.slice(int(before[start]), rows.num_rows)
             for name in session_runs.RUN_FIELDS:
                 rows = rows.append_column(run_rows.schema.field(name), run_rows[name])
