@@ -556,14 +556,14 @@ def topic_end_offsets(config: Config) -> dict[int, int]:
 
 def _end_offset(consumer: Consumer, partition: TopicPartition, attempts: int = 20) -> int:
     """A partition's end offset; retried while the broker, just started, has no leader for it yet."""
-    for attempt in range(attempts):
+    for _ in range(attempts - 1):
         try:
             return consumer.get_watermark_offsets(partition, timeout=10)[1]
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION or attempt == attempts - 1:
+            if exc.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION:
                 raise
-            time.sleep(0.5)
-    raise AssertionError("unreachable")
+        time.sleep(0.5)
+    return consumer.get_watermark_offsets(partition, timeout=10)[1]
 
 
 def drain_alone(spark: Any, config: Config, query: str, events: int) -> dict[str, Any]:
