@@ -37,8 +37,8 @@ ARROW_HAND_OVER: dict[str, str] = {
 ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (10,000), with no byte limit.
 
 Spark 4.1's default byte limit (64 MiB) is checked after every row, and each check walks every column vector of the
-chunk: with the ``accept`` hand-over's columns that check was over a third of the executors' CPU, more than the
-hand-over itself (docs/performance.md#the-arrow-hand-over-to-the-tasks). ``2**31 - 1`` is the value Spark skips the
+chunk: with the ``accept`` hand-over's columns that check was the largest single cost of the executors' task threads
+(docs/performance.md#the-arrow-hand-over-to-the-tasks has the figures). ``2**31 - 1`` is the value Spark skips the
 check for. A chunk is bounded by its rows instead: 10,000 records of at most ``envelope.max_record_bytes`` each,
 except rejected records, which carry their raw bytes (up to ``kafka.max_message_bytes``) and which a task stores and
 forwards as they come (``analytics.accept.task.REJECTED_BYTES``); docs/operations.md ("Memory per task") sizes it."""
