@@ -43,7 +43,19 @@ check for. A chunk is bounded by its rows instead: 10,000 records of at most ``e
 except rejected records, which carry their raw bytes (up to ``kafka.max_message_bytes``) and which a task stores and
 forwards as they come (``analytics.accept.task.REJECTED_BYTES``); docs/operations.md ("Memory per task") sizes it."""
 
-JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_HAND_OVER}
+PLANNING: dict[str, str] = {
+    "spark.sql.constraintPropagation.enabled": "false",
+}
+"""How Spark plans each micro-batch: without constraint propagation.
+
+Every ``foreachBatch`` micro-batch wraps the batch's plan in a ``LogicalRDD`` and carries the optimized plan's
+constraints over to it, and Spark derives those constraints from every expression of the plan, combining each alias
+with each predicate. The ``accept`` plan's validation projection has dozens of rules, so that derivation was most of
+its stream-execution thread's CPU per batch (docs/performance.md#the-drivers-work-per-batch). The optimizer uses
+constraints only to add or drop filters implied by others (``InferFiltersFromConstraints``, ``PruneFilters``); the
+job's plans have no joins for the added filters to help, and the results are the same without them."""
+
+JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_HAND_OVER, **PLANNING}
 """Every setting above, for the session builder and ``spark-submit`` alike."""
 
 LOG4J_PROPERTIES = Path(__file__).resolve().parent / "log4j2.properties"
