@@ -49,7 +49,7 @@ DUPLICATE_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka
 DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
                        "raw_bytes")
 KAFKA_COORDINATES = ("topic", "partition", "offset", "kafka_timestamp")
-REJECTED_COLUMNS = (*KAFKA_COORDINATES, "reason", "raw", "raw_bytes", "value")   # dead letters, their topic copy
+REJECTED_COLUMNS = (*KAFKA_COORDINATES, "reason", "raw_bytes", "value")   # dead letters, their topic copy
 _COPY_SOURCE = (*KAFKA_COORDINATES, "id", "app", "device")                        # -> DUPLICATE_COLUMNS
 
 WIDE_COLUMNS = ("tags", "message")
@@ -63,10 +63,12 @@ RESULT = pa.schema([
     ("partition", pa.int32()), ("candidates", pa.int64()), ("accepted", pa.int64()), ("dead_letters", pa.int64()),
     ("first_timestamp_ms", pa.int64()), ("last_timestamp_ms", pa.int64()), ("horizon_ids", pa.int64()),
     ("horizon_bytes", pa.int64()), ("horizon_memory_bytes", pa.int64()), ("staged_bytes", pa.int64()),
-    ("spilled_bytes", pa.int64()), ("seconds", pa.string()), ("warnings", pa.list_(pa.string())),
+    ("spilled_bytes", pa.int64()), ("oversized", pa.int64()), ("seconds", pa.string()),
+    ("warnings", pa.list_(pa.string())),
 ])
 """What each task returns to the driver: one row per Kafka partition of the batch (``spilled_bytes``: its valid records
-written to its local disk, 0 unless they exceeded ``stream.task_memory_bytes``; ``seconds``: its stage timings
+written to its local disk, 0 unless they exceeded ``stream.task_memory_bytes``; ``oversized``: its rejected records
+over ``envelope.max_record_bytes``, which the driver copies to the dead-letter topic; ``seconds``: its stage timings
 as JSON, for the benchmark; ``warnings``: what it logged while it waited for the store, for the driver's log)."""
 
 
@@ -90,12 +92,13 @@ class AcceptPartition:
         clock = _Stopwatch()
         rejected: list[pa.RecordBatch] = []
         partitions: set[int] = set()
-        records = dead_letters = rejected_bytes = 0
+        records = dead_letters = oversized = rejected_bytes = 0
+        limit = self.config.envelope.max_record_bytes
         with HeldRecords(self.config.stream.task_memory_bytes) as held:
             for chunk in chunks:
                 # Spark's Arrow chunks hold at most spark.sql.execution.arrow.maxRecordsPerBatch records (10,000).
-                # Rejected records (raw bytes up to the topic's largest message each) are stored and forwarded once
-                # they add up to REJECTED_BYTES, never all held; valid records (each at most
+                # Rejected records (their first envelope.max_record_bytes each) are stored and forwarded once they
+                # add up to REJECTED_BYTES, never all held; valid records (each at most
                 # envelope.max_record_bytes) are held up to stream.task_memory_bytes, then spilled to local disk.
                 records += chunk.num_rows
                 partitions.update(pc.unique(chunk.column("partition")).to_pylist())
@@ -103,6 +106,7 @@ class AcceptPartition:
                 refused = chunk.filter(pc.invert(is_valid))
                 if refused.num_rows:
                     dead_letters += refused.num_rows
+                    oversized += pc.sum(pc.greater(refused.column("raw_bytes"), limit)).as_py() or 0
                     rejected.append(refused)
                     rejected_bytes += refused.nbytes   # a running sum: nbytes walks every buffer of a batch
                     if rejected_bytes >= REJECTED_BYTES:
@@ -114,23 +118,25 @@ class AcceptPartition:
             partition = _only_partition(partitions, self.config)
             with warnings_kept() as warnings:
                 result = self._accept(held, partition, rejected, dead_letters, clock)
-        yield pa.RecordBatch.from_pylist([{**result, "warnings": warnings}], schema=RESULT)
+        yield pa.RecordBatch.from_pylist([{**result, "oversized": oversized, "warnings": warnings}], schema=RESULT)
 
     def _reject(self, rejected: list[pa.RecordBatch], clock: _Stopwatch, rows: list[tuple[str, pa.Table]] | None = None
                 ) -> None:
         """Store rejected records in ``dead_letters`` (with the other ``rows``, in one request) and forward them to
-        the dead-letter topic."""
+        the dead-letter topic, but those over ``envelope.max_record_bytes``: the task has only their first bytes,
+        what ``dead_letters`` keeps of them, and the driver forwards them (``writer.forward_oversized``)."""
         table = pa.Table.from_batches(rejected) if rejected else None
         if table is not None:
-            rows = [*(rows or []), ("dead_letters", with_constants(table.select(
-                [*KAFKA_COORDINATES, "reason", "raw", "raw_bytes"]).rename_columns(
-                list(DEAD_LETTER_COLUMNS)), detected_at=self.now))]
+            rows = [*(rows or []), ("dead_letters", with_constants(pa.table(
+                [*(table[c] for c in (*KAFKA_COORDINATES, "reason")), _as_text(table["value"]), table["raw_bytes"]],
+                names=list(DEAD_LETTER_COLUMNS)), detected_at=self.now))]
         with clock("store_write"):
             insert_tables(self.config, rows or [], ACCEPT_QUERY)
         if table is not None:
+            whole = table.filter(pc.less_equal(table["raw_bytes"], self.config.envelope.max_record_bytes))
             # The topic copy is at-least-once (a replayed batch is forwarded again); the table is the count.
             with clock("dead_letter_topic"):
-                _dead_letter_topic(self.config).forward(table)
+                _dead_letter_topic(self.config).forward(whole)
 
     def _accept(self, held: HeldRecords, partition: int, rejected: list[pa.RecordBatch], dead_letters: int,
                 clock: _Stopwatch) -> dict[str, object]:
@@ -302,6 +308,13 @@ def clock_offsets(accepted: pa.Table) -> pa.Table:
         "offset_avg_ms": grouped["clock_offset_ms_mean"],
         "last_received": grouped["received_time_max"].cast(pa.timestamp("ms", tz="UTC")),
     })
+
+
+def _as_text(raw: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Rejected records' bytes as the ``raw`` text of ``dead_letters`` ('' for a record without a value): the bytes
+    as they are, not decoded, as ClickHouse's String keeps them (a rejected record need not be UTF-8)."""
+    text = pa.chunked_array([chunk.view(pa.string()) for chunk in raw.chunks], pa.string())
+    return pc.fill_null(text, "")
 
 
 class _DeadLetterTopic:

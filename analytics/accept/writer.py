@@ -52,6 +52,9 @@ def accept_writer(config: Config) -> BatchWriter:
         with timed(ACCEPT_QUERY, "tasks"):
             results = accept_projection(records, accepted_columns, limit).mapInArrow(task, result_schema).toArrow()
         _add_task_seconds(results)
+        if pc.sum(results["oversized"]).as_py():
+            with timed(ACCEPT_QUERY, "oversized_dead_letters"):
+                forward_oversized(records, config)
         for warning in (w for found in results["warnings"].to_pylist() for w in found or []):
             log.warning("%s (in an accept task)", warning)
         for spilled in results.filter(pc.greater(results["spilled_bytes"], 0)).to_pylist():
@@ -77,7 +80,8 @@ def accept_writer(config: Config) -> BatchWriter:
 
 def accept_projection(records: DataFrame, accepted_columns: list[str], limit: int) -> DataFrame:
     """What ``accept``'s tasks get per record (``validation.parse``'s rows): the accepted columns of a valid record
-    and, for a log, its message; the Kafka coordinates, reason and raw bytes of a rejected one."""
+    and, for a log, its message; the Kafka coordinates, reason, size and first ``limit`` bytes of a rejected one (the
+    whole record unless it is over the limit: :func:`forward_oversized` copies those to the dead-letter topic)."""
     rejected_only = F.col("dead_letter_reason").isNotNull()
     return records.select(
         # A rejected record's envelope fields are never computed, only its Kafka coordinates.
@@ -85,12 +89,32 @@ def accept_projection(records: DataFrame, accepted_columns: list[str], limit: in
           for c in accepted_columns],
         F.when(~rejected_only & (F.col("kind") == "log"), F.col("message")).alias("message"),
         F.col("dead_letter_reason").alias("reason"),
-        # Raw bytes travel for rejected records only.
-        F.when(rejected_only, F.col("value")).alias("value"),
-        F.when(rejected_only, F.substring(F.coalesce(F.col("value").cast("string"), F.lit("")), 1, limit))
-        .alias("raw"),
+        # Raw bytes travel for rejected records only, never more than the record limit of them.
+        F.when(rejected_only, F.substring(F.col("value"), 1, limit)).alias("value"),
         F.when(rejected_only, F.coalesce(F.octet_length("value"), F.lit(0))).alias("raw_bytes"),
     )
+
+
+def forward_oversized(records: DataFrame, config: Config) -> None:
+    """Copy the batch's records over ``envelope.max_record_bytes`` to the dead-letter topic, byte for byte, with
+    their reason and source in headers, as the tasks copy the other rejected records: through Spark's Kafka sink, so
+    their bytes (up to the topic's largest message each) never enter a Python process.
+
+    Runs only for a batch whose tasks found such records: it reads the batch from Kafka again."""
+    limit = config.envelope.max_record_bytes
+    (records.where(F.col("dead_letter_reason").isNotNull() & (F.octet_length("value") > limit))
+     .select(F.col("value"), F.array(   # the Kafka sink's headers: (key, value) pairs
+         F.struct(F.lit("reason").alias("key"), F.col("dead_letter_reason").cast("binary").alias("value")),
+         F.struct(F.lit("source").alias("key"), F.concat_ws(
+             "/", F.col("topic"), F.col("partition").cast("string"), F.col("offset").cast("string"))
+             .cast("binary").alias("value"))).alias("headers"))
+     .write.format("kafka")
+     .option("kafka.bootstrap.servers", config.kafka.bootstrap)
+     .option("topic", config.kafka.dead_letter_topic)
+     .option("kafka.acks", "all")
+     # The dead-letter topic takes messages twice the events topic's largest (eventide.broker), headers included.
+     .option("kafka.max.request.size", str(2 * config.kafka.max_message_bytes))
+     .save())
 
 
 def _add_task_seconds(results: pa.Table) -> None:

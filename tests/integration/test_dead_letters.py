@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from ingest.envelope import encode, metric_event
 from store.client import connect
@@ -73,6 +73,41 @@ def test_malformed_records_are_dead_lettered_with_reasons_and_good_ones_still_co
     finally:
         consumer.close()
     assert sorted(letters) == sorted(MALFORMED.items())
+
+
+def test_a_record_as_large_as_the_topic_takes_is_dead_lettered_whole_and_the_records_around_it_count(stack, spark):
+    """Producers other than ours may send records up to the events topic's largest message (kafka.max_message_bytes),
+    many times the record limit: the table keeps the record's first bytes and its size, the topic gets it whole."""
+    t0 = minute_in_past()
+    huge = encode(_good(name="y" * (stack.kafka.max_message_bytes - 10_000)))
+    produce(stack, [Metric(t0 + 1000, 1.0)])
+    producer = Producer({"bootstrap.servers": stack.kafka.bootstrap,
+                         "message.max.bytes": stack.kafka.max_message_bytes})
+    producer.produce(stack.kafka.events_topic, huge)
+    assert producer.flush(30) == 0
+    produce(stack, [Metric(t0 + 2000, 2.0)])
+    run_job(spark, stack)
+
+    [window] = window_rows(stack, 10)
+    assert (window["event_count"], window["sum"]) == (2, 3.0)
+    limit = stack.envelope.max_record_bytes
+    with connect(stack) as client:
+        stored = client.query("SELECT raw, reason, raw_bytes FROM dead_letters FINAL").result_rows
+    assert stored == [(huge[:limit].decode(), f"record too large: {len(huge)} bytes > {limit}", len(huge))]
+
+    consumer = Consumer({"bootstrap.servers": stack.kafka.bootstrap, "group.id": "dlq-check",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([stack.kafka.dead_letter_topic])
+    try:
+        msg = consumer.poll(10)
+        assert msg is not None, "no dead letter on the topic"
+        assert msg.value() == huge
+        headers = dict(msg.headers())
+        assert headers["reason"].decode() == stored[0][1]
+        assert headers["source"].decode().startswith(f"{stack.kafka.events_topic}/")
+        assert consumer.poll(2) is None, "the record was forwarded more than once"
+    finally:
+        consumer.close()
 
 
 def test_unparseable_records_never_stop_the_job(stack, spark):
