@@ -39,9 +39,10 @@ ARROW_HAND_OVER: dict[str, str] = {
 Spark 4.1's default byte limit (64 MiB) is checked after every row, and each check walks every column vector of the
 chunk: with the ``accept`` hand-over's columns that check was the largest single cost of the executors' task threads
 (docs/performance.md#the-arrow-hand-over-to-the-tasks has the figures). ``2**31 - 1`` is the value Spark skips the
-check for. A chunk is bounded by its rows instead: 10,000 records of at most ``envelope.max_record_bytes`` each,
-except rejected records, which carry their raw bytes (up to ``kafka.max_message_bytes``) and which a task stores and
-forwards as they come (``analytics.accept.task.REJECTED_BYTES``); docs/operations.md ("Memory per task") sizes it."""
+check for. A chunk is bounded by its rows instead: 10,000 records of at most ``envelope.max_record_bytes`` each (a
+rejected record carries at most that many of its bytes and its reason; one over the limit is copied whole to the
+dead-letter topic by Spark, ``analytics.accept.writer.forward_oversized``); docs/operations.md ("Memory per task")
+sizes it."""
 
 PLANNING: dict[str, str] = {
     "spark.sql.constraintPropagation.enabled": "false",
