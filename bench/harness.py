@@ -412,7 +412,7 @@ def driver_figures(python: float, jvm: dict[str, Any], machine: float, events: i
     driver = python + jvm["driver_jvm"]
     attributed = driver + jvm["executor"] + jvm["python_workers"] + jvm["jit"] + jvm["gc"] + measuring
     top = sorted(jvm["driver_jvm_threads"].items(), key=lambda kv: -kv[1])[:8]
-    return {"driver_us_per_event": us(driver),
+    return {"driver_cpu_s": round(driver, 3), "driver_us_per_event": us(driver),
             "driver_ceiling_events_per_s": round(events / driver) if driver > 0 else None,
             "driver_python_us_per_event": us(python), "driver_jvm_us_per_event": us(jvm["driver_jvm"]),
             "executor_us_per_event": us(jvm["executor"] + jvm["python_workers"]),
@@ -564,6 +564,23 @@ def _end_offset(consumer: Consumer, partition: TopicPartition, attempts: int = 2
                 raise
         time.sleep(0.5)
     return consumer.get_watermark_offsets(partition, timeout=10)[1]
+
+
+def driver_per_batch(drains: list[dict[str, Any]]) -> dict[str, Any]:
+    """The driver's CPU of drains of one backlog cut into different numbers of ``accept`` batches (each drain's
+    ``batches`` and ``driver``) as ``start + batches × per batch``, by least squares: what a drain pays once (the
+    queries' starts, their first planning) and what it pays per batch (every query's planning, its Spark job, progress
+    reports). Each reader takes one ``accept`` batch per batch, so per batch means every query once."""
+    counts = [d["batches"] for d in drains]
+    cpu = [d["driver"]["driver_cpu_s"] for d in drains]
+    if len(set(counts)) < 2:
+        return {}
+    mean_n, mean_cpu = sum(counts) / len(counts), sum(cpu) / len(cpu)
+    per_batch = (sum((n - mean_n) * (c - mean_cpu) for n, c in zip(counts, cpu, strict=True))
+                 / sum((n - mean_n) ** 2 for n in counts))
+    start = mean_cpu - per_batch * mean_n
+    return {"driver_start_s": round(start, 3), "driver_s_per_batch": round(per_batch, 3),
+            "residuals_s": [round(c - start - per_batch * n, 3) for n, c in zip(counts, cpu, strict=True)]}
 
 
 def drain_alone(spark: Any, config: Config, query: str, events: int) -> dict[str, Any]:

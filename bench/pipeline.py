@@ -23,9 +23,12 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 Every drain also reports ``driver``: CPU per event of the driver (its Python process, this one, and the JVM's
 driver-side threads) apart from the executor's (task threads, Python workers), the JIT's and the collector's, which
 local mode runs in the same JVM; the ceiling the driver sets (``1 / driver CPU per event``); the peak RSS of the
-driver's Python process and of the JVM during the drain (issue 40). ``--masters local[1],local[2]`` runs the phases
-once per master, each in a new Spark session (the JVM is the same: its JIT is warm for the later ones), under
-``by_master``, and each master's throughput over the first's under ``amdahl`` (2.0: all of it spreads over task slots).
+driver's Python process and of the JVM during the drain (issue 40). ``batches`` drains the backlog again (warm) in
+1, 2 and 4 ``accept`` batches and splits the driver's CPU into what a drain pays once (the queries' starts) and what
+it pays per batch; a running job pays only the second, so its driver CPU per event is that ÷ the batch size.
+``--masters local[1],local[2]`` runs the phases once per master, each in a new Spark session (the JVM is the same:
+its JIT is warm for the later ones), under ``by_master``, and each master's throughput over the first's under
+``amdahl`` (2.0: all of it spreads over task slots).
 
 Prints one JSON summary (and writes it to ``--out``). Each drain is timed from its first batch to its last
 (Spark's JVM and the connector are warmed up on a separate topic first); CPU is the machine's busy time (run it
@@ -60,6 +63,7 @@ from bench.harness import (
     drain,
     drain_alone,
     drain_live,
+    driver_per_batch,
     emit,
     fresh,
     live_load,
@@ -76,7 +80,7 @@ from eventide import broker
 from eventide.config import Config
 from ingest.envelope import now_ms
 
-PHASES = ("limit", "full", "warm", "live", "nodedup", "queries", "peer")
+PHASES = ("limit", "full", "warm", "live", "batches", "nodedup", "queries", "peer")
 PROGRESS_KEPT = 100_000   # progress reports kept per query during the freshness phase (Spark's default: 100)
 
 
@@ -216,6 +220,8 @@ def run_phases(spark: Any, config: Config, phases: set[str], events: int, total_
         summary["full_warm"] = drain(spark, cfg, QUERIES, events)
         summary["full_warm"]["stored"] = stored_summary(cfg)
         report(f"{tag}full_warm", summary["full_warm"])
+    if "batches" in phases:   # the driver's CPU per drain and per batch: the backlog cut into 1, 2, 4 batches
+        summary["by_batches"] = by_batches(spark, config, phases, events, total_records, tag)
     if "live" in phases:    # the same, as the live job runs: all three queries at once
         cfg = fresh(config, "live_drain")
         summary["full_live"] = drain_live(spark, cfg, events)
@@ -240,6 +246,29 @@ def run_phases(spark: Any, config: Config, phases: set[str], events: int, total_
         summary["ours_over_quix"] = round(summary["ours_peer"]["events_per_s"]
                                           / summary["peer_quix"]["events_per_s"], 2)
     return summary
+
+
+def by_batches(spark: Any, config: Config, phases: set[str], events: int, total_records: int, tag: str,
+               counts: tuple[int, ...] = (1, 2, 4)) -> dict[str, Any]:
+    """Warm drains of the backlog in each of ``counts`` ``accept`` batches (``stream.max_offsets_per_trigger`` cut to
+    fit), and the driver's CPU as ``start + batches × per batch`` (``harness.driver_per_batch``); from it, the
+    driver's CPU per event of a running job (the starts paid long ago) and the ceiling it sets, by batch size."""
+    if not {"full", "warm"} & phases:   # HotSpot compiles the job's code in a first drain
+        drain(spark, fresh(config, "warming"), QUERIES, events)
+    drains = {}
+    for count in counts:
+        cap = -(-total_records // count)
+        drained = drain(spark, fresh(config, f"batches_{count}", max_offsets_per_trigger=cap), QUERIES, events)
+        drains[count] = {"max_offsets_per_trigger": cap, "batches": drained["stages"][ACCEPT_QUERY]["batches"],
+                         "events_per_s": drained["events_per_s"], "driver": drained["driver"]}
+        report(f"{tag}batches_{count}", drains[count])
+    fit = driver_per_batch(list(drains.values()))
+    running = {}
+    if fit.get("driver_s_per_batch", 0) > 0:
+        for size in (250_000, 500_000, 1_000_000, 3_000_000):
+            running[size] = {"driver_us_per_event": round(fit["driver_s_per_batch"] * 1e6 / size, 2),
+                             "driver_ceiling_events_per_s": round(size / fit["driver_s_per_batch"])}
+    return {"drains": drains, **fit, "running_job_by_batch_size": running}
 
 
 def amdahl(by_master: dict[str, dict[str, Any]]) -> dict[str, Any]:
