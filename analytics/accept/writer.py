@@ -7,6 +7,7 @@ events, so adding executors adds throughput: the per-event work spreads over the
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -82,8 +83,15 @@ def accept_projection(records: DataFrame, accepted_columns: list[str], limit: in
     """What ``accept``'s tasks get per record (``validation.parse``'s rows): the accepted columns of a valid record
     and, for a log, its message; the Kafka coordinates, reason, size and first ``limit`` bytes of a rejected one (the
     whole record unless it is over the limit: :func:`forward_oversized` copies those to the dead-letter topic)."""
+    return records.select(*_projection(tuple(accepted_columns), limit))
+
+
+@functools.cache
+def _projection(accepted_columns: tuple[str, ...], limit: int) -> tuple[Column, ...]:
+    """:func:`accept_projection`'s columns, built once per process and settings
+    (docs/performance.md#query-columns-built-once-per-process)."""
     rejected_only = F.col("dead_letter_reason").isNotNull()
-    return records.select(
+    return (
         # A rejected record's envelope fields are never computed, only its Kafka coordinates.
         *[F.col(c) if c in KAFKA_COORDINATES else F.when(~rejected_only, F.col(c)).alias(c)
           for c in accepted_columns],

@@ -3,12 +3,13 @@ changes nothing."""
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics import accepted_log
@@ -36,31 +37,36 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
     One Spark job per batch, and the rows never reach the driver: each task of the query's output computes each
     table's derived columns in Spark, splits its rows into the three tables and inserts them (:class:`KeyedRows`);
     the driver collects a row per table and task (issue 40)."""
-    sliding_ms = config.stream.sliding_window_s * 1000
-    gap_ms = config.stream.session_gap_s * 1000
-    ts = F.timestamp_millis
     checkpoint = config.checkpoint_dir / KEYED_WINDOWS_QUERY
 
     def write(batch: DataFrame, batch_id: int) -> None:
         now = datetime.now(UTC)
-        has_values = F.col("value_count") > 0
-        out = batch.select(
-            "row_type", "window_kind", *SERIES,
-            # a sliding window's length, or a session's gap (also the length of each one's stragglers)
-            F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
-            ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
-            ts("event_time_ms").alias("event_time"),
-            (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
-            "source_partition", "source_offset", "event_id", "device", "event_count", "value_count", "sum",
-            F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
-            F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
-            (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), "metric_count", "log_count",
-            *LEVEL_FIELDS, ts("watermark_ms").alias("watermark"), "lateness_ms", RUN_LAST,
-        )
+        out = batch.select(*_output_columns(config.stream.sliding_window_s * 1000, config.stream.session_gap_s * 1000))
         with timed(KEYED_WINDOWS_QUERY, "tasks"):   # the stateful query runs when its rows are written
             insert_in_tasks([out], [KeyedRows(config, checkpoint, batch_id, now)])
 
     return write
+
+
+@functools.cache
+def _output_columns(sliding_ms: int, gap_ms: int) -> tuple[Column, ...]:
+    """The stateful operator's rows with each table's derived columns, built once per process and settings
+    (docs/performance.md#query-columns-built-once-per-process)."""
+    has_values = F.col("value_count") > 0
+    ts = F.timestamp_millis
+    return (
+        F.col("row_type"), F.col("window_kind"), *map(F.col, SERIES),
+        # a sliding window's length, or a session's gap (also the length of each one's stragglers)
+        F.when(F.col("window_kind") == SLIDING, sliding_ms).otherwise(gap_ms).alias("window_length_ms"),
+        ts("window_start_ms").alias("window_start"), ts("window_end_ms").alias("window_end"),
+        ts("event_time_ms").alias("event_time"),
+        (F.col("event_time_ms") - F.col("window_start_ms")).alias("duration_ms"),
+        *map(F.col, ("source_partition", "source_offset", "event_id", "device", "event_count", "value_count", "sum")),
+        F.when(has_values, F.col("min")).alias("min"), F.when(has_values, F.col("max")).alias("max"),
+        F.when(has_values, F.col("sum") / F.col("value_count")).alias("mean"),
+        (F.col("event_count") * 1000.0 / sliding_ms).alias("rate"), F.col("metric_count"), F.col("log_count"),
+        *map(F.col, LEVEL_FIELDS), ts("watermark_ms").alias("watermark"), F.col("lateness_ms"), F.col(RUN_LAST),
+    )
 
 
 class KeyedRows(TaskWriter):

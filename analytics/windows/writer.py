@@ -10,10 +10,11 @@ tasks, files and corrected windows, not by the events or the window rows (issue 
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics import accepted_log
@@ -34,9 +35,16 @@ _SKETCHES = {"value_sketch", "users_sketch", "devices_sketch"}
 
 def window_rows(frame: DataFrame) -> DataFrame:
     """``frame``'s :data:`WINDOW_COLUMNS` as the store takes them."""
-    return frame.select(*[
-        # Sketch columns are non-nullable Strings in the store: a window without values stores ''.
-        F.coalesce(F.col(c), F.unhex(F.lit(""))).alias(c) if c in _SKETCHES else F.col(c) for c in WINDOW_COLUMNS])
+    return frame.select(*_window_row_columns())
+
+
+@functools.cache
+def _window_row_columns() -> tuple[Column, ...]:
+    """Built once per process: columns are unresolved expressions, and building them is a call into the JVM each,
+    which every micro-batch would otherwise pay (docs/performance.md#query-columns-built-once-per-process)."""
+    # Sketch columns are non-nullable Strings in the store: a window without values stores ''.
+    return tuple(F.coalesce(F.col(c), F.unhex(F.lit(""))).alias(c) if c in _SKETCHES else F.col(c)
+                 for c in WINDOW_COLUMNS)
 
 
 class WindowRows(TaskWriter):
