@@ -80,6 +80,8 @@ class ProgressRecorder(StreamingQueryListener):
 
     def __init__(self) -> None:
         self._stores: dict[str, tuple[Config, SourceOffsets | None]] = {}
+        # The table's column types per store and database, asked once: an insert without them asks the store first.
+        self._column_types: dict[tuple[str, str], Any] = {}
 
     def track(self, query: StreamingQuery, config: Config, kafka_offsets: SourceOffsets | None = None) -> None:
         """Record ``query``'s progress; ``kafka_offsets`` translates its source offsets when it does not read
@@ -98,10 +100,14 @@ class ProgressRecorder(StreamingQueryListener):
         if tracked is None:
             return
         config, kafka_offsets = tracked
+        store = (config.store_url, config.store.database)
         try:
             with connect(config) as client:
+                if store not in self._column_types:
+                    self._column_types[store] = client.create_insert_context(
+                        "pipeline_progress", column_names=list(PROGRESS_COLUMNS)).column_types
                 client.insert("pipeline_progress", [progress_row(report, kafka_offsets)],
-                              column_names=list(PROGRESS_COLUMNS))
+                              column_names=list(PROGRESS_COLUMNS), column_types=self._column_types[store])
         except Exception:
             log.exception("could not record progress of %s", report.get("name"))
 
