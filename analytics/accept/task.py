@@ -49,8 +49,7 @@ DUPLICATE_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka
 DEAD_LETTER_COLUMNS = ("source_topic", "source_partition", "source_offset", "kafka_timestamp", "reason", "raw",
                        "raw_bytes")
 KAFKA_COORDINATES = ("topic", "partition", "offset", "kafka_timestamp")
-REJECTED_COLUMNS = (*KAFKA_COORDINATES, "reason", "raw_bytes", "value")   # dead letters, their topic copy
-_COPY_SOURCE = (*KAFKA_COORDINATES, "id", "app", "device")                        # -> DUPLICATE_COLUMNS
+_COPY_SOURCE = (*KAFKA_COORDINATES, "id", "app", "device")   # -> DUPLICATE_COLUMNS
 
 WIDE_COLUMNS = ("tags", "message")
 """The columns of a valid record a task reads one slice at a time, where it writes them (``analytics.accept.spill``);
