@@ -24,7 +24,7 @@ Every drain also reports ``driver``: CPU per event of the driver (its Python pro
 driver-side threads) apart from the executor's (task threads, Python workers), the JIT's and the collector's, which
 local mode runs in the same JVM; the ceiling the driver sets (``1 / driver CPU per event``); the peak RSS of the
 driver's Python process and of the JVM during the drain (issue 40). ``batches`` drains the backlog again (warm) in
-1, 2 and 4 ``accept`` batches and splits the driver's CPU into what a drain pays once (the queries' starts) and what
+1, 2, 4 and 16 ``accept`` batches and splits the driver's CPU into what a drain pays once (the queries' starts) and what
 it pays per batch; a running job pays only the second, so its driver CPU per event is that ÷ the batch size.
 ``--masters local[1],local[2]`` runs the phases once per master, each in a new Spark session (the JVM is the same:
 its JIT is warm for the later ones), under ``by_master``, and each master's throughput over the first's under
@@ -220,7 +220,7 @@ def run_phases(spark: Any, config: Config, phases: set[str], events: int, total_
         summary["full_warm"] = drain(spark, cfg, QUERIES, events)
         summary["full_warm"]["stored"] = stored_summary(cfg)
         report(f"{tag}full_warm", summary["full_warm"])
-    if "batches" in phases:   # the driver's CPU per drain and per batch: the backlog cut into 1, 2, 4 batches
+    if "batches" in phases:   # the driver's CPU per drain and per batch: the backlog cut into 1, 2, 4, 16 batches
         summary["by_batches"] = by_batches(spark, config, phases, events, total_records, tag)
     if "live" in phases:    # the same, as the live job runs: all three queries at once
         cfg = fresh(config, "live_drain")
@@ -249,10 +249,13 @@ def run_phases(spark: Any, config: Config, phases: set[str], events: int, total_
 
 
 def by_batches(spark: Any, config: Config, phases: set[str], events: int, total_records: int, tag: str,
-               counts: tuple[int, ...] = (1, 2, 4)) -> dict[str, Any]:
+               counts: tuple[int, ...] = (1, 2, 4, 16)) -> dict[str, Any]:
     """Warm drains of the backlog in each of ``counts`` ``accept`` batches (``stream.max_offsets_per_trigger`` cut to
     fit), and the driver's CPU as ``start + batches × per batch`` (``harness.driver_per_batch``); from it, the
-    driver's CPU per event of a running job (the starts paid long ago) and the ceiling it sets, by batch size."""
+    driver's CPU per event of a running job (the starts paid long ago) and the ceiling it sets, by batch size.
+
+    The drain in many small batches sets the slope, so the per-batch figure is less at the mercy of one drain's noise;
+    the fit's residuals show whether a batch of 60k records costs the driver what one of 1M does."""
     if not {"full", "warm"} & phases:   # HotSpot compiles the job's code in a first drain
         drain(spark, fresh(config, "warming"), QUERIES, events)
     drains = {}
