@@ -18,15 +18,16 @@ Prints JSON: per step the median over ``--repeat`` calls after ``--warmup`` call
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.harness import REPO, emit
+from bench.harness import bench_config, emit
+from eventide.config import Config
 
 
 def main() -> None:
@@ -36,12 +37,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=60)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="eventide-driver-batch-", ignore_cleanup_errors=True) as data:
-        out = _measure(args, Path(data))
+    config = bench_config()   # a new data directory: Spark's temporary files, removed at the end
+    try:
+        out = _measure(args, config)
+    finally:
+        shutil.rmtree(config.data_dir, ignore_errors=True)
     emit(out, args.out)
 
 
-def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+def _measure(args: argparse.Namespace, config: Config) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from analytics.accept import validation
@@ -49,9 +53,7 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     from analytics.job import spark_session
     from analytics.sinks import TASK_REPORT_DDL
     from analytics.windows.writer import WINDOW_COLUMNS, WindowRows, window_rows
-    from eventide.config import load_config
 
-    config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")})
     spark = spark_session(config, "driver-batch-work")
     try:
         # Computed per row, so the optimizer cannot fold the projection into a constant relation.
