@@ -225,7 +225,7 @@ def topic_specs(config: Config) -> list[NewTopic]:
                  config={
                      "message.timestamp.type": "CreateTime",
                      "retention.ms": str(k.dead_letter_retention_ms),
-                     "max.message.bytes": str(k.max_message_bytes * 2),
+                     "max.message.bytes": str(k.dead_letter_max_message_bytes),
                      "cleanup.policy": "delete",
                      "min.insync.replicas": str(k.min_insync_replicas),
                  }),

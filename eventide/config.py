@@ -94,6 +94,12 @@ class KafkaConfig(_Section):
         return self.bootstrap_servers or f"{self.host}:{self.port}"
 
     @property
+    def dead_letter_max_message_bytes(self) -> int:
+        """The dead-letter topic's largest message, and so its producers' limit: twice ``max_message_bytes``, so that
+        any record the events topic took fits whole, with its reason and source headers."""
+        return 2 * self.max_message_bytes
+
+    @property
     def managed(self) -> bool:
         """True when the project runs its own local broker."""
         return not self.bootstrap_servers

@@ -322,11 +322,10 @@ class _DeadLetterTopic:
 
     def __init__(self, config: Config) -> None:
         self._topic = config.kafka.dead_letter_topic
-        # The dead-letter topic takes messages twice the events topic's largest (eventide.broker), headers included;
-        # the client's own default limit (1,000,000 bytes) is below a record the events topic takes.
+        # The client's own default limit (1,000,000 bytes) is below a record the events topic takes.
         self._producer = Producer({"bootstrap.servers": config.kafka.bootstrap, "acks": "all",
                                    "enable.idempotence": True,
-                                   "message.max.bytes": 2 * config.kafka.max_message_bytes})
+                                   "message.max.bytes": config.kafka.dead_letter_max_message_bytes})
 
     def forward(self, rejected: pa.Table) -> None:
         """Send ``rejected`` (columns topic, partition, offset, reason, value) and wait until the broker has every

@@ -120,8 +120,7 @@ def forward_oversized(records: DataFrame, config: Config) -> None:
      .option("kafka.bootstrap.servers", config.kafka.bootstrap)
      .option("topic", config.kafka.dead_letter_topic)
      .option("kafka.acks", "all")
-     # The dead-letter topic takes messages twice the events topic's largest (eventide.broker), headers included.
-     .option("kafka.max.request.size", str(2 * config.kafka.max_message_bytes))
+     .option("kafka.max.request.size", str(config.kafka.dead_letter_max_message_bytes))
      .save())
 
 
