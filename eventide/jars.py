@@ -8,6 +8,8 @@ everything works offline once cached.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -16,6 +18,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
@@ -146,14 +149,32 @@ def cached(config: Config, name: str, artifacts: list[Artifact]) -> list[Path] |
     return jars if all(j.exists() for j in jars) else None
 
 
+@contextlib.contextmanager
+def _cache_locked(config: Config) -> Iterator[None]:
+    """Held while a process resolves into ``config.cache_dir``. Processes started side by side on an empty cache (the
+    test suite's workers, a demo started beside the tests) share Ivy's cache and the jar sets' directories, so they
+    resolve one at a time: the later ones then find the first one's jars."""
+    config.cache_dir.mkdir(parents=True, exist_ok=True)
+    with (config.cache_dir / ".resolve.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def resolve(config: Config, name: str, artifacts: list[Artifact]) -> list[Path]:
     """Return the jar files for ``artifacts`` and their runtime dependencies, downloading them if not cached."""
     found = cached(config, name, artifacts)
     if found:
         return found
+    with _cache_locked(config):
+        return cached(config, name, artifacts) or _download(config, name, artifacts)
+
+
+def _download(config: Config, name: str, artifacts: list[Artifact]) -> list[Path]:
     target = _target(config, name, artifacts)
     manifest = target / MANIFEST
-    config.cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=config.cache_dir))
     try:
         (staging / "ivy.xml").write_text(_ivy_module(name, artifacts))

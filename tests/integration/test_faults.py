@@ -151,6 +151,7 @@ def test_sdk_spool_on_a_full_file_system_counts_every_drop_tears_no_line_and_rep
     assert outcome.segments_left == 0
 
 
+@pytest.mark.serial   # deadlines on the wall clock: run alone (./run test)
 def test_a_webhook_that_refuses_hangs_or_resets_one_notification_delivers_every_later_one_on_time(stack):
     """Given the alert delivery threads and a webhook that answers 400 to one notification, hangs on another and
     resets the connection of a third (each the oldest of its series), when six later notifications of other series

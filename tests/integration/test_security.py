@@ -26,6 +26,9 @@ from store.client import connect
 from tests.support.pipeline import assert_connection_over_the_cap_is_closed
 from tests.support.stack import served_store
 
+# Deadlines, timeouts and time budgets measured on the wall clock: run alone (./run test), not beside other tests.
+pytestmark = pytest.mark.serial
+
 LIMITS = {"max_execution_time": 2, "max_result_bytes": 8 * 1024**2, "max_insert_bytes": 32 * 1024**2,
           "max_concurrent_queries": 6, "http_headers_timeout_s": 2, "http_receive_timeout_s": 4,
           "max_connections": 700}

@@ -34,6 +34,9 @@ from tests.support.pipeline import wait_until
 from tests.support.stack import REPO, own_database
 from tests.support.window_rows import Event, insert, window_row
 
+# Deadlines, timeouts and time budgets measured on the wall clock: run alone (./run test), not beside other tests.
+pytestmark = pytest.mark.serial
+
 MINUTE = timedelta(minutes=1)
 HEADER_VALUE = re.compile(r"^[0-9a-f]{64}$")
 ALERTS_PAGE = str(REPO / "dashboard" / "views" / "alerts.py")

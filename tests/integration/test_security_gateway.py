@@ -33,6 +33,9 @@ from tests.integration.test_gateway import AUTH, NDJSON, TOKEN, committed, gatew
 from tests.support.pipeline import assert_connection_over_the_cap_is_closed
 from tests.support.servers import uvicorn_in_thread
 
+# Deadlines, timeouts and time budgets measured on the wall clock: run alone (./run test), not beside other tests.
+pytestmark = pytest.mark.serial
+
 LIMIT = 32   # gateway.max_depth's default
 
 

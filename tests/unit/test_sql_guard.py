@@ -298,6 +298,7 @@ def test_given_a_statement_above_max_query_size_then_it_is_refused_before_any_pa
         assert (caught.value.code, caught.value.name, caught.value.http_status) == (229, "QUERY_IS_TOO_LARGE", 413)
 
 
+@pytest.mark.serial   # a time budget on the wall clock: run alone (./run test)
 def test_given_4_mb_of_spaces_then_the_check_takes_well_under_a_second(parse: Callable[[str], str]) -> None:
     statement = "INSERT INTO t" + " " * 4_000_000 + "x"
     started = time.perf_counter()
