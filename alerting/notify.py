@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from eventide.config import Config
+from eventide.redaction import scrub_url, url_origin
 
 log = logging.getLogger("eventide.alerting")
 
@@ -140,17 +141,39 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
 
 class WebhookChannel:
-    """POSTs each notification as JSON to ``url``."""
+    """POSTs each notification as JSON to ``url``.
+
+    The URL often holds the receiver's secret (a token in its path or query, a password): no message this channel
+    makes (failure reasons, which are logged and stored in ``alert_delivery_failures``, and raised errors) names
+    more of it than :attr:`origin`, scheme and host."""
 
     name = "webhook"
 
     def __init__(self, url: str, attempts: int, backoff_s: float, timeout_s: float = 5.0,
                  deadline_s: float = 120.0) -> None:
         self.url = url
+        self.origin = url_origin(url)
         self.policy = RetryPolicy(attempts, backoff_s, timeout_s, deadline_s)
         self._opener = urllib.request.build_opener(_NoRedirects)
 
+    def __repr__(self) -> str:
+        return f"WebhookChannel({self.origin!r})"
+
+    def _failure(self, exc: BaseException) -> str:
+        # An exception's text may quote the URL (an invalid URL, some socket and TLS errors).
+        return scrub_url(f"webhook {self.origin}: {type(exc).__name__} {exc}".strip(), self.url)
+
     def attempt(self, payload: dict[str, Any], body: bytes, timeout_s: float) -> Outcome:
+        try:
+            return self._attempt(payload, body, timeout_s)
+        except ValueError as exc:      # a URL urllib cannot use: no attempt will ever get through
+            return Outcome(False, permanent=True, error=self._failure(exc))
+        except Exception as exc:
+            # Raised on for the delivery thread to log with a traceback, without the URL and without the
+            # original exception attached (its text and arguments could hold the URL).
+            raise RuntimeError(self._failure(exc)) from None
+
+    def _attempt(self, payload: dict[str, Any], body: bytes, timeout_s: float) -> Outcome:
         request = urllib.request.Request(self.url, data=body, method="POST", headers={
             "Content-Type": "application/json; charset=utf-8", "Idempotency-Key": idempotency_key(payload["key"]),
             "User-Agent": "eventide-alerting"})
@@ -163,8 +186,8 @@ class WebhookChannel:
             status, retry_after, reason = exc.code, exc.headers.get("Retry-After") if exc.headers else None, exc.reason
             exc.close()
         except (OSError, HTTPException) as exc:   # timeouts, resets, refused connections, garbled answers
-            cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            return Outcome(False, error=f"webhook {self.url}: {type(cause).__name__} {cause}".strip())
+            return Outcome(False, error=self._failure(exc.reason if isinstance(exc, urllib.error.URLError)
+                                                      and isinstance(exc.reason, BaseException) else exc))
         if 200 <= status < 300:
             return Outcome(True, status=status)
         error = f"webhook answered {status} {reason}".strip()

@@ -5,6 +5,7 @@ Pickers keep their value in the page URL (``st.query_params``), so a link reprod
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,7 @@ from clickhouse_connect.driver.client import Client
 
 from dashboard.log_search import naive_utc
 from eventide.config import Config, ConfigError, load_config
+from eventide.redaction import scrub_url, url_origin
 from store.client import StoreUnavailable, connect
 
 T = TypeVar("T")
@@ -56,8 +58,27 @@ def fetch(config: Config, **calls: Callable[[Client], Any]) -> dict[str, Any]:
 
 
 def _unreachable(config: Config, exc: StoreUnavailable) -> None:
-    st.error(f"Store unreachable at {config.store_url}: {exc}")
+    st.error(f"Store unreachable at {store_origin(config)}: {literal(scrub_url(str(exc), config.store_url))}")
     st.stop()
+
+
+def store_origin(config: Config) -> str:
+    """The store as a page may show it: scheme, host and port, never a ``user:password@`` of ``store.url``."""
+    return url_origin(config.store_url)
+
+
+def literal(text: object) -> str:
+    """``text`` as Markdown that shows it verbatim, for text from a URL parameter or from the store (log
+    messages, app names, tags, rule names) inside ``st.markdown``, ``st.caption``, ``st.info``, ``st.error``...
+
+    An inline code span: its content is never parsed, so no link, image, emphasis, HTML, math or GFM autolink
+    (a bare ``http://...``, which backslash escapes do not stop) can come out of it. Its fence is one backtick
+    longer than the longest run inside, and line breaks become spaces: a blank line would end the paragraph
+    before the span is closed and leave the rest to the Markdown parser. Use it after some text of the caller's
+    own, not at the start of a block."""
+    flat = " ".join(str(text).splitlines())
+    fence = "`" * (max((len(run) for run in re.findall("`+", flat)), default=0) + 1)
+    return f"{fence} {flat} {fence}"
 
 
 def url_select(label: str, key: str, options: Sequence[T], format_func: Callable[[T], str] = str,

@@ -12,6 +12,7 @@ import streamlit as st
 from alerting.rules import AlertRule, load_rules
 from dashboard import common, log_search, queries
 from eventide.config import ConfigError
+from eventide.redaction import scrub_url
 
 STATE_COLOURS = {"firing": "#d62728", "pending": "#ff7f0e", "resolved": "#2ca02c", "ok": "#7f7f7f"}
 
@@ -55,14 +56,19 @@ def page() -> None:
                              "app's error and critical lines of the breaching windows on the Logs page")})
             for row, link in zip(states.itertuples(), links, strict=True):
                 if link:
-                    st.markdown(f"🔎 [Error lines of **{_escape(row.rule)}** · {_escape(row.series)}]({link})")
+                    # Names verbatim (a series holds ingested app, logger and tag names): see common.literal.
+                    st.markdown(f"🔎 [Error lines of {common.literal(row.rule)} · {common.literal(row.series)}]"
+                                f"({link})")
         st.subheader("Failed deliveries")
         if failures.empty:
             st.info("No notification was given up in the chosen range.")
         else:
             st.caption("Notifications a channel gave up (a 4xx answer, attempts or deadline exhausted, or a payload "
                        "that cannot be encoded); they are not tried again.")
-            st.dataframe(failures, hide_index=True, width="stretch")
+            # Reasons stored before the channel stopped quoting its URL may still hold the webhook's secret.
+            hook = config.alerting.webhook_url
+            st.dataframe(failures.assign(reason=[scrub_url(str(r), hook) for r in failures["reason"]]),
+                         hide_index=True, width="stretch")
 
     live()
     st.subheader(f"Rules ({config.alert_rules_file})")
@@ -89,11 +95,6 @@ def _logs_link(rules: list[AlertRule], state: Any) -> str | None:
     since = fired - timedelta(seconds=rule.window_s * rule.for_windows)
     return log_search.logs_url(apps=[app], levels=["error", "critical"], names=[name], since=since,
                                until=max(until, fired))
-
-
-def _escape(text: str) -> str:
-    """Rule and series names as literal text in Markdown."""
-    return "".join(f"\\{c}" if c in "\\`*_{}[]()#+-.!|<>~" else c for c in str(text))
 
 
 def _series_label(rule: AlertRule) -> str:

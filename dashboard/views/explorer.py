@@ -40,7 +40,7 @@ def page() -> None:
         chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
         hopping = catalog.hopping.get(chosen, [])
     if not series:
-        st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`); "
+        st.info(f"No windows yet in {common.store_origin(config)}. Start the job and send events (`./run demo`); "
                 "the first windows appear once a micro-batch has run.")
         return
     kinds = ["tumbling", *(["hopping"] if hopping else []), "sliding"]
@@ -52,7 +52,7 @@ def page() -> None:
         spec = common.url_select("Hopping window", "hopping", hopping,
                                  lambda s: f"{s[0] // 1000} s every {s[1] // 1000} s", lambda s: f"{s[0]}-{s[1]}")
     minutes = common.range_minutes(config)
-    st.sidebar.caption(f"store: {config.store_url}")
+    st.sidebar.caption(f"store: {common.store_origin(config)}")
 
     @common.refreshing(config)
     def charts() -> None:

@@ -123,7 +123,8 @@ def _tags(container: Any) -> tuple[tuple[str, str], ...]:
                            help="k=v pairs separated by spaces (region=eu version=2); all must match")
     pairs = {t: log_search.parse_tag(t) for t in text.split()}
     if bad := [t for t, pair in pairs.items() if pair is None]:
-        st.caption(f"Ignored (not k=v): {' '.join(bad)}")
+        # The URL's text, shown verbatim: a link's ?tag= must not put a link or an image on the page.
+        st.caption(f"Ignored (not k=v): {' '.join(common.literal(t) for t in bad)}")
     return tuple(dict.fromkeys(p for p in pairs.values() if p is not None))
 
 
@@ -225,7 +226,8 @@ def _url_window() -> tuple[datetime, datetime] | None:
         since = log_search.parse_time(raw_from) if raw_from else None
         until = log_search.parse_time(raw_to) if raw_to else datetime.now(UTC)
     except ValueError:
-        st.sidebar.error(f"Unreadable window from={raw_from!r} to={raw_to!r}: ISO 8601 or epoch ms expected.")
+        shown = " ".join(f"{key}={common.literal(raw)}" for key, raw in (("from", raw_from), ("to", raw_to)) if raw)
+        st.sidebar.error(f"Unreadable window {shown}: ISO 8601 or epoch ms expected.")
         since = until = None
     if since is not None and until is not None and since < until:
         st.sidebar.info(f"Window {_fmt(since)} – {_fmt(until)} UTC, from a link: the slider above is not used.")

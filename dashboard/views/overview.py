@@ -17,7 +17,7 @@ from store import pipeline
 
 
 def page() -> None:
-    config, minutes = common.start_page("Overview", lambda c: f"store: {c.store_url}")
+    config, minutes = common.start_page("Overview", lambda c: f"store: {common.store_origin(c)}")
 
     @common.refreshing(config)
     def live() -> None:
@@ -58,7 +58,7 @@ def page() -> None:
                      "offsets, which may include transaction markers.")
             st.dataframe(loss.ranges, hide_index=True, width="stretch")
         if rates.empty:
-            st.info(f"No windows yet in {config.store_url}. Start the job and send events (`./run demo`).")
+            st.info(f"No windows yet in {common.store_origin(config)}. Start the job and send events (`./run demo`).")
             return
         span = (since, until)
         left, right = st.columns(2)

@@ -1,0 +1,70 @@
+"""Configured URLs shown without their secrets (issue 49, item 10), and text from a URL or the store shown verbatim
+in Markdown (item 11): :mod:`eventide.redaction` and ``dashboard.common.literal``."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from alerting.notify import WebhookChannel
+from dashboard.common import literal
+from eventide.redaction import HIDDEN, scrub_url, url_origin
+
+HOOK = "https://bot:pa55word@hooks.example.com:8443/services/T0/B0/SECRETPATH?token=SECRETQUERY#SECRETFRAG"
+SECRETS = ("bot", "pa55word", "SECRETPATH", "SECRETQUERY", "SECRETFRAG")
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    (HOOK, "https://hooks.example.com:8443"),
+    ("http://default:hunter2@127.0.0.1:8123", "http://127.0.0.1:8123"),
+    ("https://clickhouse.internal/?user=x&password=y", "https://clickhouse.internal"),
+    ("http://[::1]:9000/path", "http://[::1]:9000"),
+    ("HTTP://Example.COM/x", "http://example.com"),
+    ("http://host:99999/secret", "(unreadable URL)"),
+    ("not a url with a secret", "(unreadable URL)"),
+    ("", "(no URL)"),
+])
+def test_a_url_is_shown_as_its_scheme_and_host_only(url: str, shown: str):
+    assert url_origin(url) == shown
+
+
+@pytest.mark.parametrize("message", [
+    f"webhook {HOOK}: ConnectionRefusedError [Errno 111] Connection refused",
+    "cannot reach ClickHouse at https://bot:***@hooks.example.com:8443/services/T0/B0/SECRETPATH: timed out",
+    f"<urlopen error unknown url type: '{HOOK}'>",
+    "InvalidURL: nonnumeric port in /services/T0/B0/SECRETPATH?token=SECRETQUERY",
+    "a decoded query: token=SECRETQUERY, a fragment SECRETFRAG, a password pa55word",
+])
+def test_a_message_quoting_the_url_in_any_form_keeps_none_of_its_secrets(message: str):
+    scrubbed = scrub_url(message, HOOK)
+    assert not [s for s in SECRETS if s in scrubbed], scrubbed
+    assert "hooks.example.com" in scrubbed or HIDDEN in scrubbed
+
+
+def test_scrubbing_leaves_other_urls_and_short_parts_alone():
+    assert scrub_url("see http://other.example/docs/a then / and /a", "http://h.example/a?b") == \
+        "see http://other.example/docs/a then / and /a"
+
+
+def test_a_webhook_that_cannot_be_reached_names_its_host_but_not_its_secret():
+    with socket.socket() as closed:         # a port that nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    channel = WebhookChannel(f"http://u:pa55word@127.0.0.1:{port}/hook/SECRETPATH?token=SECRETQUERY", 1, 0.1, 1.0)
+    outcome = channel.attempt({"key": "k"}, b"{}", 1.0)
+    assert not outcome.delivered and f"webhook http://127.0.0.1:{port}: " in outcome.error, outcome
+    assert not [s for s in SECRETS if s in outcome.error + repr(channel)], outcome.error
+
+
+@pytest.mark.parametrize("text", [
+    "[x](http://evil.example)", "![](http://evil.example/img.png)", "<img src=x onerror=alert(1)>",
+    "`code` and ``more``", "**bold** $x^2$ :red[colour] http://bare.example", "line\n\n# heading\r\nnext",
+])
+def test_literal_text_is_one_code_span_holding_the_text(text: str):
+    shown = literal(text)
+    fence = shown.split(" ", 1)[0]
+    assert set(fence) == {"`"} and shown.endswith(f" {fence}")
+    inner = shown[len(fence) + 1:-len(fence) - 1]
+    assert inner == " ".join(text.splitlines())         # no line break: the span cannot be split into blocks
+    assert fence not in inner and "`" * (len(fence) + 1) not in inner
