@@ -41,11 +41,17 @@ log = logging.getLogger("ingest.spool")
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
+def safe_name(part: str) -> str:
+    """``part`` as one path component below the spool root: recognisable, never a separator, never empty, and
+    never ``.`` or ``..`` (an app or device named so would otherwise be the root itself or leave it); those two
+    are spelled with ``%2E``, a character no other name keeps, so they take no other name's directory."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", part)[:100] or "_"
+    return name.replace(".", "%2E") if name in (".", "..") else name
+
+
 def spool_directory(root: Path, app: str, device: str) -> Path:
     """The spool of one (app, device); names are made filesystem-safe but stay recognisable."""
-    def safe(part: str) -> str:
-        return re.sub(r"[^A-Za-z0-9._-]", "_", part)[:100] or "_"
-    return root / safe(app) / safe(device)
+    return root / safe_name(app) / safe_name(device)
 
 
 @dataclass

@@ -224,3 +224,34 @@ def test_the_accepted_log_publishes_a_batch_only_after_its_files_and_metadata_ar
     assert second[-3:] == [str(staged[config.window_partials_dir]), f"rename -> {partials}", str(partials.parent)]
     assert [r for r in renames if "_tmp" not in r] == [str(target), str(partials)]
     assert accepted_log.meta(config, 7).events == 2 and accepted_log.published(config, 7)
+
+
+# Names that are path components ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("app", "device"), [("..", ".."), (".", "."), ("..", "phone-1"), ("shop", ".."),
+                                             ("../..", "../../etc"), ("", "")])
+def test_an_app_or_device_named_dot_or_dot_dot_keeps_its_spool_below_the_spool_root(tmp_path, app, device):
+    """Given an app or device named ``..`` or ``.`` (or holding separators), then its spool directory and every
+    segment it writes are strictly below the spool root, two levels down, and nothing appears beside the root."""
+    from ingest.spool import spool_directory
+
+    root = tmp_path / "nest" / "spool"
+    root.mkdir(parents=True)
+    directory = spool_directory(root, app, device)
+    spool = Spool(directory, 1 << 20, 1 << 20)
+    spool.append([body(1), body(2)])
+    spool.close()
+
+    assert directory.resolve().parent.parent == root.resolve()
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written and all(root.resolve() in p.resolve().parents for p in written)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nest"]
+    assert sorted(p.name for p in (tmp_path / "nest").iterdir()) == ["spool"]
+
+
+def test_dot_names_take_no_other_names_spool():
+    """``.`` and ``..`` are spelled with ``%``, which every other name has replaced: no other name shares theirs."""
+    from ingest.spool import safe_name
+
+    names = [".", "..", "_", "__", "%2E", "%2E%2E", "...", "a.b"]
+    assert len({safe_name(n) for n in names}) == len(names)
+    assert (safe_name("."), safe_name("..")) == ("%2E", "%2E%2E")
