@@ -17,10 +17,18 @@ not (it reads only the first statement). The JSON is then walked without recursi
 allow-list:
 
 - the statement kind per role: a ``reader`` runs SELECT/WITH/UNION, SHOW, DESCRIBE, EXISTS, SHOW CREATE, CHECK
-  and EXPLAIN of those; a ``writer`` also INSERT INTO a table, CREATE DATABASE/TABLE/VIEW/MATERIALIZED VIEW,
-  ALTER TABLE (the commands in ``_ALTER_COMMANDS``), DROP/TRUNCATE, RENAME/EXCHANGE, OPTIMIZE, DELETE, UPDATE,
-  CREATE/DROP INDEX. Everything else (SET, USE, SYSTEM, KILL, BACKUP/RESTORE, ATTACH/DETACH, GRANT, CREATE
-  USER/ROLE/FUNCTION/DICTIONARY, transactions, temporary tables, ...) is refused for everyone;
+  and EXPLAIN of those; a ``writer`` also what the product sends (``_WRITER_STATEMENTS``: the job's and the
+  evaluator's inserts, the migrations' CREATE DATABASE/TABLE/VIEW/MATERIALIZED VIEW and ALTER TABLE, OPTIMIZE),
+  with ALTER TABLE limited to the commands in ``_ALTER_COMMANDS``. DROP, TRUNCATE, RENAME/EXCHANGE, DELETE,
+  UPDATE, CREATE/DROP INDEX, CREATE OR REPLACE and everything else (SET, USE, SYSTEM, KILL, BACKUP/RESTORE,
+  ATTACH/DETACH, GRANT, CREATE USER/ROLE/FUNCTION/DICTIONARY, transactions, temporary tables, ...) are refused
+  for everyone; no statement writes into ``system`` or ``information_schema`` (``PROTECTED_DATABASES``), and a
+  database the writer creates has a plain identifier for a name (:func:`is_database_name`);
+- nothing that runs later in chDB's background, where the request's settings and limits do not apply: no
+  refreshable materialized view (``REFRESH EVERY/AFTER``), no subquery or table function in a table's
+  definition (columns, TTL, keys) or in an ALTER (mutations run in the background), no ``format()`` table
+  function in a CREATE or ALTER; elsewhere ``format()`` must name its format and give its data as string
+  literals the guard reads (not a query parameter, an expression or a subquery);
 - the AST node types (``_NODE_TYPES``): a construct the guard has not been taught is refused, not passed;
 - table functions (``_TABLE_FUNCTIONS``), wherever a function of that name appears; ``input`` only inside an
   INSERT; table engines (``_TABLE_ENGINES``: MergeTree family, Memory, Null, Log family, Set, Join, Merge — not
@@ -220,19 +228,49 @@ _DENIED_FORMATS: Mapping[str, str] = {
     "postgresqlwire": "it is not an HTTP answer", "odbcdriver2": "it is not an HTTP answer",
 }
 
+#: ALTER TABLE commands the writer may run: what the migrations do (ADD COLUMN, MODIFY ORDER BY, ADD/MATERIALIZE
+#: INDEX, MODIFY TTL for retention) and their additive kin; DELETE (a mutation) clears rows. Nothing that drops
+#: columns, partitions, indexes or projections, replaces partitions or rewrites rows (UPDATE).
 _ALTER_COMMANDS = frozenset({
-    "ADD_COLUMN", "DROP_COLUMN", "MODIFY_COLUMN", "COMMENT_COLUMN", "RENAME_COLUMN", "MATERIALIZE_COLUMN",
-    "MODIFY_ORDER_BY", "MODIFY_SAMPLE_BY", "REMOVE_SAMPLE_BY", "ADD_INDEX", "DROP_INDEX", "MATERIALIZE_INDEX",
-    "ADD_STATISTICS", "DROP_STATISTICS", "MODIFY_STATISTICS", "MATERIALIZE_STATISTICS", "ADD_CONSTRAINT",
-    "DROP_CONSTRAINT", "ADD_PROJECTION", "DROP_PROJECTION", "MATERIALIZE_PROJECTION", "MODIFY_TTL", "REMOVE_TTL",
-    "MATERIALIZE_TTL", "MODIFY_SETTING", "RESET_SETTING", "MODIFY_COMMENT", "DROP_PARTITION", "DROP_DETACHED_PARTITION",
-    "DELETE", "UPDATE", "REPLACE_PARTITION",
+    "ADD_COLUMN", "MODIFY_COLUMN", "COMMENT_COLUMN", "MATERIALIZE_COLUMN", "MODIFY_ORDER_BY", "ADD_INDEX",
+    "MATERIALIZE_INDEX",
+    "ADD_STATISTICS", "MATERIALIZE_STATISTICS", "ADD_CONSTRAINT", "ADD_PROJECTION", "MATERIALIZE_PROJECTION",
+    "MODIFY_TTL", "MATERIALIZE_TTL", "MODIFY_SETTING", "MODIFY_COMMENT", "DELETE",
 })
 
-#: Boolean members of a CreateQuery that may be true.
+#: Boolean members of a CreateQuery that may be true. ``replace_view``: CREATE OR REPLACE VIEW (a migration
+#: redefines a view, which holds no data); a table is never replaced (it drops the one it replaces).
 _CREATE_FLAGS = frozenset({
     "if_not_exists", "is_ordinary_view", "is_materialized_view", "is_populate", "is_create_empty", "is_clone_as",
-    "replace_view", "replace_table", "create_or_replace",
+    "replace_view",
+})
+
+#: The statements the writer may run: what the product sends (store/migrations.py and sql/, the job's and the
+#: evaluator's inserts, the benches' and tests' OPTIMIZE). DROP, TRUNCATE, RENAME/EXCHANGE, DELETE, UPDATE and
+#: CREATE/DROP INDEX are refused: nothing in the product runs them, and they are how a writer credential would
+#: destroy what it did not write.
+_WRITER_STATEMENTS = frozenset({"InsertQuery", "CreateQuery", "AlterQuery", "OptimizeQuery"})
+
+#: Databases no statement may write to, create, alter or drop (compared in lower case): the engine's own, which
+#: every later request (the guard's own parse included) relies on.
+PROTECTED_DATABASES = frozenset({"system", "information_schema"})
+
+#: Longest database name :func:`is_database_name` accepts.
+DATABASE_NAME_MAX = 128
+
+
+def is_database_name(name: str) -> bool:
+    """Whether ``name`` is a plain identifier (ASCII letters, digits, ``_``; not starting with a digit): the only
+    names the writer may give a database and a request may name as its ``database``, so that no name can carry a
+    quote, an escape or a second statement wherever it is used."""
+    return (0 < len(name) <= DATABASE_NAME_MAX and name.isascii() and not name[0].isdigit()
+            and name.replace("_", "a").isalnum())
+
+#: Nodes whose expressions a table keeps and evaluates later, in chDB's background (merges, TTL, mutations), where
+#: the request's settings and limits do not apply: no subquery and no table function may appear under them.
+_BACKGROUND_NODES = frozenset({
+    "ColumnDeclaration", "Storage", "TTLElement", "IndexDeclaration", "ProjectionDeclaration",
+    "ConstraintDeclaration", "StatisticsDeclaration", "AlterCommand",
 })
 
 #: Statement roots: node type → (kind, read only).
@@ -266,7 +304,7 @@ _NODE_TYPES = frozenset({
     "QueryParameter", "DataType", "Columns definition", "ColumnDeclaration", "Storage", "TTLElement",
     "IndexDeclaration", "ConstraintDeclaration", "ProjectionDeclaration", "ProjectionSelectQuery",
     "StatisticsDeclaration", "ViewTargets", "AlterCommand", "Partition", "Assignment", "NameTypePair",
-    "ObjectTypeArgument", "TimeInterval", "RefreshStrategy", "EnumDataType", "TupleDataType",
+    "ObjectTypeArgument", "TimeInterval", "EnumDataType", "TupleDataType",
 })
 
 #: Scalar functions that reach the host, the network or the process (lower case; aliases resolve to these or are
@@ -455,12 +493,17 @@ class _Walk:
         self.role = role
         self.caps = caps
         self.settings: dict[str, Any] = {}
+        self.stored = False    # a CREATE or ALTER: what it holds is kept and may run later, in the background
 
     def statement(self, root: dict[str, Any]) -> Verdict:
         kind, read_only, name = self._root(root)
+        inner = root["query"] if name == "ExplainQuery" else root
+        self.stored = inner.get("type") in ("CreateQuery", "AlterQuery")
         uses_input = self._walk(root)
         # After the walk, so that a statement refused for everyone says why, whichever the role.
         self._role(root)
+        if not _STATEMENTS[str(inner.get("type"))][1]:
+            _check_write(inner)
         verdict = Verdict(kind=kind, statement=name, read_only=read_only, settings=dict(self.settings))
         if name == "InsertQuery":
             fmt = root.get("format") or None
@@ -503,25 +546,29 @@ class _Walk:
         in_insert = root.get("type") == "InsertQuery" or (
             root.get("type") == "ExplainQuery" and isinstance(root.get("query"), dict)
             and root["query"].get("type") == "InsertQuery")
-        # (node, its key in the parent, the parent's type, whether it is a statement root)
-        stack: list[tuple[Any, str, str | None, bool]] = [(root, "", None, True)]
+        # (node, its key in the parent, the parent's type, whether it is a statement root, whether it is part of a
+        # table's definition or an ALTER command: evaluated later, in the background)
+        stack: list[tuple[Any, str, str | None, bool, bool]] = [(root, "", None, True, False)]
         while stack:
-            node, key, parent, is_root = stack.pop()
+            node, key, parent, is_root, background = stack.pop()
             if isinstance(node, dict) and "type" in node and isinstance(node["type"], str):
                 self._node(node, key, parent, is_root)
-                if node["type"] == "Function" and str(node.get("name", "")).lower() == "input":
+                node_type = node["type"]
+                if background:
+                    _check_background(node)
+                if node_type == "Function" and str(node.get("name", "")).lower() == "input":
                     if not in_insert:
                         raise _refuse("table function input is only allowed in INSERT ... SELECT")
                     uses_input = True
-                node_type = node["type"]
+                below = background or node_type in _BACKGROUND_NODES
                 for child_key, child in node.items():
                     if isinstance(child, dict | list):   # scalars hold nothing to check
                         child_root = node_type == "ExplainQuery" and child_key == "query"
-                        stack.append((child, child_key, node_type, child_root))
+                        stack.append((child, child_key, node_type, child_root, below))
             else:
                 for child_key, child in _children(node):
                     if isinstance(child, dict | list):
-                        stack.append((child, child_key or key, parent, False))
+                        stack.append((child, child_key or key, parent, False, background))
         return uses_input
 
     def _node(self, node: dict[str, Any], key: str, parent: str | None, is_root: bool) -> None:
@@ -585,6 +632,9 @@ class _Walk:
                 raise _refuse(f"table function {name} is not allowed: {why} "
                               f"(allowed: {', '.join(sorted(_TABLE_FUNCTIONS))})")
             if lower == "format":
+                if self.stored:
+                    raise _refuse("table function format is not allowed in CREATE or ALTER: what a table or view "
+                                  "keeps may run later, where the request's settings do not apply")
                 _check_format_argument(node)
             return
         if lower.startswith("__"):
@@ -613,6 +663,12 @@ class _Walk:
                 self.settings[name] = value
 
     def _create(self, node: dict[str, Any]) -> None:
+        if node.get("refresh_strategy") is not None:
+            raise _refuse("a refreshable materialized view (REFRESH EVERY/AFTER) is not allowed: its refreshes run "
+                          "in the background, outside every setting and limit of the request")
+        if node.get("replace_table") or node.get("create_or_replace") or (
+                node.get("replace_view") and not node.get("is_ordinary_view")):
+            raise _refuse("CREATE OR REPLACE / REPLACE is not allowed but for a plain VIEW: it drops what it replaces")
         if node.get("is_temporary") or node.get("temporary"):
             raise _refuse("temporary tables are not allowed: they would outlive the request on a pooled connection")
         if node.get("attach"):
@@ -629,16 +685,76 @@ class _Walk:
 
 
 def _check_format_argument(node: dict[str, Any]) -> None:
-    """``format(Protobuf, ...)``: the format named by the table function's first argument is allow-listed too."""
+    """``format(<format>, [<structure>,] <data>)``: the format is a name or a string the guard reads, and is
+    allow-listed (``format(Protobuf, ...)``); the structure and the data are string literals. A query parameter,
+    an expression or a subquery in their place would be read by chDB only, after the guard."""
     arguments = node.get("arguments")
     children = arguments.get("children") if isinstance(arguments, dict) else None
-    if not children or not isinstance(children[0], dict):
-        return
+    if not isinstance(children, list) or len(children) < 2 or not all(isinstance(c, dict) for c in children):
+        raise _refuse("table function format needs its format and its data as literals")
     first = children[0]
-    if first.get("type") == "Identifier" and isinstance(first.get("name"), str):
+    if first.get("type") == "Identifier" and isinstance(first.get("name"), str) and first["name"] \
+            and not first.get("children"):
         check_format(first["name"])
     elif first.get("type") == "Literal" and isinstance(_field(first.get("value")), str):
         check_format(_field(first.get("value")))
+    else:
+        raise _refuse("table function format: its format must be a name written in the statement (not a query "
+                      "parameter or an expression)")
+    for argument in children[1:]:
+        if argument.get("type") != "Literal" or not isinstance(_field(argument.get("value")), str):
+            raise _refuse("table function format: its structure and data must be string literals written in the "
+                          "statement (not a query parameter, an expression or a subquery)")
+
+
+def _check_background(node: dict[str, Any]) -> None:
+    """A node of a table's definition or of an ALTER command: chDB evaluates these later (merges, TTL, mutations)
+    in its background context, where the request's settings and limits do not apply."""
+    node_type = node["type"]
+    if node_type in ("Subquery", "SelectWithUnionQuery", "SelectQuery"):
+        raise _refuse("a subquery is not allowed in a table's definition or an ALTER command: it would run in the "
+                      "background, outside the request's limits")
+    if node_type == "Function":
+        lower = str(node.get("name", "")).lower()
+        if lower in _KNOWN_TABLE_FUNCTIONS and lower not in _SCALAR_TABLE_FUNCTION_NAMES:
+            raise _refuse(f"table function {node.get('name')} is not allowed in a table's definition or an ALTER "
+                          "command: it would run in the background, outside the request's limits")
+
+
+def _written_databases(root: dict[str, Any]) -> Iterator[str]:
+    """The databases a writing statement names as what it creates, alters, writes or drops ("" when unqualified:
+    the request's database)."""
+    database = root.get("database")
+    if isinstance(database, str):
+        yield database
+    elif isinstance(database, dict):
+        yield _name(database) or ""
+    named = _name(root.get("database_ast"))
+    if named is not None:
+        yield named
+    targets = root.get("targets")
+    for target in (targets.get("targets") if isinstance(targets, dict) else None) or ():
+        if isinstance(target, dict) and isinstance(target.get("table_database"), str):
+            yield target["table_database"]
+    for element in root.get("elements") or ():
+        if isinstance(element, dict):
+            yield from (str(element.get(k) or "") for k in ("from_database", "to_database"))
+
+
+def _check_write(root: dict[str, Any]) -> None:
+    """A writing statement (any role that got this far): a kind the writer may run, never into the engine's own
+    databases, and a new database with a plain name."""
+    name = str(root.get("type"))
+    if name not in _WRITER_STATEMENTS:
+        raise _refuse(f"{_label(name)} is not allowed: the writer runs the statements the product sends (INSERT, "
+                      "CREATE DATABASE/TABLE/VIEW/MATERIALIZED VIEW, ALTER TABLE, OPTIMIZE)")
+    for database in _written_databases(root):
+        if database.lower() in PROTECTED_DATABASES:
+            raise _refuse(f"{_label(name)} in database {database} is not allowed: it is the engine's own")
+    if name == "CreateQuery" and not root.get("table") and isinstance(root.get("database"), str) \
+            and not is_database_name(root["database"]):
+        raise _refuse(f"database name {root['database'][:100]!r} is not allowed: a database's name is a plain "
+                      "identifier (letters, digits, _)")
 
 
 class _Custom(str):
@@ -745,6 +861,7 @@ def _check_explained(text: str, unsupported: str) -> Verdict:
         raise _refuse(f"{_label(root)} is not allowed")
     allowed = {"Identifier", "TableIdentifier"} | ({"TableExpression"} if root == "DescribeQuery" else set())
     fmt: str | None = None
+    names: list[str] = []      # the root's Identifier children: the names, then the FORMAT clause's, if any
     for line in lines[1:]:
         stripped = line.lstrip(" ")
         depth = len(line) - len(stripped)
@@ -752,6 +869,32 @@ def _check_explained(text: str, unsupported: str) -> Verdict:
         if node_type not in allowed:
             what = {"Literal": "INTO OUTFILE", "Set": "SETTINGS", "Function": "a function"}.get(node_type, node_type)
             raise _refuse(f"{_EXPLAINED_ROOTS[root]} accepts a table name only ({what} is not allowed here)")
-        if root == "DescribeQuery" and node_type == "Identifier" and depth == 1:
-            fmt = check_format(rest.strip())
+        if node_type == "Identifier" and depth == 1:
+            names.append(rest)
+    if root == "DescribeQuery":
+        if names:
+            fmt = check_format(names[-1].strip())
+    elif names:
+        fmt = _explained_format(lines[0], root, names)
     return Verdict(kind="select", statement=root, read_only=True, format=fmt)
+
+
+def _explained_format(head: str, root: str, names: list[str]) -> str | None:
+    """The FORMAT of EXISTS/SHOW CREATE from ``EXPLAIN AST``: the root line prints ``<type> <database> <table>
+    (children N)`` and the children are the names given, then the format's. Whichever reading reproduces the root
+    line is the statement's; a format is allow-listed."""
+    count = f"(children {len(names)})"
+    database_only = root in ("ExistsDatabaseQuery", "ShowCreateDatabaseQuery")
+    readings = []
+    for has_format in (False, True):
+        given = names[:-1] if has_format else names
+        if database_only:
+            database, table = (given[0], "") if len(given) == 1 else (None, None)
+        else:
+            database, table = (given[0], given[1]) if len(given) == 2 else ("", given[0]) if len(given) == 1 \
+                else (None, None)
+        if database is not None and head == f"{root} {database} {table} {count}":
+            readings.append(has_format)
+    if len(readings) != 1:
+        raise _refuse(f"{_EXPLAINED_ROOTS[root]}: the statement could not be checked")
+    return check_format(names[-1].strip()) if readings[0] else None

@@ -182,7 +182,10 @@ def test_given_the_reader_credential_when_it_writes_then_it_is_refused_as_readon
     error = refused(statement, parse, role="reader")
     assert (error.code, error.name, error.http_status) == (164, "READONLY", 403)
     assert "readonly mode" in error.message
-    check(statement, role="writer", parse=parse)   # the writer may
+    if statement.split()[0] in ("DROP", "TRUNCATE", "DELETE", "RENAME"):
+        assert refused(statement, parse, role="writer").code == 497   # the product never sends these
+    else:
+        check(statement, role="writer", parse=parse)   # the writer may
 
 
 def test_given_settings_above_the_caps_then_they_are_refused_and_below_them_they_are_returned(
@@ -348,17 +351,19 @@ def test_given_every_migration_statement_then_the_writer_may_run_it(
     "CREATE TABLE IF NOT EXISTS s (x UInt64) ENGINE = SummingMergeTree PARTITION BY x % 10 ORDER BY x",
     "CREATE TABLE m AS numbers(10)",
     "CREATE TABLE c CLONE AS s",
-    "CREATE OR REPLACE TABLE r ENGINE = Memory AS SELECT * FROM numbers(3)",
-    "CREATE DATABASE IF NOT EXISTS other ENGINE = Atomic",
-    "CREATE MATERIALIZED VIEW mv REFRESH EVERY 1 HOUR ENGINE = MergeTree ORDER BY x AS SELECT 1 AS x",
-    "ALTER TABLE t ADD COLUMN x Int8 DEFAULT 1 FIRST, DROP COLUMN IF EXISTS y, MODIFY COLUMN z String CODEC(ZSTD), "
-    "RENAME COLUMN a TO b, DROP PARTITION 202401, REPLACE PARTITION 1 FROM s, REMOVE TTL, MATERIALIZE TTL",
+    "CREATE TABLE r ENGINE = Memory AS SELECT * FROM numbers(3)",
+    "CREATE DATABASE IF NOT EXISTS other ENGINE = Atomic", "CREATE DATABASE Other_2",
+    "CREATE MATERIALIZED VIEW mv ENGINE = MergeTree ORDER BY x AS SELECT 1 AS x",
+    "CREATE MATERIALIZED VIEW IF NOT EXISTS mv2 TO t AS SELECT x FROM s WHERE x IN (SELECT 1)",
+    "ALTER TABLE t ADD COLUMN x Int8 DEFAULT 1 FIRST, MODIFY COLUMN z String CODEC(ZSTD), MATERIALIZE TTL",
     "ALTER TABLE t MODIFY TTL toDateTime(x) + toIntervalDay(30)",
     "ALTER TABLE t MODIFY SETTING ttl_only_drop_parts = 1",
     "ALTER TABLE t ADD PROJECTION p2 (SELECT a ORDER BY a), MATERIALIZE PROJECTION p2",
-    "CREATE INDEX i ON t (x) TYPE minmax", "DROP INDEX i ON t",
-    "UPDATE t SET a = 1 WHERE b = 2", "EXCHANGE TABLES a AND b", "DROP DATABASE IF EXISTS other SYNC",
+    "ALTER TABLE device_clocks ADD INDEX IF NOT EXISTS m last_received TYPE minmax GRANULARITY 1, MATERIALIZE INDEX m",
+    "ALTER TABLE t DELETE WHERE x = 424242", "OPTIMIZE TABLE logs FINAL", "CREATE OR REPLACE VIEW v AS SELECT 1",
+    "ALTER TABLE w ADD COLUMN IF NOT EXISTS h UInt64 AFTER l, MODIFY ORDER BY (k, h)",
     "INSERT INTO t (* EXCEPT (a)) SELECT * FROM numbers(1)",
+    "INSERT INTO t SELECT * FROM format(JSONEachRow, 'x UInt8', '{\"x\": 1}')",
 ])
 def test_given_ordinary_ddl_then_the_writer_may_run_it(parse: Callable[[str], str], statement: str) -> None:
     assert check(statement, role="writer", parse=parse, caps=CAPS).kind in ("ddl", "insert")
@@ -497,3 +502,113 @@ def test_given_one_check_then_it_costs_one_parse_call(parse: Callable[[str], str
           role="reader", parse=counted)
     check("INSERT INTO eventide.t (a) FORMAT Native", role="writer", parse=counted)
     assert len(calls) == 2
+
+
+# --- the writer's statement kinds, the engine's own databases, background work (issue 49) ---------------------
+
+@pytest.mark.parametrize(("statement", "named"), [
+    ("DROP DATABASE eventide", "DROP/TRUNCATE is not allowed"),
+    ("DROP DATABASE IF EXISTS other SYNC", "DROP/TRUNCATE is not allowed"),
+    ("DROP TABLE eventide.window_aggregates", "DROP/TRUNCATE is not allowed"),
+    ("TRUNCATE TABLE eventide.logs", "DROP/TRUNCATE is not allowed"),
+    ("RENAME TABLE a TO b", "RENAME/EXCHANGE is not allowed"),
+    ("EXCHANGE TABLES a AND b", "RENAME/EXCHANGE is not allowed"),
+    ("DELETE FROM t WHERE 1", "DELETE is not allowed"),
+    ("UPDATE t SET a = 1 WHERE b = 2", "UPDATE is not allowed"),
+    ("CREATE INDEX i ON t (x) TYPE minmax", "CREATE INDEX is not allowed"),
+    ("DROP INDEX i ON t", "DROP INDEX is not allowed"),
+    ("CREATE OR REPLACE TABLE r ENGINE = Memory AS SELECT 1", "CREATE OR REPLACE"),
+    ("REPLACE TABLE r ENGINE = Memory AS SELECT 1", "CREATE OR REPLACE"),
+    ("CREATE OR REPLACE MATERIALIZED VIEW v TO t AS SELECT 1", "CREATE OR REPLACE"),
+    ("ALTER TABLE t DROP COLUMN y", "ALTER TABLE DROP COLUMN is not allowed"),
+    ("ALTER TABLE t DROP PARTITION 202401", "ALTER TABLE DROP PARTITION is not allowed"),
+    ("ALTER TABLE t REPLACE PARTITION 1 FROM s", "ALTER TABLE REPLACE PARTITION is not allowed"),
+    ("ALTER TABLE t UPDATE a = 1 WHERE 1", "ALTER TABLE UPDATE is not allowed"),
+    ("ALTER TABLE t RENAME COLUMN a TO b", "ALTER TABLE RENAME COLUMN is not allowed"),
+    ("CREATE DATABASE `odd\\``", "database name 'odd`' is not allowed"),
+    ("CREATE DATABASE `a;b`", "database name 'a;b' is not allowed"),
+    ("CREATE DATABASE `1abc`", "database name '1abc' is not allowed"),
+])
+def test_given_a_statement_the_product_never_sends_then_the_writer_is_refused(
+        parse: Callable[[str], str], statement: str, named: str) -> None:
+    error = refused(statement, parse, role="writer")
+    assert (error.code, error.http_status) == (497, 403) and named in error.message, error
+
+
+@pytest.mark.parametrize("statement", [
+    "DROP DATABASE system", "DROP TABLE system.one", "TRUNCATE TABLE system.query_cache",
+    "CREATE TABLE system.x (a UInt8) ENGINE = Memory", "CREATE DATABASE IF NOT EXISTS system",
+    "CREATE VIEW INFORMATION_SCHEMA.v AS SELECT 1", "CREATE MATERIALIZED VIEW mv TO system.x AS SELECT 1",
+    "ALTER TABLE system.one ADD COLUMN x UInt8", "ALTER TABLE information_schema.tables DELETE WHERE 1",
+    "INSERT INTO system.one FORMAT CSV", "INSERT INTO `System`.one SELECT 1", "OPTIMIZE TABLE system.one",
+    "RENAME TABLE system.one TO eventide.one", "RENAME DATABASE eventide TO system",
+    "DETACH TABLE system.one", "ATTACH TABLE system.one", "EXCHANGE TABLES system.one AND eventide.t",
+])
+def test_given_a_write_to_the_engines_own_databases_then_everyone_is_refused(
+        parse: Callable[[str], str], statement: str) -> None:
+    assert refused(statement, parse, role="writer").code == 497
+    assert refused(statement, parse, role="reader").code in (164, 497)
+
+
+@pytest.mark.parametrize(("statement", "named"), [
+    ("CREATE MATERIALIZED VIEW mv REFRESH EVERY 1 SECOND TO t AS SELECT 1", "refreshable materialized view"),
+    ("CREATE MATERIALIZED VIEW mv REFRESH AFTER 1 HOUR ENGINE = Memory AS SELECT 1 AS x",
+     "refreshable materialized view"),
+    ("CREATE MATERIALIZED VIEW mv REFRESH EVERY 1 SECOND APPEND TO t AS SELECT * FROM format(Values, "
+     "'s String', '(1)')", "refreshable"),
+    ("ALTER TABLE mv MODIFY REFRESH EVERY 1 SECOND", "ALTER TABLE MODIFY REFRESH is not allowed"),
+    ("SYSTEM START VIEWS", "SYSTEM is not allowed"), ("SYSTEM REFRESH VIEW mv", "SYSTEM is not allowed"),
+    ("SYSTEM START MERGES", "SYSTEM is not allowed"),
+    ("CREATE VIEW v AS SELECT * FROM format(Values, 's String', '(1)')", "table function format is not allowed in"),
+    ("CREATE TABLE t ENGINE = Memory AS SELECT * FROM format(CSV, 'x String', '1')", "table function format"),
+    ("ALTER TABLE t DELETE WHERE x IN (SELECT 1)", "a subquery is not allowed"),
+    ("ALTER TABLE t DELETE WHERE x IN numbers(3)", "table function numbers is not allowed"),
+    ("ALTER TABLE t ADD COLUMN y UInt64 DEFAULT (SELECT count() FROM numbers(10))", "a subquery is not allowed"),
+    ("CREATE TABLE t (x UInt64 DEFAULT (SELECT 1)) ENGINE = MergeTree ORDER BY x", "a subquery is not allowed"),
+    ("CREATE TABLE t (x DateTime) ENGINE = MergeTree ORDER BY x TTL x + INTERVAL (SELECT 1) DAY",
+     "a subquery is not allowed"),
+])
+def test_given_a_statement_that_leaves_background_work_then_it_is_refused(
+        parse: Callable[[str], str], statement: str, named: str) -> None:
+    error = refused(statement, parse, role="writer")
+    assert error.code == 497 and named in error.message, error
+
+
+@pytest.mark.parametrize(("statement", "named"), [
+    ("SELECT * FROM format({f:Identifier}, '1')", "its format must be a name written in the statement"),
+    ("SELECT * FROM format({f:String}, 'x String', '1')", "its format must be a name written in the statement"),
+    ("SELECT * FROM format(concat('Proto', 'buf'), '1')", "its format must be a name written in the statement"),
+    ("SELECT * FROM format(Values, {d:String})", "structure and data must be string literals"),
+    ("SELECT * FROM format(Values, 's String', {d:String})", "structure and data must be string literals"),
+    ("SELECT * FROM format(Values, 's String', concat('(1', ')'))", "structure and data must be string literals"),
+    ("SELECT * FROM format(Values, (SELECT '(1)'))", "structure and data must be string literals"),
+    ("SELECT * FROM format(Values, 's String', (SELECT '(1)'))", "structure and data must be string literals"),
+    ("SELECT * FROM format(CSV)", "needs its format and its data as literals"),
+])
+def test_given_format_whose_format_or_data_the_guard_cannot_read_then_it_is_refused(
+        parse: Callable[[str], str], statement: str, named: str) -> None:
+    for role in ("reader", "writer"):
+        error = refused(statement, parse, role=role)
+        assert error.code == 497 and named in error.message, error
+
+
+@pytest.mark.parametrize(("statement", "fmt"), [
+    ("SELECT 1 -- FORMAT Protobuf", None), ("SELECT 1 /* FORMAT DataFrame */", None),
+    ("SELECT 'FORMAT JSON'", None), ("SELECT 1 FORMAT JSON", "JSON"), ("SHOW TABLES FORMAT CSV", "CSV"),
+    ("EXPLAIN SELECT 1 FORMAT JSON", "JSON"), ("CHECK TABLE t FORMAT JSON", "JSON"),
+    ("EXISTS TABLE db.t FORMAT Native", "Native"), ("EXISTS db.JSON", None), ("EXISTS JSON", None),
+    ("SHOW CREATE TABLE t FORMAT JSON", "JSON"), ("EXISTS DATABASE d FORMAT CSV", "CSV"),
+    ("DESCRIBE TABLE db.t FORMAT JSON", "JSON"),
+])
+def test_given_a_statement_then_its_format_is_the_parsers_not_the_texts_last_words(
+        parse: Callable[[str], str], statement: str, fmt: str | None) -> None:
+    assert check(statement, role="reader", parse=parse).format == fmt
+
+
+def test_given_database_names_then_only_plain_identifiers_are_accepted() -> None:
+    from store.sql_guard import is_database_name
+
+    for name in ("eventide", "_x", "sec_1a2b3c4d", "A" * 128):
+        assert is_database_name(name), name
+    for name in ("", "1x", "a`", "a\\", "a;b", "a b", "a.b", "a-b", "é", "A" * 129, "sec`; SELECT 1; --"):
+        assert not is_database_name(name), name
