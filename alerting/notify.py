@@ -18,6 +18,7 @@ same for every attempt and every restart. The readable key is the body's ``key``
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -30,6 +31,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from http.client import HTTPException
 from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -155,6 +157,17 @@ class WebhookChannel:
         self.origin = url_origin(url)
         self.policy = RetryPolicy(attempts, backoff_s, timeout_s, deadline_s)
         self._opener = urllib.request.build_opener(_NoRedirects)
+        # urllib would take ``user:password@`` for part of the host name: send them as HTTP Basic credentials.
+        self._target, self._auth = url, None
+        try:
+            parts = urlsplit(url)
+        except ValueError:      # an attempt says so, as a permanent failure
+            return
+        if "@" in parts.netloc:
+            userinfo, _, hostport = parts.netloc.rpartition("@")
+            user, _, password = userinfo.partition(":")
+            token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+            self._target, self._auth = urlunsplit(parts._replace(netloc=hostport)), f"Basic {token}"
 
     def __repr__(self) -> str:
         return f"WebhookChannel({self.origin!r})"
@@ -174,9 +187,11 @@ class WebhookChannel:
             raise RuntimeError(self._failure(exc)) from None
 
     def _attempt(self, payload: dict[str, Any], body: bytes, timeout_s: float) -> Outcome:
-        request = urllib.request.Request(self.url, data=body, method="POST", headers={
-            "Content-Type": "application/json; charset=utf-8", "Idempotency-Key": idempotency_key(payload["key"]),
-            "User-Agent": "eventide-alerting"})
+        headers = {"Content-Type": "application/json; charset=utf-8",
+                   "Idempotency-Key": idempotency_key(payload["key"]), "User-Agent": "eventide-alerting"}
+        if self._auth:
+            headers["Authorization"] = self._auth
+        request = urllib.request.Request(self._target, data=body, method="POST", headers=headers)
         try:
             with self._opener.open(request, timeout=timeout_s) as response:
                 status = response.status

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 from playwright.sync_api import BrowserContext, Page
@@ -192,3 +192,48 @@ def test_the_patterns_and_dead_letter_views_render(browser: BrowserContext, dash
         # The log record, with its reason; the fixture's other dead letters are no log records.
         assert "level: not one of debug, info, warning, error, critical" in cells and "fatal" in cells, (cells, shot)
         assert texts(page, '[data-testid="stException"]') == [], shot
+
+
+EVIL = "http://evil.example"
+# Markdown a link could carry in its query: a link, an image, a bare URL (a GFM autolink), raw HTML. (A tag with
+# "=" is a k=v filter, not echoed: the tags hold none.)
+HOSTILE_TAGS = [f"[x]({EVIL}/tag-link)", f"![]({EVIL}/tag-img.png)", f"{EVIL}/tag-bare", "**bold**`tick`"]
+HOSTILE_FROM = f"[y]({EVIL}/from-link) ![]({EVIL}/from-img.png)"
+HOSTILE_TO = f'<img src="{EVIL}/to-html.png"> {EVIL}/to-bare'
+
+# Every link (HTML or SVG) and every image or style that would reach the attacker's host.
+EVIL_ELEMENTS = """() => [...document.querySelectorAll('a, img, image, source, [style]')]
+    .map(e => [e.getAttribute('href'), e.getAttributeNS('http://www.w3.org/1999/xlink', 'href'),
+               e.getAttribute('src'), e.getAttribute('srcset'), e.getAttribute('style')].join(' '))
+    .filter(v => v.includes('evil.example'))"""
+
+
+def test_url_parameters_echoed_on_the_logs_page_are_plain_text_not_links_or_images(browser: BrowserContext,
+                                                                                    dashboard: str):
+    """Given a link to the Logs page whose ``?tag=`` values are no k=v pairs and whose ``?from=&to=`` window is
+    unreadable, all carrying Markdown (a link, an image, a bare URL, HTML), when a victim opens it, then the page
+    says what it ignored, showing that text as it is, and holds no link to and no image from the attacker's host
+    (issue 49, item 11)."""
+    query = urlencode({"tag": HOSTILE_TAGS, "from": HOSTILE_FROM, "to": HOSTILE_TO}, doseq=True)
+    with opened(browser, f"{dashboard}/logs?{query}") as page:
+        shot = screenshot(page, "logs-hostile-url")
+        assert page.evaluate(EVIL_ELEMENTS) == [], shot
+        ignored = " ".join(t for t in texts(page, '[data-testid="stCaptionContainer"]') if "Ignored" in t)
+        assert all(tag in ignored for tag in HOSTILE_TAGS), (ignored, shot)
+        unreadable = " ".join(texts(page, '[data-testid="stAlertContentError"]'))
+        assert HOSTILE_FROM in unreadable and HOSTILE_TO in unreadable, (unreadable, shot)
+        assert texts(page, '[data-testid="stException"]') == [], shot
+
+
+def test_the_dashboard_names_the_store_by_scheme_and_host_without_its_credentials(browser: BrowserContext,
+                                                                                 dashboard: str, store_url: str):
+    """Given a store URL that carries a user and password (the session's store: its writer's), then the Overview
+    and the Metric explorer name the store as ``http://host:port`` only (issue 49, item 10)."""
+    parsed = urlparse(store_url)
+    assert parsed.username and parsed.password
+    for path in ("overview", "explorer"):
+        with opened(browser, f"{dashboard}/{path}") as page:
+            shot = screenshot(page, f"store-url-{path}")
+            shown = page.inner_text("body")
+            assert f"store: http://{parsed.hostname}:{parsed.port}" in shown, (path, shot)
+            assert parsed.password not in shown and f"{parsed.username}:" not in shown, (path, shot)

@@ -7,9 +7,12 @@ the Alerts page) and never holds up the others, nor the evaluation loop.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
+import logging
 import re
+import socket
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -251,3 +254,63 @@ def test_evaluation_ticks_keep_their_interval_while_the_webhook_hangs(store, tmp
     assert len(during) >= 6 and max(gaps) < 1.0, gaps
     [(reason, attempts, status, _)] = delivery_failures(config).values()
     assert "timed out" in reason and attempts >= 2 and status is None
+
+
+def test_a_webhook_urls_secrets_appear_in_no_log_record_stored_failure_or_alerts_page(
+        store, tmp_path, monkeypatch, caplog):
+    """Given a webhook URL whose user info, path and query hold secrets (as Slack's and most receivers' do) and a
+    receiver that cannot be reached, when the alerting service runs once (evaluation, then delivery until given
+    up), then no log record, no row of ``alert_delivery_failures`` and nothing on the Alerts page holds any of
+    them: the receiver is named by scheme and host. A reason stored by an older version, URL and all, is shown
+    scrubbed too (issue 49, item 10)."""
+    with socket.socket() as closed:           # a port nothing listens on: every attempt is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    secrets = ("alertbot", "Pa55w0rdXYZ", "T0SECRETPATH", "tok3nSECRETQUERY")
+    url = f"http://alertbot:Pa55w0rdXYZ@127.0.0.1:{port}/hooks/T0SECRETPATH?token=tok3nSECRETQUERY"
+    rules = tmp_path / "alerts.toml"
+    rules.write_text("")
+    config = store.model_copy(update={"alerting": store.alerting.model_copy(
+        update={"rules_file": rules, "webhook_url": url})})
+    store_transitions(config, [firing("checkout")])
+    old_reason = f"webhook {url}: ConnectionRefusedError [Errno 111] Connection refused"
+    store_transitions(config, [firing("legacy", minute=1)])
+    with connect(config) as client:             # as versions before this fix stored it
+        client.insert("alert_delivery_failures", [[firing("legacy", minute=1).key, "webhook", "p99", "legacy",
+                                                   "firing", datetime.now(UTC), old_reason, 3, None,
+                                                   datetime.now(UTC)]],
+                      column_names=["transition_key", "channel", "rule", "series", "to_state", "window_end",
+                                    "reason", "attempts", "last_status", "failed_at"])
+
+    caplog.set_level(logging.DEBUG)
+    service.run(config, once=True, targets=[webhook(config, config.alerting.webhook_url)])
+
+    failures = delivery_failures(config)
+    assert f"webhook http://127.0.0.1:{port}: ConnectionRefusedError" in failures["checkout"][0], failures
+    logged = caplog.text
+    assert f"http://127.0.0.1:{port}" in logged            # the records do say where delivery failed
+    with connect(config) as client:
+        stored = repr(client.query("SELECT * FROM alert_delivery_failures FINAL WHERE series = 'checkout'")
+                      .result_rows)
+    for key, value in to_environ(config).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("EVENTIDE_CONFIG", raising=False)
+    at = AppTest.from_file(ALERTS_PAGE, default_timeout=30).run()
+    assert not at.exception
+    [table] = [d.value for d in at.dataframe if "reason" in d.value.columns]
+    assert set(table["series"]) == {"checkout", "legacy"}
+    page = "\n".join([table.to_csv(), *(str(e.value) for kind in ("markdown", "caption", "info", "error", "warning")
+                                        for e in getattr(at, kind))])
+    for where, text in (("log records", logged), ("alert_delivery_failures", stored), ("Alerts page", page)):
+        assert not [s for s in secrets if s in text], (where, text)
+
+
+def test_a_webhook_url_with_user_and_password_is_delivered_with_basic_credentials(store, receiver):
+    """Given a webhook URL with ``user:password@`` (percent-encoded), then notifications reach the receiver with
+    those as HTTP Basic credentials (urllib alone took them for part of the host name and never connected)."""
+    store_transitions(store, [firing("basic")])
+    url = receiver.url.replace("http://", "http://alert%20bot:p%40ss:w@")
+    assert deliver(store, [webhook(store, url)]) == {"webhook": 1}
+    [got] = receiver.received
+    assert got.headers["Authorization"] == "Basic " + base64.b64encode(b"alert bot:p@ss:w").decode()
+    assert got.body is not None and got.body["series"] == "basic"
