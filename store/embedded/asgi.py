@@ -21,10 +21,10 @@ from urllib.parse import parse_qsl
 
 from store import sql_guard
 from store.embedded.bodies import decompressor, inflate
-from store.embedded.engine import Answer, Cancel, Engine, HandleState
+from store.embedded.engine import Answer, Cancel, Engine, HandleState, checked_database
 from store.embedded.errors import ClientGone, StoreError, refused
 from store.embedded.limits import READER, Limits
-from store.embedded.statements import SETTING_NAME, InsertSplit, explicit_format, split_insert
+from store.embedded.statements import SETTING_NAME, InsertSplit, split_insert
 from store.embedded.verdicts import guard, remembered
 
 log = logging.getLogger("eventide.store.server")
@@ -215,10 +215,12 @@ class StoreApp:
                 raise StoreError.of(exc.code, exc.name, exc.message, 403) from None
             settings[name] = value
         settings.update(sql_guard.ENFORCED_SETTINGS)     # after the client's: they cannot be undone
+        database = checked_database(headers.get("x-clickhouse-database") or params.get("database", ""))
+        if database.lower() in sql_guard.PROTECTED_DATABASES:
+            readonly = readonly or 1    # unqualified names there are the engine's own tables: read them only
         ordered = tuple(sorted(settings.items()))
         if readonly:     # applied last: once it is set, the handle cannot change it
             ordered += (("readonly", str(readonly)),)
-        database = headers.get("x-clickhouse-database") or params.get("database", "")
         return HandleState(database, ordered)
 
     async def _body(self, receive: Callable[[], Awaitable[dict[str, Any]]], make: Callable[[], Any] | None,
@@ -333,7 +335,7 @@ class StoreApp:
                        default_format: str, cancel: Cancel) -> Answer:
         """The guard, then the query, on one pool thread (one hop off the event loop, not two)."""
         verdict = guard(text, role, read_only, self.limits, self.engine)
-        explicit = (verdict.format or explicit_format(text)) if verdict.kind == "select" else None
+        explicit = verdict.format if verdict.kind == "select" else None     # the parser's, never the text's
         return self.engine.query(text, state, bound, default_format, explicit,
                                  cancel if verdict.kind == "select" else None)
 

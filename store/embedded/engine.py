@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any
 
 import chdb
 
+from store import sql_guard
 from store.embedded.errors import ClientGone, StoreError
 from store.embedded.statements import InsertSplit
 
@@ -67,7 +69,25 @@ PARSER = HandleState("", (("readonly", "2"),))
 
 
 def _quote(value: str) -> str:
+    """``value`` as a ClickHouse string literal: a backslash and a quote are escaped, so nothing leaves the quotes;
+    a NUL is refused (a C API may end the text there)."""
+    if "\0" in value:
+        raise StoreError.of(36, "BAD_ARGUMENTS", "A setting value contains a NUL character")
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def unknown_database(name: str) -> StoreError:
+    """ClickHouse's answer for a database that does not exist (the name shown as a quoted literal, cut short)."""
+    shown = name[:64].encode("unicode_escape").decode("ascii")
+    return StoreError.of(81, "UNKNOWN_DATABASE", f"Database {shown!r} does not exist")
+
+
+def checked_database(name: str) -> str:
+    """The ``database`` a request names, if it can be one: a plain identifier (``sql_guard.is_database_name``),
+    the only kind of name the writer may create. Whether it exists is checked when a handle is opened for it."""
+    if name and not sql_guard.is_database_name(name):
+        raise unknown_database(name)
+    return name
 
 
 class HandlePool:
@@ -82,11 +102,19 @@ class HandlePool:
         conn = chdb.connect(self._path)
         try:
             if state.database:
-                conn.query(f"USE `{state.database.replace('`', '``')}`", "TabSeparated")
+                # The name reaches SQL only as a query parameter until it is known to be an existing database
+                # whose name is a plain identifier: only then is it spliced into USE (no quote or escape can be in it).
+                found = conn.query("SELECT count() FROM system.databases WHERE name = {db:String}", "TabSeparated",
+                                   params={"db": state.database}).bytes()
+                if found.strip() != b"1" or not sql_guard.is_database_name(state.database):
+                    raise unknown_database(state.database)
+                conn.query(f"USE `{state.database}`", "TabSeparated")
             for name, value in state.settings:   # ``readonly`` sorts last of the caps: nothing is SET after it
                 conn.query(f"SET {name} = {_quote(value)}", "TabSeparated")
         except Exception as exc:
             conn.close()
+            if isinstance(exc, StoreError):
+                raise
             raise StoreError.from_chdb(exc) from None
         return conn
 
@@ -120,7 +148,11 @@ class Engine:
     """The chDB directory, opened once: an anchor connection keeps the engine up; statements run on pooled handles."""
 
     def __init__(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # Owner-only, as the passwords file is: the parts hold every stored log line and tag. chDB creates its files
+        # with the process's umask, and this process owns nothing else that others should read.
+        os.umask(0o077)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data_dir.chmod(0o700)     # a directory created before (0755) is closed too
         self._owner = open(data_dir.with_name(data_dir.name + ".lock"), "a+")  # noqa: SIM115 - held for life
         try:
             fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -154,7 +186,7 @@ class Engine:
         # Without a FORMAT clause ClickHouse answers in default_format and names it in X-ClickHouse-Format only
         # when the statement has a result set; asking chDB for the names line tells the two apart.
         with_names = not explicit and default_format == "TabSeparated"
-        fmt = explicit or ("TabSeparatedWithNames" if with_names else default_format)
+        fmt = self._checked_format(explicit or ("TabSeparatedWithNames" if with_names else default_format))
         with self.handles.lease(state) as conn:
             try:
                 if cancel is not None and fmt == "Native":
@@ -174,6 +206,15 @@ class Engine:
             result_fmt = "TabSeparated" if body else None
             body = body[body.find(b"\n") + 1:] if body else b""
         return Answer(body, result_fmt, _summary(result, written=False))
+
+    @staticmethod
+    def _checked_format(fmt: str) -> str:
+        """Only the formats of ``sql_guard``'s allow-list reach chDB's Python API: some names there (DataFrame,
+        ArrowTable, ...) return Python objects, not bytes."""
+        try:
+            return sql_guard.check_format(fmt)
+        except sql_guard.Refused as exc:
+            raise StoreError.of(exc.code, exc.name, exc.message, exc.http_status) from None
 
     @staticmethod
     def _streamed(conn: Any, text: str, params: dict[str, str], cancel: Cancel) -> Answer:
