@@ -1,6 +1,7 @@
 """Streamlit dashboard entry point: one page per question a user brings.
 
 Run with ``eventide dashboard`` (or ``streamlit run dashboard/app.py``); reads the store named in the config.
+The sign-in check (``dashboard.sign_in``) runs first: no page, and so no query, runs for a visitor it stops.
 """
 
 from __future__ import annotations
@@ -9,10 +10,14 @@ from pathlib import Path
 
 import streamlit as st
 
+from dashboard.common import config_or_stop
+from dashboard.sign_in import require_sign_in
+
 # Not "pages/": Streamlit would also list that folder on its own, beside st.navigation.
 PAGES = Path(__file__).resolve().parent / "views"
 
 st.set_page_config(page_title="eventide", layout="wide")
+require_sign_in(config_or_stop())
 st.navigation([
     st.Page(PAGES / "overview.py", title="Overview", url_path="overview", default=True),
     st.Page(PAGES / "explorer.py", title="Metric explorer", url_path="explorer"),

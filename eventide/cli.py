@@ -45,8 +45,12 @@ STREAMLIT_OPTIONS = ("--server.headless", "true", "--browser.gatherUsageStats", 
 
 
 def dashboard_argv(config: Config) -> list[str]:
+    """``streamlit run`` of the dashboard as ``config`` says; writes the sign-in's secrets file first
+    (``dashboard.auth_secrets``). ``config`` has passed the sign-in checks: off loopback it has a sign-in."""
+    from dashboard.auth_secrets import streamlit_options
+
     app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
-    return _python_module("streamlit", "run", str(app), *STREAMLIT_OPTIONS,
+    return _python_module("streamlit", "run", str(app), *STREAMLIT_OPTIONS, *streamlit_options(config),
                           "--server.address", config.dashboard.host, "--server.port", str(config.dashboard.port))
 
 

@@ -31,6 +31,8 @@ KNOWN_TOKENS = frozenset({"dev-token-change-me"})
 """Gateway tokens published with the project (eventide.toml's dev token): refused off loopback."""
 MIN_TOKEN_LENGTH = 16
 """Shortest gateway token accepted off loopback."""
+MIN_DASHBOARD_PASSWORD_LENGTH = 12
+"""Shortest shared dashboard password accepted (``dashboard.sign_in = "password"``)."""
 
 
 class ConfigError(ValueError):
@@ -489,6 +491,56 @@ class DashboardConfig(_Section):
     log_pattern_lines: int = Field(250_000, ge=1)
     """Logs page: the patterns view masks at most about this many lines, the newest (one regular expression pass
     each); a busier range shows the patterns of its newest minutes and says since when."""
+    sign_in: Literal["none", "password", "oidc"] = "none"
+    """Who may open the dashboard (docs/dashboard.md, "Sign-in"). ``none``: whoever reaches the port, so only on
+    loopback: off loopback the dashboard refuses to start. ``password``: one shared ``password``, for a laptop or a
+    small team. ``oidc``: OpenID Connect through Streamlit's ``st.login`` (the ``oidc_*`` fields), optionally limited
+    to ``allowed_emails`` / ``allowed_domains``."""
+    password: str = ""
+    """``sign_in = "password"``: the shared password, at least ``MIN_DASHBOARD_PASSWORD_LENGTH`` characters. A
+    secret: set ``EVENTIDE_DASHBOARD__PASSWORD``, never a committed file."""
+    password_max_failures: int = Field(5, ge=1)
+    """Wrong passwords one client address may try per ``password_failure_window_s``; past it every try from that
+    address is refused unchecked until its oldest failure leaves the window."""
+    password_failure_window_s: float = Field(300.0, gt=0)
+    oidc_server_metadata_url: str = ""
+    """``sign_in = "oidc"``: the provider's discovery document, ``<issuer>/.well-known/openid-configuration``;
+    https, or http on loopback only (the keys that sign the identity come from it)."""
+    oidc_client_id: str = ""
+    """The dashboard's client id at the provider."""
+    oidc_client_secret: str = ""
+    """Its client secret. A secret: set ``EVENTIDE_DASHBOARD__OIDC_CLIENT_SECRET``, never a committed file."""
+    oidc_redirect_uri: str = ""
+    """The dashboard's public URL + ``/oauth2callback``, as registered with the provider. Empty:
+    ``http://<host>:<port>/oauth2callback``, which is right on loopback only (off loopback it must be set)."""
+    oidc_cookie_secret: str = ""
+    """Signs the cookie that keeps a user signed in (30 days, Streamlit's). Empty: generated on first start into
+    ``<data_dir>/dashboard/cookie-secret`` (mode 0600) and kept, so a restart signs nobody out."""
+    oidc_prompt: str = "select_account"
+    """The authorization request's ``prompt`` (Streamlit's default ``select_account``; some providers support only
+    ``login``, ``consent`` or ``none``)."""
+    allowed_emails: list[str] = Field(default_factory=list)
+    """``sign_in = "oidc"``: signed-in users whose email is one of these may see the pages (any case). With
+    ``allowed_domains`` also empty, every user the provider signs in for this client may."""
+    allowed_domains: list[str] = Field(default_factory=list)
+    """... or whose email's domain is exactly one of these (``example.com`` admits ``a@example.com``, not
+    ``a@eu.example.com``). An email the provider marks unverified (``email_verified = false``) is never admitted."""
+
+    @field_validator("allowed_emails")
+    @classmethod
+    def _emails_lower_case(cls, emails: list[str]) -> list[str]:
+        return [email.strip().lower() for email in emails]
+
+    @field_validator("allowed_domains")
+    @classmethod
+    def _domains_lower_case(cls, domains: list[str]) -> list[str]:
+        return [domain.strip().lower().removeprefix("@") for domain in domains]
+
+    @property
+    def oidc_callback_url(self) -> str:
+        """Where the provider sends a user back: ``oidc_redirect_uri``, or this server's own address."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return self.oidc_redirect_uri or f"http://{host}:{self.port}/oauth2callback"
 
 
 MAX_RETENTION_DAYS = 3650
@@ -670,6 +722,45 @@ class Config(_Section):
                 f"stream.dedup_horizon_s: {stream.dedup_horizon_ms / 1000:g} s{origin} exceeds "
                 f"stream.accepted_retention_s ({stream.accepted_retention_s} s), which keeps the accepted ids the "
                 f"horizon is checked against: raise accepted_retention_s or lower the horizon")
+        return self
+
+    @model_validator(mode="after")
+    def _dashboard_sign_in(self) -> Config:
+        """The dashboard shows every stored log line and the alert configuration: off loopback it needs a sign-in,
+        and the sign-in chosen needs what it works with. Errors name the field to set."""
+        d = self.dashboard
+        if d.sign_in == "none" and not _is_loopback(d.host):
+            raise ValueError(
+                f"dashboard.sign_in: the dashboard listens on {d.host} (dashboard.host, not loopback), so it needs a "
+                f"sign-in: \"oidc\" (EVENTIDE_DASHBOARD__SIGN_IN=oidc and the dashboard.oidc_* fields) or \"password\" "
+                f"(EVENTIDE_DASHBOARD__SIGN_IN=password and EVENTIDE_DASHBOARD__PASSWORD); or set dashboard.host to "
+                f"127.0.0.1")
+        if d.sign_in == "password" and len(d.password) < MIN_DASHBOARD_PASSWORD_LENGTH:
+            raise ValueError(
+                f"dashboard.password: sign_in is \"password\", so the dashboard needs a shared password of at least "
+                f"{MIN_DASHBOARD_PASSWORD_LENGTH} characters (set EVENTIDE_DASHBOARD__PASSWORD)")
+        if d.sign_in != "oidc":
+            for field in ("allowed_emails", "allowed_domains"):
+                if getattr(d, field):
+                    raise ValueError(f"dashboard.{field}: applies to sign_in = \"oidc\" only (sign_in is "
+                                     f"\"{d.sign_in}\"), so it would admit or refuse no one")
+            return self
+        for field, variable in (("oidc_server_metadata_url", ""), ("oidc_client_id", ""),
+                                ("oidc_client_secret", " (set EVENTIDE_DASHBOARD__OIDC_CLIENT_SECRET)")):
+            if not getattr(d, field):
+                raise ValueError(f"dashboard.{field}: sign_in is \"oidc\", so it must be set{variable}")
+        metadata = urlsplit(d.oidc_server_metadata_url)
+        if not (metadata.scheme == "https" or (metadata.scheme == "http" and _is_loopback(metadata.hostname or ""))):
+            raise ValueError(
+                f"dashboard.oidc_server_metadata_url: {d.oidc_server_metadata_url} must be https (http on loopback "
+                f"only): the keys that sign a user's identity are read from it")
+        if not d.oidc_redirect_uri and not _is_loopback(d.host):
+            raise ValueError(
+                f"dashboard.oidc_redirect_uri: the dashboard listens on {d.host} (not loopback), so the provider must "
+                f"be told its public URL: set it to https://<public host>/oauth2callback")
+        if not urlsplit(d.oidc_callback_url).path.endswith("/oauth2callback"):
+            raise ValueError(f"dashboard.oidc_redirect_uri: {d.oidc_redirect_uri} must end in /oauth2callback "
+                             f"(the path Streamlit receives the provider's answer on)")
         return self
 
     # Derived locations -------------------------------------------------------------------------------------

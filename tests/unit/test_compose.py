@@ -33,7 +33,8 @@ SPARK_WORKERS = sorted(name for name, s in SERVICES.items() if "org.apache.spark
                        in s.get("command", []))
 # What an operator must export; stand-ins here. ${VAR:-default} takes its default.
 SECRETS = {"CLICKHOUSE_PASSWORD": "writer-s3cret", "CLICKHOUSE_READER_PASSWORD": "reader-s3cret",
-           "EVENTIDE_GATEWAY_TOKENS": '["t0ken-of-at-least-16-chars"]'}
+           "EVENTIDE_GATEWAY_TOKENS": '["t0ken-of-at-least-16-chars"]',
+           "DASHBOARD_SIGN_IN": "password", "DASHBOARD_PASSWORD": "a shared passphrase"}
 STORE_WRITERS = {"init", "stream-job", "alerting"}          # migrations, the job's sinks, the alert tables
 STORE_READERS = {"dashboard", "alerting"}
 REFERENCE = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
@@ -182,6 +183,29 @@ def test_the_default_gateway_token_or_a_passwordless_store_is_refused_in_the_com
     job = environment("stream-job")
     with pytest.raises(ConfigError, match=r"store\.password"):
         load_config(environ={**job, "EVENTIDE_STORE__PASSWORD": ""}, root=str(REPO))
+
+
+def test_the_dashboard_needs_a_sign_in_in_the_compose_environment():
+    """Published on every interface, the dashboard must be given a sign-in: none is refused at start, and each
+    sign-in's settings come from the environment."""
+    from eventide.config import ConfigError
+
+    dashboard = environment("dashboard")
+    assert SERVICES["dashboard"]["environment"]["EVENTIDE_DASHBOARD__SIGN_IN"].startswith("${DASHBOARD_SIGN_IN:?")
+    assert config_of("dashboard").dashboard.sign_in == "password"
+    with pytest.raises(ConfigError, match=r"dashboard\.sign_in"):
+        load_config(environ={**dashboard, "EVENTIDE_DASHBOARD__SIGN_IN": "none"}, root=str(REPO))
+    with pytest.raises(ConfigError, match=r"dashboard\.password"):
+        load_config(environ={**dashboard, "EVENTIDE_DASHBOARD__PASSWORD": ""}, root=str(REPO))
+    oidc = {**dashboard, "EVENTIDE_DASHBOARD__SIGN_IN": "oidc",
+            "EVENTIDE_DASHBOARD__OIDC_SERVER_METADATA_URL": "https://idp.example.com/.well-known/openid-configuration",
+            "EVENTIDE_DASHBOARD__OIDC_CLIENT_ID": "eventide", "EVENTIDE_DASHBOARD__OIDC_CLIENT_SECRET": "s3cret",
+            "EVENTIDE_DASHBOARD__ALLOWED_DOMAINS": '["example.com"]'}
+    with pytest.raises(ConfigError, match=r"dashboard\.oidc_redirect_uri"):     # 0.0.0.0 is no public URL
+        load_config(environ=oidc, root=str(REPO))
+    public = load_config(environ={**oidc, "EVENTIDE_DASHBOARD__OIDC_REDIRECT_URI":
+                                  "https://dashboard.example.com/oauth2callback"}, root=str(REPO)).dashboard
+    assert public.sign_in == "oidc" and public.allowed_domains == ["example.com"]
 
 
 def test_spark_master_workers_and_job_agree():

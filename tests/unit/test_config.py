@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from eventide.config import ConfigError, load_config, to_environ
@@ -163,3 +165,53 @@ def test_a_retention_whose_ttl_would_overflow_datetime_is_refused_naming_the_fie
     assert load_config(environ={}, retention={"window_results_days": 3650}).retention.window_results_days == 3650
     with pytest.raises(ConfigError, match=r"retention\.window_results_days"):
         load_config(environ={}, retention={"window_results_days": 36_500})
+
+
+OIDC = {"sign_in": "oidc", "oidc_server_metadata_url": "https://idp.example.com/.well-known/openid-configuration",
+        "oidc_client_id": "eventide", "oidc_client_secret": "s3cret"}
+
+
+@pytest.mark.parametrize(("dashboard", "field"), [
+    ({"host": "0.0.0.0"}, "dashboard.sign_in"),                          # no sign-in, every interface
+    ({"host": "10.1.2.3", "sign_in": "none"}, "dashboard.sign_in"),
+    ({"host": "dashboard.example"}, "dashboard.sign_in"),               # a name is not loopback
+    ({"sign_in": "password"}, "dashboard.password"),                     # no password
+    ({"sign_in": "password", "password": "elevenchars"}, "dashboard.password"),
+    ({**OIDC, "oidc_client_id": ""}, "dashboard.oidc_client_id"),
+    ({**OIDC, "oidc_client_secret": ""}, "dashboard.oidc_client_secret"),
+    ({**OIDC, "oidc_server_metadata_url": ""}, "dashboard.oidc_server_metadata_url"),
+    ({**OIDC, "oidc_server_metadata_url": "http://idp.example.com/.well-known/openid-configuration"},
+     "dashboard.oidc_server_metadata_url"),                               # the signing keys over plain http
+    ({**OIDC, "host": "0.0.0.0"}, "dashboard.oidc_redirect_uri"),        # 0.0.0.0 is no URL to come back to
+    ({**OIDC, "oidc_redirect_uri": "https://dash.example.com/callback"}, "dashboard.oidc_redirect_uri"),
+    ({"allowed_domains": ["example.com"]}, "dashboard.allowed_domains"),  # a list no sign-in applies
+    ({"sign_in": "password", "password": "a long shared secret", "allowed_emails": ["a@example.com"]},
+     "dashboard.allowed_emails"),
+])
+def test_a_dashboard_without_a_working_sign_in_off_loopback_is_refused_naming_the_field(tmp_path, dashboard, field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        load_config(environ={}, root=str(tmp_path), dashboard=dashboard)
+
+
+def test_the_dashboard_off_loopback_is_refused_from_the_environment_too(tmp_path):
+    with pytest.raises(ConfigError, match=r"dashboard\.sign_in.*0\.0\.0\.0"):
+        load_config(environ={"EVENTIDE_DASHBOARD__HOST": "0.0.0.0"}, root=str(tmp_path))
+
+
+@pytest.mark.parametrize("dashboard", [
+    {},                                                                   # loopback, no sign-in: a laptop
+    {"host": "::1"},
+    {"host": "0.0.0.0", "sign_in": "password", "password": "twelve chars"},
+    {**OIDC, "host": "0.0.0.0", "oidc_redirect_uri": "https://dash.example.com/oauth2callback",
+     "allowed_domains": ["example.com"]},
+    {**OIDC, "oidc_server_metadata_url": "http://127.0.0.1:9000/.well-known/openid-configuration"},  # a local IdP
+])
+def test_a_dashboard_with_a_sign_in_or_on_loopback_loads(tmp_path, dashboard):
+    load_config(environ={}, root=str(tmp_path), dashboard=dashboard)
+
+
+def test_oidc_defaults_come_back_to_the_dashboard_itself_and_lists_ignore_case(tmp_path):
+    d = load_config(environ={}, root=str(tmp_path), dashboard={
+        **OIDC, "port": 8600, "allowed_domains": ["@Example.COM"], "allowed_emails": [" Bob@Example.com "]}).dashboard
+    assert d.oidc_callback_url == "http://127.0.0.1:8600/oauth2callback"
+    assert (d.allowed_domains, d.allowed_emails) == (["example.com"], ["bob@example.com"])
