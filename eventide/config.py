@@ -148,6 +148,20 @@ class StoreConfig(_Section):
     max_concurrent_queries: int = Field(32, ge=1)
     """Embedded store: queries running at once at most (each on a thread of its own); one over it is answered 503
     TOO_MANY_SIMULTANEOUS_QUERIES at once (ClickHouse's ``max_concurrent_queries``)."""
+    max_concurrent_queries_for_user: int = Field(16, ge=1)
+    """Embedded store: queries of one user (the writer, or the reader) at once at most, counted from the start of a
+    query until its answer is sent (as ClickHouse counts them); one over it is answered 503
+    TOO_MANY_SIMULTANEOUS_QUERIES at once (ClickHouse's ``max_concurrent_queries_for_user``). Each user's queries
+    run on threads of their own, this many. At most half of ``max_concurrent_queries``, neither user can keep the
+    other from running queries."""
+    max_unsent_answer_bytes_for_user: int = Field(16 * 1024**2, ge=0)
+    """Embedded store: bytes of one user's answers held in memory, computed but not yet sent, at most. A new query
+    of a user already over it is answered 503 at once; an answer that would take it over is dropped (503), unless it
+    is the user's only one (an answer up to ``max_result_bytes`` can always be sent)."""
+    http_send_timeout_s: float = Field(30.0, gt=0)
+    """Embedded store: an answer must be sent whole within this long once it is ready (ClickHouse's
+    ``http_send_timeout``); from a client that reads it slower, or not at all, the connection is closed and the
+    answer dropped."""
     http_headers_timeout_s: float = Field(5.0, gt=0)
     """Embedded store: a request's head (request line and headers) must arrive whole within this long."""
     http_receive_timeout_s: float = Field(300.0, gt=0)

@@ -100,7 +100,7 @@ def serve(config: Config, ready: threading.Event | None = None) -> int:
     try:
         server.run()
     finally:
-        app.pool.shutdown(wait=False, cancel_futures=True)
+        app.shutdown()
         if not app.drain(DRAIN_S):
             log.warning("queries still running after %.0f s; closing chDB anyway", DRAIN_S)
         engine.close()

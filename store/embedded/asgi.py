@@ -1,6 +1,7 @@
 """ClickHouse's HTTP interface as an ASGI application over :class:`~store.embedded.engine.Engine`: the refusals
 on the head (browsers, authentication, method, concurrency), the settings a request may ask for, its body read
-against a deadline and a size, the query run off the event loop and cancelled when its client leaves."""
+against a deadline and a size, the query run off the event loop and cancelled when its client leaves, and its
+answer sent in steps against a deadline, counted against its user's share until it is sent."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from store import sql_guard
 from store.embedded.bodies import decompressor, inflate
 from store.embedded.engine import Answer, Cancel, Engine, HandleState, checked_database
 from store.embedded.errors import ClientGone, StoreError, refused
-from store.embedded.limits import READER, Limits
+from store.embedded.limits import READER, WRITER, Limits
 from store.embedded.statements import SETTING_NAME, InsertSplit, split_insert
 from store.embedded.verdicts import guard, remembered
 
@@ -48,6 +49,12 @@ _CONTENT_TYPES = {"Native": "application/octet-stream", "RowBinary": "applicatio
                   "JSON": "application/json; charset=UTF-8", "JSONEachRow": "application/x-ndjson; charset=UTF-8"}
 INLINE_SCAN = 16 * 1024
 """Heads up to this long are scanned for an insert's split on the event loop (well under a millisecond)."""
+SEND_STEP = 256 * 1024
+"""An answer is handed to the connection this much at a time: uvicorn waits for its write buffer to drain before
+the next step, so a client that does not read holds about one step of the connection's memory, not a copy of the
+whole answer, and the send deadline can cut it off between steps."""
+ABORT = "eventide.abort"
+"""ASGI scope extension (set by ``connections.protocol``): closes the connection at once, dropping unsent data."""
 
 
 class StoreApp:
@@ -55,8 +62,15 @@ class StoreApp:
 
     def __init__(self, engine: Engine, users: dict[str, tuple[str, str]], limits: Limits) -> None:
         self.engine, self.users, self.limits = engine, users, limits
-        self.pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent_queries, "chdb")
+        self.user_of = {role: user for user, (_, role) in users.items()}
+        # A pool per user: one user's queries (and its statements' checks) never wait for a thread another holds.
+        self.pools = {role: concurrent.futures.ThreadPoolExecutor(limits.max_concurrent_queries_for_user,
+                                                                  f"chdb-{role}")
+                      for role in (WRITER, READER)}
         self.running = 0
+        self.running_for = dict.fromkeys((WRITER, READER), 0)
+        self.unsent_for = dict.fromkeys((WRITER, READER), 0)
+        """Bytes of each user's answers computed and not yet sent (:meth:`unsent`)."""
         self._logged_at, self._logged = 0.0, 0
         self._busy = 0
         self._idle = threading.Condition()
@@ -72,29 +86,65 @@ class StoreApp:
                 self._busy -= 1
                 self._idle.notify_all()
 
-    def _check_slot(self) -> None:
+    def _check_slot(self, role: str) -> None:
         if self.running >= self.limits.max_concurrent_queries:
             raise StoreError.of(202, "TOO_MANY_SIMULTANEOUS_QUERIES", "Too many simultaneous queries. Maximum: "
                                 f"{self.limits.max_concurrent_queries}")
+        if self.running_for[role] >= self.limits.max_concurrent_queries_for_user:
+            raise StoreError.of(202, "TOO_MANY_SIMULTANEOUS_QUERIES", f"Too many simultaneous queries for user "
+                                f"{self.user_of.get(role, role)}. Maximum: "
+                                f"{self.limits.max_concurrent_queries_for_user} (max_concurrent_queries_for_user)")
+        limit = self.limits.max_unsent_answer_bytes_for_user
+        if self.unsent_for[role] and self.unsent_for[role] >= limit:
+            raise self._unsent_error(role)
+
+    def _unsent_error(self, role: str) -> StoreError:
+        return StoreError.of(241, "MEMORY_LIMIT_EXCEEDED", f"Answers of user {self.user_of.get(role, role)} not "
+                             f"yet read by their clients hold {self.unsent_for[role]} bytes: at most "
+                             f"{self.limits.max_unsent_answer_bytes_for_user} (max_unsent_answer_bytes_for_user)",
+                             503)
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        """A query running on chDB, counted against ``max_concurrent_queries``. Only execution counts: a client
-        slow to send its body holds a connection (bounded, with a deadline), never a query slot."""
-        self._check_slot()
+    def slot(self, role: str) -> Iterator[None]:
+        """A query of ``role``'s user, counted against ``max_concurrent_queries`` and the user's
+        ``max_concurrent_queries_for_user`` from its start until its answer is sent (the caller holds it that
+        long). A client slow to send its body holds a connection (bounded, with a deadline), never a query slot."""
+        self._check_slot(role)
         self.running += 1
+        self.running_for[role] += 1
         try:
             yield
         finally:
             self.running -= 1
+            self.running_for[role] -= 1
+
+    @contextlib.contextmanager
+    def unsent(self, role: str, size: int) -> Iterator[None]:
+        """An answer of ``size`` bytes in memory until it is sent, counted against its user's
+        ``max_unsent_answer_bytes_for_user``; one that would take the user over it is refused, unless the user
+        holds no other (any answer ``max_result_bytes`` allows can be sent)."""
+        held = self.unsent_for[role]
+        if held and held + size > self.limits.max_unsent_answer_bytes_for_user:
+            raise self._unsent_error(role)
+        self.unsent_for[role] += size
+        try:
+            yield
+        finally:
+            self.unsent_for[role] -= size
 
     def drain(self, timeout_s: float) -> bool:
         """Wait for queries in progress; True when none is left."""
         with self._idle:
             return self._idle.wait_for(lambda: self._busy == 0, timeout_s)
 
-    async def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self._run, fn, *args)
+    async def blocking(self, role: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on a thread of ``role``'s user's pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.pools[role], self._run, fn, *args)
+
+    def shutdown(self) -> None:
+        """No more work on the pools; queued work is dropped (queries running go on until :meth:`drain`)."""
+        for pool in self.pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                        send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -134,33 +184,39 @@ class StoreApp:
             if headers.get("content-type", "").startswith("multipart/"):
                 raise StoreError.of(48, "NOT_IMPLEMENTED", "multipart requests (external data) are not served")
             make = decompressor(headers.get("content-encoding", "").strip().lower())
-            self._check_slot()        # chDB saturated: refused before the body is read
+            self._check_slot(role)    # chDB or this user's share saturated: refused before the body is read
         except StoreError as exc:     # refused on the head alone: the body is never read, the connection closed
             await self._fail(send, exc, query_id, close=True)
             return
-        try:
-            answer, sql = await self._execute(scope, receive, params, headers, role, make)
-        except ClientGone as exc:
-            log.info("client %s went away mid-request (%s)", scope.get("client"), exc)
-            return
-        except StoreError as exc:
-            # An over-long statement: the rest of its body is read and dropped (uvicorn does), so the client sees
-            # the answer; a body over its size or deadline: the connection is closed.
-            await self._fail(send, exc, query_id, close=exc.status == 408 or exc.name == "LIMIT_EXCEEDED")
-            return
-        except Exception as exc:  # a bug of ours: answered like ClickHouse's std::exception, the server goes on
-            log.exception("request failed")
-            await self._fail(send, StoreError.of(1001, "STD_EXCEPTION", f"{type(exc).__name__}: {exc}"), query_id)
-            return
-        elapsed = time.perf_counter() - started
-        if elapsed > LOG_SLOW_S:
-            log.info("slow request (%.1f s): %.200s", elapsed, sql)
-        out = {"Content-Type": _CONTENT_TYPES.get(answer.fmt or "", "text/plain; charset=UTF-8"),
-               "X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": self.engine.timezone,
-               "X-ClickHouse-Summary": json.dumps(answer.summary, separators=(",", ":"))}
-        if answer.fmt:
-            out["X-ClickHouse-Format"] = answer.fmt
-        await self._send(send, 200, answer.body, out)
+        # What the request holds until its answer is sent: its query slot, then its answer's bytes.
+        with contextlib.ExitStack() as held:
+            try:
+                answer, sql = await self._execute(scope, receive, params, headers, role, make, held)
+                held.enter_context(self.unsent(role, len(answer.body)))
+            except ClientGone as exc:
+                log.info("client %s went away mid-request (%s)", scope.get("client"), exc)
+                return
+            except StoreError as exc:
+                held.close()
+                # An over-long statement: the rest of its body is read and dropped (uvicorn does), so the client
+                # sees the answer; a body over its size or deadline: the connection is closed.
+                await self._fail(send, exc, query_id, close=exc.status == 408 or exc.name == "LIMIT_EXCEEDED")
+                return
+            except Exception as exc:  # a bug of ours: answered like ClickHouse's std::exception, the server goes on
+                held.close()
+                log.exception("request failed")
+                await self._fail(send, StoreError.of(1001, "STD_EXCEPTION", f"{type(exc).__name__}: {exc}"),
+                                 query_id)
+                return
+            elapsed = time.perf_counter() - started
+            if elapsed > LOG_SLOW_S:
+                log.info("slow request (%.1f s): %.200s", elapsed, sql)
+            out = {"Content-Type": _CONTENT_TYPES.get(answer.fmt or "", "text/plain; charset=UTF-8"),
+                   "X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": self.engine.timezone,
+                   "X-ClickHouse-Summary": json.dumps(answer.summary, separators=(",", ":"))}
+            if answer.fmt:
+                out["X-ClickHouse-Format"] = answer.fmt
+            await self._send(send, 200, answer.body, out, scope)
 
     def _refuse_browsers(self, headers: dict[str, str]) -> None:
         """A web page can make the browser POST here (a ``text/plain`` form needs no preflight); browsers mark
@@ -250,7 +306,8 @@ class StoreApp:
 
     async def _execute(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                        params: dict[str, str], headers: dict[str, str], role: str,
-                       make: Callable[[], Any] | None) -> tuple[Answer, str]:
+                       make: Callable[[], Any] | None, held: contextlib.ExitStack) -> tuple[Answer, str]:
+        """Reads the request, checks and runs its statement; the query slot it takes is left in ``held``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.receive_timeout_s
         read_only = scope["method"] == "GET"
@@ -272,7 +329,7 @@ class StoreApp:
         if query and not ended:
             # clickhouse-connect's inserts: the statement in ``query``, the data in the body (all of it).
             head += b"\n"
-            split = await self._split(head)
+            split = await self._split(head, role)
         if not isinstance(split, InsertSplit):
             while not ended and len(head) <= limit:
                 try:
@@ -281,13 +338,13 @@ class StoreApp:
                     ended = True
                     break
                 head += chunk
-            split = await self._split(head[:limit + 1]) if head else None
+            split = await self._split(head[:limit + 1], role) if head else None
         if isinstance(split, InsertSplit):
             if split.statement_end > limit:
                 raise _too_large(limit)
             statement = head[:split.statement_end].decode(errors="replace")
             verdict = (remembered(statement, role, read_only)
-                       or await self.blocking(guard, statement, role, read_only, self.limits, self.engine))
+                       or await self.blocking(role, guard, statement, role, read_only, self.limits, self.engine))
             if verdict.kind != "insert" or not verdict.expects_data:
                 raise StoreError.of(62, "SYNTAX_ERROR", "Data follows a statement that takes none", 400)
             with tempfile.NamedTemporaryFile(prefix="insert-", suffix=".data", dir=self.engine.staging) as staged:
@@ -297,8 +354,8 @@ class StoreApp:
                     async for chunk in body:      # type: ignore[union-attr]
                         staged.write(chunk)
                 staged.flush()
-                with self.slot():
-                    return await self.blocking(self.engine.insert, split, staged.name, state), statement
+                held.enter_context(self.slot(role))
+                return await self.blocking(role, self.engine.insert, split, staged.name, state), statement
         if not ended or len(head) > limit:
             raise _too_large(limit)
         try:
@@ -309,27 +366,29 @@ class StoreApp:
             raise StoreError.of(62, "SYNTAX_ERROR", "Empty query")
         bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
         cancel = Cancel()
-        with self.slot():
-            work = asyncio.ensure_future(self.blocking(self._guarded_query, text, role, read_only, state, bound,
-                                                       default_format, cancel))
-            gone = asyncio.ensure_future(_disconnected(receive))
-            try:
-                await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not gone.done():
-                    gone.cancel()
-            if not work.done():   # the client left: cancel (Native reads, between blocks), else max_execution_time
-                started = time.perf_counter()
-                cancel.cancel()
-                with contextlib.suppress(Exception):
-                    await work
-                raise ClientGone(f"closed the connection while its query ran; the query ended "
-                                 f"{time.perf_counter() - started:.2f} s later")
-            return work.result(), text
+        held.enter_context(self.slot(role))
+        work = asyncio.ensure_future(self.blocking(role, self._guarded_query, text, role, read_only, state, bound,
+                                                   default_format, cancel))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not gone.done():
+                gone.cancel()
+        if not work.done():   # the client left: cancel (Native reads, between blocks), else max_execution_time
+            started = time.perf_counter()
+            cancel.cancel()
+            with contextlib.suppress(Exception):
+                await work
+            raise ClientGone(f"closed the connection while its query ran; the query ended "
+                             f"{time.perf_counter() - started:.2f} s later")
+        return work.result(), text
 
-    async def _split(self, head: bytearray) -> InsertSplit | bool | None:
+    async def _split(self, head: bytearray, role: str) -> InsertSplit | bool | None:
         """:func:`split_insert` of ``head``; a long one is scanned on a pool thread (linear, but not on the loop)."""
-        return split_insert(bytes(head)) if len(head) <= INLINE_SCAN else await self.blocking(split_insert, bytes(head))
+        if len(head) <= INLINE_SCAN:
+            return split_insert(bytes(head))
+        return await self.blocking(role, split_insert, bytes(head))
 
     def _guarded_query(self, text: str, role: str, read_only: bool, state: HandleState, bound: dict[str, str],
                        default_format: str, cancel: Cancel) -> Answer:
@@ -339,15 +398,20 @@ class StoreApp:
         return self.engine.query(text, state, bound, default_format, explicit,
                                  cancel if verdict.kind == "select" else None)
 
-    async def _fail(self, send: Callable[[dict[str, Any]], Awaitable[None]], exc: StoreError, query_id: str,
-                    close: bool = False) -> None:
-        body = f"{exc.message} (version {self.engine.version})\n".encode()
+    def _log_limited(self, message: str, *args: Any) -> None:
+        """An info line, unless more than ``ERRORS_LOGGED_PER_S`` were logged this second (a flood of refusals
+        must not flood the log)."""
         now = time.monotonic()
         if now - self._logged_at > 1.0:
             self._logged_at, self._logged = now, 0
         self._logged += 1
-        if self._logged <= ERRORS_LOGGED_PER_S:      # a flood of refusals must not flood the log
-            log.info("answered %d: %.300s", exc.status, exc.message.replace("\n", " "))
+        if self._logged <= ERRORS_LOGGED_PER_S:
+            log.info(message, *args)
+
+    async def _fail(self, send: Callable[[dict[str, Any]], Awaitable[None]], exc: StoreError, query_id: str,
+                    close: bool = False) -> None:
+        body = f"{exc.message} (version {self.engine.version})\n".encode()
+        self._log_limited("answered %d: %.300s", exc.status, exc.message.replace("\n", " "))
         headers = {"Content-Type": "text/plain; charset=UTF-8", "X-ClickHouse-Exception-Code": str(exc.code)}
         if query_id:
             headers["X-ClickHouse-Query-Id"] = query_id
@@ -356,12 +420,27 @@ class StoreApp:
         await self._send(send, exc.status, body, headers)
 
     async def _send(self, send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes,
-                    headers: dict[str, str]) -> None:
+                    headers: dict[str, str], scope: dict[str, Any] | None = None) -> None:
+        """The answer, ``SEND_STEP`` bytes at a time, each step once the connection has taken the previous one; all
+        of it within ``http_send_timeout_s``, else the connection is closed and the rest dropped."""
         raw = [(k.encode("latin-1"), v.encode("latin-1", "replace")) for k, v in headers.items()]
         raw.append((b"content-length", str(len(body)).encode()))
+        view = memoryview(body)     # steps without copies (a client gone makes each send return at once)
         try:
-            await send({"type": "http.response.start", "status": status, "headers": raw})
-            await send({"type": "http.response.body", "body": body})
+            async with asyncio.timeout(self.limits.send_timeout_s):
+                await send({"type": "http.response.start", "status": status, "headers": raw})
+                for at in range(0, len(body), SEND_STEP):
+                    await send({"type": "http.response.body", "body": view[at:at + SEND_STEP], "more_body": True})
+                # The end only once the connection's buffer has drained (uvicorn waits for it): an answer is sent
+                # when the client has taken all but the last low-water mark of it.
+                await send({"type": "http.response.body", "body": b""})
+        except TimeoutError:
+            self._log_limited("answer not read within %g s (http_send_timeout_s): connection closed, %d bytes "
+                              "dropped", self.limits.send_timeout_s, len(body))
+            abort = ((scope or {}).get("extensions") or {}).get(ABORT)
+            if abort is not None:
+                abort()
+                await asyncio.sleep(0)     # the connection is marked lost before this request ends
         except OSError as exc:
             log.info("client went away before its answer (%s)", exc)
 

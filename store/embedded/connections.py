@@ -1,11 +1,12 @@
-"""Connections: uvicorn's h11 protocol bounded for hostile local clients (how many, the head's size and deadline),
-its refusals answered in ClickHouse's error format, and uvicorn's server with our signal handling."""
+"""Connections: uvicorn's h11 protocol bounded for hostile local clients (how many, the head's size and deadline,
+answers they do not read), its refusals answered in ClickHouse's error format, and uvicorn's server with our signal
+handling."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -13,16 +14,41 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eventide.config import StoreConfig
 from eventide.http_deadline import HeadDeadlineProtocol
+from store.embedded.asgi import ABORT
 
 
 def protocol(store: StoreConfig) -> type[H11Protocol]:
     """uvicorn's h11 protocol with what it lacks for a server facing hostile local clients: a cap on connections
     (one over it is closed at once), a bound on the size of a request head (431) and a deadline for it
-    (:class:`HeadDeadlineProtocol`), all answered in ClickHouse's error format."""
+    (:class:`HeadDeadlineProtocol`), all answered in ClickHouse's error format; and a way for the application to
+    drop a connection whose client does not read its answer (the ``eventide.abort`` scope extension)."""
 
     class StoreProtocol(HeadDeadlineProtocol):
         head_timeout_s = store.http_headers_timeout_s
         max_connections = store.max_connections
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            app = self.app
+
+            async def with_abort(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                                 send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+                scope.setdefault("extensions", {})[ABORT] = self._abort
+                await app(scope, receive, send)
+
+            self.app = with_abort
+
+        def _abort(self) -> None:
+            """Close at once, unsent data dropped (``close()`` would wait for a client that never reads)."""
+            if self.transport is not None:
+                self.transport.abort()
+
+        def timeout_keep_alive_handler(self) -> None:
+            # An answer's last bytes the client never read: ``close()`` would keep the connection for ever.
+            if self.transport.get_write_buffer_size():
+                self.transport.abort()
+            else:
+                super().timeout_keep_alive_handler()
 
         def head_pending(self) -> bool:
             if self._head_bytes > store.http_max_field_value_size:

@@ -1,4 +1,5 @@
-"""Who a request runs as (the writer or the reader role) and what one request may use (``StoreConfig``)."""
+"""Who a request runs as (the writer or the reader role) and what one request, and one user, may use
+(``StoreConfig``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ WRITER, READER = "writer", "reader"
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may use (``StoreConfig``)."""
+    """What one request, and one user's requests together, may use (``StoreConfig``)."""
 
     max_query_size: int
     max_insert_bytes: int
@@ -20,6 +21,10 @@ class Limits:
     caps: dict[str, float]
     allowed_hosts: frozenset[str]
     max_head_size: int
+    max_concurrent_queries_for_user: int = 16
+    """A user's queries from their start until their answer is sent (never more than ``max_concurrent_queries``)."""
+    max_unsent_answer_bytes_for_user: int = 16 * 1024**2
+    send_timeout_s: float = 30.0
 
     @classmethod
     def of(cls, store: StoreConfig) -> Limits:
@@ -34,4 +39,8 @@ class Limits:
                    store.http_receive_timeout_s,
                    {"max_execution_time": store.max_execution_time, "max_memory_usage": store.max_memory_usage,
                     "max_result_bytes": store.max_result_bytes}, frozenset(h.lower() for h in hosts),
-                   store.http_max_field_value_size)
+                   store.http_max_field_value_size,
+                   max_concurrent_queries_for_user=min(store.max_concurrent_queries,
+                                                       store.max_concurrent_queries_for_user),
+                   max_unsent_answer_bytes_for_user=store.max_unsent_answer_bytes_for_user,
+                   send_timeout_s=store.http_send_timeout_s)
