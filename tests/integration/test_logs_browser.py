@@ -231,9 +231,9 @@ def test_the_dashboard_names_the_store_by_scheme_and_host_without_its_credential
     and the Metric explorer name the store as ``http://host:port`` only (issue 49, item 10)."""
     parsed = urlparse(store_url)
     assert parsed.username and parsed.password
-    for path in ("overview", "explorer"):
+    for path in ("", "explorer"):        # the Overview is the main page
         with opened(browser, f"{dashboard}/{path}") as page:
-            shot = screenshot(page, f"store-url-{path}")
+            shot = screenshot(page, f"store-url-{path or 'overview'}")
             shown = page.inner_text("body")
-            assert f"store: http://{parsed.hostname}:{parsed.port}" in shown, (path, shot)
             assert parsed.password not in shown and f"{parsed.username}:" not in shown, (path, shot)
+            assert f"store: http://{parsed.hostname}:{parsed.port}" in shown, (path, shot)

@@ -68,3 +68,24 @@ def test_literal_text_is_one_code_span_holding_the_text(text: str):
     inner = shown[len(fence) + 1:-len(fence) - 1]
     assert inner == " ".join(text.splitlines())         # no line break: the span cannot be split into blocks
     assert fence not in inner and "`" * (len(fence) + 1) not in inner
+
+
+def test_an_unreachable_store_is_named_by_scheme_and_host_without_its_credentials(monkeypatch, tmp_path):
+    """Given ``store.url`` with ``user:password@`` and nothing listening there, then the dashboard's error names
+    the store as ``http://host:port`` only (issue 49, item 10)."""
+    from streamlit.testing.v1 import AppTest
+
+    from eventide.config import load_config, to_environ
+    from tests.support.stack import REPO
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    config = load_config(environ={}, root=str(tmp_path), store={"url": f"http://admin:S3CRETPW@127.0.0.1:{port}/"})
+    for key, value in to_environ(config).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("EVENTIDE_CONFIG", raising=False)
+    at = AppTest.from_file(str(REPO / "dashboard" / "views" / "overview.py"), default_timeout=30).run()
+    shown = [str(e.value) for kind in ("error", "caption", "info", "markdown") for e in getattr(at, kind)]
+    assert any(f"Store unreachable at http://127.0.0.1:{port}" in t for t in shown), shown
+    assert not [t for t in shown if "S3CRETPW" in t or "admin" in t], shown
