@@ -1,6 +1,7 @@
 """Streamlit dashboard entry point: one page per question a user brings.
 
-Run with ``eventide dashboard`` (or ``streamlit run dashboard/app.py``); reads the store named in the config.
+Run with ``eventide dashboard`` (or ``streamlit run dashboard/app.py --server.address 127.0.0.1``: without a sign-in
+it shows no page off loopback); reads the store named in the config.
 The sign-in check (``dashboard.sign_in``) runs first: no page, and so no query, runs for a visitor it stops.
 """
 
