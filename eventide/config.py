@@ -455,6 +455,20 @@ class OtlpConfig(_Section):
     """A record more than this ahead of its request's (clock-corrected) send time is rejected."""
     max_age_s: float = Field(7 * 86_400.0, gt=0)
     """A record whose corrected time is more than this before the gateway received it is rejected."""
+    max_clock_offset_s: float = Field(86_400.0, gt=0)
+    """A request whose latest record time is further than this from its receive time (either way) gives no clock
+    offset estimate: its records are judged by the device's estimate so far, so one record dated far off can
+    neither move a device's correction nor get its own time accepted."""
+    max_records_per_request: int = Field(10_000, ge=1)
+    """Log records or data points in one request at most; more: 413, nothing mapped. As many as
+    ``max_series_per_app``, so an SDK's export of every live series of an app fits (SDKs export them all at once;
+    log batches are 512 records)."""
+    max_envelopes_per_request: int = Field(50_000, ge=1)
+    """Events one request may become at most, bounded before mapping (a histogram point becomes up to
+    ``histogram_max_events`` + 2); more: 413, nothing mapped. About 380 fully sampled histogram points."""
+    min_request_cost: int = Field(1, ge=1)
+    """What a request takes from its token's rate limit at least, one without records too. Otherwise each record
+    takes the events it becomes, at least one."""
 
 
 class AlertingConfig(_Section):

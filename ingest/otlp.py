@@ -317,6 +317,30 @@ class Mapped:
         self.events.append(event)
         self.owners.append(owner)
 
+    def cost(self) -> int:
+        """What mapping made, in rate-limit units: each record the envelopes it became, at least one (a refused
+        record cost its decoding too)."""
+        return len(self.events) + self.records - len(set(self.owners))
+
+
+def out_of_scope(app: str) -> str:
+    """The reason for a record of an app the request's token may not write (the same as ``POST /v1/events``)."""
+    return f"token not allowed to write app {app}"
+
+
+def in_scope(source: Source, apps: frozenset[str] | None) -> bool:
+    """Whether the token (its ``apps``; None: any) may write ``source``'s records. Checked before a record touches
+    anything kept between requests (clock estimates, series budgets, cumulative series), so a token can change
+    no other app's state."""
+    return apps is None or source.app in apps
+
+
+def refuse_all(mapped: Mapped, records: int, reason: str) -> None:
+    """Count ``records`` more records, each refused for ``reason``."""
+    for owner in range(mapped.records, mapped.records + records):
+        mapped.refused[owner] = reason
+    mapped.records += records
+
 
 def envelope(kind: str, event_id: str, source: Source, name: str, event_time: int, sent_time: int,
              user: str | None, tags: Mapping[str, str], **body: Any) -> dict[str, Any]:
@@ -359,14 +383,19 @@ def message_of(body: AnyValue) -> str:
     return "" if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def latest_log_times(request: ExportLogsServiceRequest, settings: OtlpConfig) -> dict[bytes, int]:
+def latest_log_times(request: ExportLogsServiceRequest, settings: OtlpConfig,
+                     apps: frozenset[str] | None = None) -> dict[bytes, int]:
     """Per resource (:attr:`Source.digest`), the latest time (ms, device clock) among the request's records, which
     the clock offset estimate compares with the receive time: the latest observed time (an SDK stamps it from its
     clock when the record is emitted), else, when no record has one, the latest time the records happened (a time
-    an application chose, e.g. one read from a log file, could be anything)."""
+    an application chose, e.g. one read from a log file, could be anything). Resources of apps outside ``apps``
+    are left out: they give no estimate."""
     latest: dict[bytes, int] = {}
     for resource_logs in request.resource_logs:
-        key = source_of(resource_logs.resource, settings).digest
+        source = source_of(resource_logs.resource, settings)
+        if not in_scope(source, apps):
+            continue
+        key = source.digest
         records = [r for s in resource_logs.scope_logs for r in s.log_records]
         newest = max((r.observed_time_unix_nano for r in records), default=0) or \
             max((r.time_unix_nano for r in records), default=0)
@@ -376,14 +405,22 @@ def latest_log_times(request: ExportLogsServiceRequest, settings: OtlpConfig) ->
     return latest
 
 
+def count_log_records(request: ExportLogsServiceRequest) -> int:
+    """The log records of a request, counted without looking at any of them."""
+    return sum(len(s.log_records) for r in request.resource_logs for s in r.scope_logs)
+
+
 def map_logs(request: ExportLogsServiceRequest, timings: Mapping[bytes, Timing], default: Timing,
-             settings: OtlpConfig) -> Mapped:
+             settings: OtlpConfig, apps: frozenset[str] | None = None) -> Mapped:
     """Each ``LogRecord`` as one log envelope (docs/ingest.md has the table). ``timings``: per resource digest
-    (else ``default``)."""
+    (else ``default``). Records of apps outside ``apps`` (None: any) are refused unread."""
     mapped = Mapped()
     user_key = settings.user_attribute
     for r, resource_logs in enumerate(request.resource_logs):
         source = source_of(resource_logs.resource, settings)
+        if not in_scope(source, apps):
+            refuse_all(mapped, sum(len(s.log_records) for s in resource_logs.scope_logs), out_of_scope(source.app))
+            continue
         timing = timings.get(source.digest, default)
         resource_user = source.attributes.get(user_key)
         for s, scope_logs in enumerate(resource_logs.scope_logs):

@@ -20,7 +20,19 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from eventide.config import OtlpConfig
-from ingest.otlp import Mapped, Source, Timing, envelope, record_id, scope_digest, source_of, text
+from ingest.otlp import (
+    Mapped,
+    Source,
+    Timing,
+    envelope,
+    in_scope,
+    out_of_scope,
+    record_id,
+    refuse_all,
+    scope_digest,
+    source_of,
+    text,
+)
 from ingest.otlp_state import CumulativeSeries, SeriesGuard
 
 DELTA: Final = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
@@ -28,6 +40,10 @@ CUMULATIVE: Final = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
 NO_RECORDED_VALUE: Final = metrics_pb2.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
 SUMMARY_TAG: Final = {"otel.summary": "quantile, not mergeable"}
 """Tags of a summary's quantile events: a quantile of one device's interval cannot be combined with others."""
+MIN_SCALE: Final = -10
+MAX_SCALE: Final = 20
+"""The exponential histogram scales OpenTelemetry defines (its data model: -10 to 20). Below -10 a bucket's base
+``2^(2^-scale)`` is past any double; such a point is refused, not mapped."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -199,8 +215,14 @@ class MetricState:
             bound, started_ms, subtract_histograms, _same)
         self.guard = SeriesGuard(settings.max_series_per_app, int(settings.series_ttl_s * 1000))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, apps: frozenset[str] | None = None) -> dict[str, Any]:
+        """Counters for a token of ``apps`` (None: any app): a scoped token sees its own apps only, so the
+        process-wide series counts are left out for it."""
+        if apps is not None:
+            return {"series_refused": {app: n for app, n in self.guard.rejected.items() if app in apps},
+                    "live_series": {app: self.guard.live(app) for app in sorted(apps)}}
         return {"series_refused": dict(self.guard.rejected),
+                "live_series": {app: self.guard.live(app) for app in self.guard.apps()},
                 "cumulative_series": len(self.sums) + len(self.histograms),
                 "cumulative_series_forgotten": self.sums.evicted + self.histograms.evicted}
 
@@ -215,11 +237,57 @@ def _points(metric: metrics_pb2.Metric) -> Iterator[Any]:
         yield from getattr(metric, which).data_points
 
 
-def latest_point_times(request: ExportMetricsServiceRequest, settings: OtlpConfig) -> dict[bytes, int]:
-    """Per resource (its digest), the latest point time (ms, device clock) of the request: when the SDK collected it."""
+def count_points(request: ExportMetricsServiceRequest) -> int:
+    """The data points of a request, counted without looking at any of them."""
+    return sum(len(getattr(m, which).data_points) for r in request.resource_metrics for s in r.scope_metrics
+               for m in s.metrics if (which := m.WhichOneof("data")) is not None)
+
+
+def _samples_bound(counts: Iterator[int], cap: int) -> int:
+    """Samples of a histogram whose buckets hold ``counts``: never more than their total nor than ``cap``
+    (:func:`sample_values`; a cumulative point's delta holds at most its own counts)."""
+    total = 0
+    for count in counts:
+        total += count
+        if total >= cap:
+            return cap
+    return total
+
+
+def point_envelopes_bound(which: str | None, point: Any, settings: OtlpConfig) -> int:
+    """At most how many envelopes :func:`map_metrics` makes of one point (read off the point, before mapping)."""
+    if point.flags & NO_RECORDED_VALUE:
+        return 0
+    if which in ("gauge", "sum"):
+        return 1
+    if which == "histogram":
+        samples = _samples_bound(iter(point.bucket_counts), settings.histogram_max_events)
+        return samples + 1 + point.HasField("sum")
+    if which == "exponential_histogram":
+        counts = iter((point.zero_count, *point.positive.bucket_counts, *point.negative.bucket_counts))
+        return _samples_bound(counts, settings.histogram_max_events) + 1 + point.HasField("sum")
+    if which == "summary":
+        return 2 + len(point.quantile_values)
+    return 0
+
+
+def metrics_cost_bound(request: ExportMetricsServiceRequest, settings: OtlpConfig) -> int:
+    """At most what mapping ``request`` costs (:meth:`Mapped.cost`: each point its envelopes, at least one)."""
+    return sum(max(1, point_envelopes_bound(which, point, settings))
+               for r in request.resource_metrics for s in r.scope_metrics for m in s.metrics
+               if (which := m.WhichOneof("data")) is not None for point in getattr(m, which).data_points)
+
+
+def latest_point_times(request: ExportMetricsServiceRequest, settings: OtlpConfig,
+                       apps: frozenset[str] | None = None) -> dict[bytes, int]:
+    """Per resource (its digest), the latest point time (ms, device clock) of the request: when the SDK collected
+    it. Resources of apps outside ``apps`` are left out: they give no estimate."""
     latest: dict[bytes, int] = {}
     for resource_metrics in request.resource_metrics:
-        key = source_of(resource_metrics.resource, settings).digest
+        source = source_of(resource_metrics.resource, settings)
+        if not in_scope(source, apps):
+            continue
+        key = source.digest
         newest = max((p.time_unix_nano for s in resource_metrics.scope_metrics for m in s.metrics
                       for p in _points(m)), default=0) // 1_000_000
         if newest > 0:
@@ -241,13 +309,19 @@ class _Emitter:
 
 
 def map_metrics(request: ExportMetricsServiceRequest, timings: Mapping[bytes, Timing], default: Timing,
-                settings: OtlpConfig, state: MetricState) -> Mapped:
+                settings: OtlpConfig, state: MetricState, apps: frozenset[str] | None = None) -> Mapped:
     """Each data point as metric envelopes (module docstring); ``state`` carries cumulative series and the
-    cardinality guard across requests. Points are numbered across the request for ``partial_success``."""
+    cardinality guard across requests. Points are numbered across the request for ``partial_success``. Points of
+    apps outside ``apps`` (None: any) are refused before they touch ``state``."""
     mapped = Mapped()
     user_key = settings.user_attribute
     for r, resource_metrics in enumerate(request.resource_metrics):
         source = source_of(resource_metrics.resource, settings)
+        if not in_scope(source, apps):
+            points = sum(len(getattr(m, which).data_points) for s in resource_metrics.scope_metrics
+                         for m in s.metrics if (which := m.WhichOneof("data")) is not None)
+            refuse_all(mapped, points, out_of_scope(source.app))
+            continue
         timing = timings.get(source.digest, default)
         for s, scope_metrics in enumerate(resource_metrics.scope_metrics):
             scope = scope_digest(scope_metrics.scope)
@@ -314,6 +388,8 @@ def _map_point(which: str | None, metric: metrics_pb2.Metric, point: Any, out: _
             return "sum has no aggregation temporality"
     elif which in ("histogram", "exponential_histogram"):
         body = getattr(metric, which)
+        if which == "exponential_histogram" and not MIN_SCALE <= point.scale <= MAX_SCALE:
+            return f"exponential histogram scale {point.scale} is outside [{MIN_SCALE}, {MAX_SCALE}]"
         h = explicit_histogram(point) if which == "histogram" else exponential_histogram(point)
         if which == "histogram" and point.bucket_counts and len(point.bucket_counts) != len(point.explicit_bounds) + 1:
             return "histogram has bucket_counts that do not match its explicit_bounds"

@@ -46,13 +46,28 @@ class ClockOffsets:
                 self._devices.popitem(last=False)
         else:
             self._devices.move_to_end(device)
-        oldest = (received_ms - self.window_ms) // self._bucket_ms
-        while history and history[0][0] < oldest:
-            history.popleft()
+        self._expire(history, received_ms)
         if history and history[-1][0] == bucket:
             history[-1] = (bucket, min(history[-1][1], sample))
         else:
             history.append((bucket, sample))
+        return self._correction(history)
+
+    def estimate(self, device: Hashable, received_ms: int) -> int:
+        """The correction for ``device`` from the requests seen so far (0 for none), without a new sample: for a
+        request whose record times are no clock reading."""
+        history = self._devices.get(device)
+        if history is None:
+            return 0
+        self._expire(history, received_ms)
+        return self._correction(history) if history else 0
+
+    def _expire(self, history: deque[tuple[int, int]], received_ms: int) -> None:
+        oldest = (received_ms - self.window_ms) // self._bucket_ms
+        while history and history[0][0] < oldest:
+            history.popleft()
+
+    def _correction(self, history: deque[tuple[int, int]]) -> int:
         estimate = min(s for _, s in history)
         return estimate if abs(estimate) >= self.threshold_ms else 0
 
@@ -161,4 +176,9 @@ class SeriesGuard:
         return True
 
     def live(self, app: str) -> int:
+        """Series of ``app`` counted against its budget (those expired since the last sweep included)."""
         return len(self._apps.get(app, ()))
+
+    def apps(self) -> list[str]:
+        """Apps with live series, in name order."""
+        return sorted(self._apps)

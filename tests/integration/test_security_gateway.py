@@ -8,6 +8,7 @@ scoped to apps cannot write another app's events; duplicates are recognised per 
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import socket
@@ -20,12 +21,22 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
+from google.protobuf import json_format
+from google.rpc import status_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from analytics.accept.dedup import first_copies
 from eventide.config import Config, ConfigError, GatewayToken, load_config
 from eventide.services import free_port
+from ingest.envelope import now_ms
 from ingest.gateway import create_app, server_config
 from ingest.gateway_batches import parse_batch
 from ingest.gateway_rate_limits import TokenBucket
@@ -466,3 +477,177 @@ def test_connections_over_the_cap_are_closed_at_once_and_requests_are_served_aft
     with served_gateway(config) as port:
         assert_connection_over_the_cap_is_closed(port, cap=4)
         assert normal_request(port)[0] == 200
+
+
+# ------------------------------------------------------------------------------------------------------------
+# OTLP: what a request may cost, and what one app's token may touch (issue 49)
+
+OTLP_PROTOBUF = {**AUTH, "Content-Type": "application/x-protobuf"}
+OTHER = "other-token"
+
+
+def otlp_config(kafka: Config, name: str, tokens: list[GatewayToken] | None = None, **otlp: Any) -> Config:
+    config = gateway_config(kafka, name, tokens=tokens or [TOKEN])
+    return config.model_copy(update={"otlp": config.otlp.model_copy(update=otlp)})
+
+
+def metrics_request(app: str, *points: tuple[str, dict[str, Any]], host: str = "h1") -> bytes:
+    """A metrics request of one resource (``service.name`` = ``app``): each point (kind, fields) its own metric."""
+    request = ExportMetricsServiceRequest()
+    resource = request.resource_metrics.add(resource={"attributes": [
+        KeyValue(key="service.name", value=AnyValue(string_value=app)),
+        KeyValue(key="host.name", value=AnyValue(string_value=host))]})
+    scope = resource.scope_metrics.add()
+    for m, (kind, fields) in enumerate(points):
+        metric = scope.metrics.add(name=f"m{m}")
+        body = getattr(metric, kind)
+        if kind in ("histogram", "exponential_histogram"):
+            body.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+        body.data_points.add(time_unix_nano=now_ms() * 1_000_000, **fields)
+    return request.SerializeToString()
+
+
+def histogram(observations: int = 1000) -> tuple[str, dict[str, Any]]:
+    """A delta histogram point of ``observations`` in one bucket: otlp.histogram_max_events + 2 events at most."""
+    return "histogram", {"count": observations, "sum": 5.0, "bucket_counts": [observations]}
+
+
+def gauge(route: str = "/") -> tuple[str, dict[str, Any]]:
+    return "gauge", {"as_int": 1, "attributes": [KeyValue(key="route", value=AnyValue(string_value=route))]}
+
+
+def log_records(app: str, *times_ms: int, host: str = "h1") -> bytes:
+    request = ExportLogsServiceRequest()
+    scope = request.resource_logs.add(resource={"attributes": [
+        KeyValue(key="service.name", value=AnyValue(string_value=app)),
+        KeyValue(key="host.name", value=AnyValue(string_value=host))]}).scope_logs.add(scope={"name": "api"})
+    for i, at in enumerate(times_ms):
+        scope.log_records.add(time_unix_nano=at * 1_000_000, observed_time_unix_nano=at * 1_000_000,
+                              severity_number=9, body=AnyValue(string_value=f"line {i}"))
+    return request.SerializeToString()
+
+
+def otlp_events(config: Config) -> list[dict[str, Any]]:
+    return [json.loads(r.value()) for r in committed(config, timeout_s=5)]
+
+
+def test_otlp_requests_over_the_record_or_event_caps_are_a_413_status_and_nothing_is_mapped(kafka: Config) -> None:
+    """Given caps of 20 records and 1,000 events per request: a gzipped request of 10 histogram points (each up to
+    130 events) and one of 21 gauge points are refused whole with a 413 google.rpc.Status naming the cap, before
+    any mapping (nothing written, no series counted); 7 histogram points (910 events) pass."""
+    config = otlp_config(kafka, "security_otlp_caps", max_records_per_request=20, max_envelopes_per_request=1_000)
+    with gateway(config) as client:
+        histograms = client.post("/v1/metrics", content=gzip.compress(metrics_request("web", *[histogram()] * 10)),
+                                 headers={**OTLP_PROTOBUF, "Content-Encoding": "gzip"})
+        gauges = client.post("/v1/metrics", content=metrics_request("web", *[gauge(str(i)) for i in range(21)]),
+                             headers=OTLP_PROTOBUF)
+        stats = client.get("/v1/otlp/stats", headers=AUTH).json()
+        fits = client.post("/v1/metrics", content=metrics_request("web", *[histogram()] * 7), headers=OTLP_PROTOBUF)
+    for answer, cap in ((histograms, "otlp.max_envelopes_per_request (1000)"),
+                        (gauges, "otlp.max_records_per_request (20)")):
+        assert answer.status_code == 413, answer.content
+        status = status_pb2.Status.FromString(answer.content)
+        assert status.code == 3 and cap in status.message, status.message
+    assert stats["series_refused"] == {} and stats.get("live_series", {}).get("web", 0) == 0
+    assert fits.status_code == 200 and fits.content == b""
+    assert len(otlp_events(config)) == 7 * 130
+
+
+def test_otlp_a_token_is_charged_the_events_a_request_becomes_and_an_empty_request_costs_too(kafka: Config) -> None:
+    """Given a token of burst 300 refilling at 0.01/s: a histogram point of 1,000 observations costs its 130
+    events (two pass, a third is 429 with nothing written); a request that could become more than the burst is
+    413 before mapping; requests without records cost one each, so they too run out."""
+    config = otlp_config(kafka, "security_otlp_charge", [GatewayToken(token=TOKEN, rate=0.01, burst=300),
+                                                         GatewayToken(token=OTHER, rate=0.01, burst=3)])
+    empty = ExportMetricsServiceRequest().SerializeToString()
+    with gateway(config) as client:
+        answers = [client.post("/v1/metrics", content=metrics_request("web", histogram()), headers=OTLP_PROTOBUF)
+                   for _ in range(3)]
+        too_big = client.post("/v1/metrics", content=metrics_request("web", histogram(), histogram(), histogram()),
+                              headers=OTLP_PROTOBUF)
+        empties = [client.post("/v1/metrics", content=empty,
+                               headers={**OTLP_PROTOBUF, "Authorization": f"Bearer {OTHER}"}).status_code
+                   for _ in range(5)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert status_pb2.Status.FromString(answers[2].content).code == 8 and int(answers[2].headers["retry-after"]) >= 1
+    assert too_big.status_code == 413
+    assert "390 events > this token's burst (300" in status_pb2.Status.FromString(too_big.content).message
+    assert empties == [200, 200, 200, 429, 429]
+    assert len(otlp_events(config)) == 2 * 130
+
+
+def test_otlp_a_token_for_one_app_changes_no_state_of_another_app(kafka: Config) -> None:
+    """Given token A scoped to app "a" and token B to app "b", and a budget of 2 live series per app: A's points
+    for app "b" (three new series) and A's record for "b" dated 10 days ahead are refused as out of scope, and
+    afterwards B's two series and B's record of now are accepted, corrected to now. A's stats show only "a"."""
+    config = otlp_config(kafka, "security_otlp_tenants", [GatewayToken(token=TOKEN, apps=["a"]),
+                                                          GatewayToken(token=OTHER, apps=["b"])],
+                         max_series_per_app=2)
+    b_auth = {**OTLP_PROTOBUF, "Authorization": f"Bearer {OTHER}"}
+    ten_days = 10 * 86_400_000
+    with gateway(config) as client:
+        hostile_points = client.post("/v1/metrics", headers=OTLP_PROTOBUF,
+                                     content=metrics_request("b", gauge("/x"), gauge("/y"), gauge("/z")))
+        hostile_clock = client.post("/v1/logs", headers=OTLP_PROTOBUF, content=log_records("b", now_ms() + ten_days))
+        own = client.post("/v1/metrics", headers=OTLP_PROTOBUF, content=metrics_request("a", gauge("/a")))
+        genuine_points = client.post("/v1/metrics", headers=b_auth,
+                                     content=metrics_request("b", gauge("/1"), gauge("/2")))
+        sent_at = now_ms()
+        genuine_log = client.post("/v1/logs", headers=b_auth, content=log_records("b", sent_at - 100))
+        a_stats = client.get("/v1/otlp/stats", headers=AUTH).json()
+        b_stats = client.get("/v1/otlp/stats", headers={"Authorization": f"Bearer {OTHER}"}).json()
+    points = ExportMetricsServiceResponse.FromString(hostile_points.content).partial_success
+    assert (points.rejected_data_points, points.error_message) == (
+        3, "3 of 3 data points rejected: 3 × token not allowed to write app b")
+    logs = ExportLogsServiceResponse.FromString(hostile_clock.content).partial_success
+    assert logs.rejected_log_records == 1 and "token not allowed to write app b" in logs.error_message
+    for answer in (own, genuine_points, genuine_log):
+        assert answer.status_code == 200 and answer.content == b"", answer.content
+    written = otlp_events(config)
+    assert sorted(e["tags"]["route"] for e in written if e["kind"] == "metric") == ["/1", "/2", "/a"]
+    [line] = [e for e in written if e["kind"] == "log"]
+    assert line["app"] == "b" and sent_at - 100 <= line["event_time"] + line["received_time"] - line["sent_time"] \
+        <= sent_at + 5_000
+    assert a_stats == {"series_refused": {}, "live_series": {"a": 1}}
+    assert b_stats == {"series_refused": {}, "live_series": {"b": 2}}
+
+
+def test_otlp_a_record_dated_far_off_by_an_apps_own_token_never_enters_its_clock_estimate(kafka: Config) -> None:
+    """Given app "b"'s own token: a record dated 10 days ahead is refused (otlp.max_future_s) and gives no clock
+    estimate (beyond otlp.max_clock_offset_s), so the next genuine record of the same device is accepted as it is;
+    a device clock an hour ahead is still corrected."""
+    config = otlp_config(kafka, "security_otlp_clock")
+    ten_days, hour = 10 * 86_400_000, 3_600_000
+    with gateway(config) as client:
+        far = client.post("/v1/logs", headers=OTLP_PROTOBUF, content=log_records("b", now_ms() + ten_days))
+        sent_at = now_ms()
+        genuine = client.post("/v1/logs", headers=OTLP_PROTOBUF, content=log_records("b", sent_at - 100))
+        skewed = client.post("/v1/logs", headers=OTLP_PROTOBUF,
+                             content=log_records("b", sent_at + hour, host="skewed-box"))
+    far_partial = ExportLogsServiceResponse.FromString(far.content).partial_success
+    assert far_partial.rejected_log_records == 1 and "otlp.max_future_s" in far_partial.error_message
+    assert genuine.content == b"" and skewed.content == b""
+    corrected = {e["device"]: e["event_time"] + e["received_time"] - e["sent_time"] for e in otlp_events(config)}
+    assert sent_at - 100 <= corrected["h1"] <= sent_at + 5_000
+    assert sent_at - 5_000 <= corrected["skewed-box"] <= sent_at + 5_000
+
+
+@pytest.mark.parametrize("scale", [-1024, -2_000_000_000, -11, 21, 2_000_000_000])
+def test_otlp_an_exponential_histogram_outside_the_defined_scales_is_a_rejected_point_not_a_500(
+        client: TestClient, scale: int) -> None:
+    """Given an exponential histogram point of scale outside OpenTelemetry's -10..20 beside a good gauge: the
+    point is rejected in partial_success naming its scale, the gauge is written; no 5xx."""
+    point = ("exponential_histogram", {"scale": scale, "count": 3, "sum": 6.0, "zero_count": 0,
+                                       "positive": {"offset": 1, "bucket_counts": [1, 2]}})
+    body = metrics_request("web", point, gauge())
+    for content, headers in ((body, OTLP_PROTOBUF),
+                             (json_format.MessageToJson(ExportMetricsServiceRequest.FromString(body)).encode(),
+                              {**AUTH, "Content-Type": "application/json"})):
+        answer = client.post("/v1/metrics", content=content, headers=headers)
+        assert answer.status_code == 200, answer.content
+        if headers is OTLP_PROTOBUF:
+            partial = ExportMetricsServiceResponse.FromString(answer.content).partial_success
+            assert partial.rejected_data_points == 1
+            assert f"exponential histogram scale {scale} is outside [-10, 20]" in partial.error_message
+        else:
+            assert answer.json()["partialSuccess"]["rejectedDataPoints"] in (1, "1")

@@ -12,6 +12,8 @@ import zlib
 
 import pytest
 from google.protobuf import json_format
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
@@ -27,8 +29,11 @@ from ingest.otlp_metrics import (
     Histogram,
     MetricState,
     bucket_ranges,
+    count_points,
     exponential_histogram,
     map_metrics,
+    metrics_cost_bound,
+    point_envelopes_bound,
     sample_values,
 )
 from ingest.otlp_state import ClockOffsets, CumulativeSeries, SeriesGuard
@@ -515,3 +520,122 @@ def test_corrupted_bodies_are_refused_or_mapped_never_an_error(signal: str) -> N
                 assert refused.status == 400
             else:
                 assert 0 <= outcome.rejected <= outcome.total
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What a request may cost, bounded before mapping; hostile numbers (issue 49)
+
+_COUNTS = st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 300), max_size=6)
+_DOUBLES = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@st.composite
+def hostile_metric(draw: st.DrawFn) -> metrics_pb2.Metric:
+    """A metric of one point of any kind with numbers an attacker picks: scales, offsets, counts, bounds, sums."""
+    kind = draw(st.sampled_from(["histogram", "exponential_histogram", "summary", "gauge", "sum"]))
+    temporality = draw(st.sampled_from([DELTA, CUMULATIVE, 0]))
+    times = {"time_unix_nano": T0 * NS + draw(st.integers(0, 10)),
+             "start_time_unix_nano": draw(st.sampled_from([0, (T0 - 1) * NS, T0 * NS]))}
+    optional = {k: v for k in ("sum", "min", "max") if (v := draw(st.none() | _DOUBLES)) is not None}
+    metric = metrics_pb2.Metric(name="m")
+    if kind == "histogram":
+        counts = draw(_COUNTS)
+        bounds = draw(st.lists(_DOUBLES, min_size=max(0, len(counts) - 1), max_size=max(0, len(counts) - 1))
+                      if draw(st.booleans()) else st.lists(_DOUBLES, max_size=4))
+        metric.histogram.aggregation_temporality = temporality
+        metric.histogram.data_points.add(count=draw(st.integers(0, 2**64 - 1)), bucket_counts=counts,
+                                         explicit_bounds=bounds, **times, **optional)
+    elif kind == "exponential_histogram":
+        metric.exponential_histogram.aggregation_temporality = temporality
+        metric.exponential_histogram.data_points.add(
+            scale=draw(st.integers(-2**31, 2**31 - 1) | st.integers(-12, 22)),
+            zero_count=draw(st.integers(0, 2**64 - 1) | st.integers(0, 5)), count=draw(st.integers(0, 2**64 - 1)),
+            positive={"offset": draw(st.integers(-2**31, 2**31 - 1) | st.integers(-3, 3)),
+                      "bucket_counts": draw(_COUNTS)},
+            negative={"offset": draw(st.integers(-2**31, 2**31 - 1)), "bucket_counts": draw(_COUNTS)},
+            **times, **optional)
+    elif kind == "summary":
+        metric.summary.data_points.add(count=draw(st.integers(0, 2**64 - 1)), sum=draw(_DOUBLES), **times,
+                                       quantile_values=[{"quantile": q, "value": v} for q, v in draw(
+                                           st.lists(st.tuples(_DOUBLES, _DOUBLES), max_size=4))])
+    else:
+        body = getattr(metric, kind)
+        if kind == "sum":
+            body.aggregation_temporality, body.is_monotonic = temporality, draw(st.booleans())
+        body.data_points.add(as_double=draw(_DOUBLES), **times)
+    return metric
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(hostile_metric(), min_size=1, max_size=4), st.lists(hostile_metric(), max_size=4))
+def test_hostile_points_are_mapped_or_refused_within_the_cost_bound_never_an_error(
+        first: list[metrics_pb2.Metric], second: list[metrics_pb2.Metric]) -> None:
+    """Any point (any scale, offset, count, bound, NaN or infinity) is mapped or refused one by one, never raising;
+    and what a request costs (each point the envelopes it became, at least one) is never above the bound the
+    gateway charges before mapping it. Two requests, so cumulative points also meet a previous one."""
+    state = MetricState(SETTINGS, T0 - 60_000)
+    for metrics in (first, first + second):
+        request = metric_request(*metrics)
+        mapped = map_metrics(request, {}, timing(), SETTINGS, state)
+        assert mapped.records == count_points(request) == len(metrics)
+        assert mapped.cost() <= metrics_cost_bound(request, SETTINGS)
+        for m, metric in enumerate(metrics):
+            which = metric.WhichOneof("data")
+            [point] = getattr(metric, which).data_points
+            made = sum(1 for owner in mapped.owners if owner == m)
+            assert made <= point_envelopes_bound(which, point, SETTINGS), (metric, made)
+
+
+@pytest.mark.parametrize("scale", [-1024, -11, 21, 2**31 - 1, -2**31])
+def test_an_exponential_histogram_scale_outside_minus_10_to_20_is_refused_by_name(scale: int) -> None:
+    point = metrics_pb2.ExponentialHistogramDataPoint(time_unix_nano=T0 * NS, count=2, sum=3.0, scale=scale,
+                                                      positive={"offset": 0, "bucket_counts": [2]})
+    metric = metrics_pb2.Metric(name="e", exponential_histogram=metrics_pb2.ExponentialHistogram(
+        aggregation_temporality=DELTA, data_points=[point]))
+    mapped = map_metrics(metric_request(metric), {}, timing(), SETTINGS, MetricState(SETTINGS, T0 - 60_000))
+    assert mapped.events == [] and mapped.refused == {0: f"exponential histogram scale {scale} is outside [-10, 20]"}
+
+
+def test_a_request_is_measured_before_mapping_and_refused_over_the_caps() -> None:
+    """Records are counted without reading them; the event bound of a histogram point is its samples (at most
+    otlp.histogram_max_events, at most its observations) plus count and sum; a summary's, its quantiles + 2."""
+    from eventide.config import load_config
+    from ingest.otlp_http import OtlpIngest
+
+    caps = OtlpConfig(max_records_per_request=3, max_envelopes_per_request=300)
+    config = load_config(environ={}).model_copy(update={"otlp": caps})
+    ingest = OtlpIngest(config, T0)
+
+    def point_metric(observations: int) -> metrics_pb2.Metric:
+        return metrics_pb2.Metric(name="h", histogram=metrics_pb2.Histogram(
+            aggregation_temporality=DELTA, data_points=[metrics_pb2.HistogramDataPoint(
+                time_unix_nano=T0 * NS, count=observations, sum=1.0, bucket_counts=[observations])]))
+
+    small, large = metric_request(point_metric(3)), metric_request(point_metric(10**6), point_metric(10**6))
+    assert metrics_cost_bound(small, caps) == 5 and metrics_cost_bound(large, caps) == 2 * 130
+    parsed = ingest.parse("metrics", large.SerializeToString(), "", "protobuf")
+    assert (parsed.records, parsed.cost_bound) == (2, 260)
+    outcome = ingest.map(parsed, T0 + 1_000, None)
+    assert outcome.cost == 260 and len(outcome.records) == 260
+    with pytest.raises(OtlpRefused, match=r"up to 390 events > otlp.max_envelopes_per_request \(300\)") as over:
+        ingest.parse("metrics", metric_request(*[point_metric(10**6)] * 3).SerializeToString(), "", "protobuf")
+    assert over.value.status == 413
+    with pytest.raises(OtlpRefused, match=r"4 log records > otlp.max_records_per_request \(3\)"):
+        ingest.parse("logs", log_request(*[logs_pb2.LogRecord()] * 4).SerializeToString(), "", "protobuf")
+    empty = ingest.parse("logs", b"", "", "protobuf")
+    assert (empty.records, empty.cost_bound, ingest.map(empty, T0, None).cost) == (0, 1, 1)
+
+
+def test_a_latest_time_beyond_the_clock_offset_bound_is_no_estimate() -> None:
+    """One request dated 10 days ahead leaves the device's estimate as it was (0 here); an hour ahead is one."""
+    from eventide.config import load_config
+    from ingest.otlp_http import OtlpIngest
+
+    ingest = OtlpIngest(load_config(environ={}), T0)
+    key = b"device"
+    timings, _ = ingest._timings({key: T0 + 10 * DAY_MS}, T0)
+    assert timings[key].correction_ms == 0 and ingest.clocks.estimate(key, T0) == 0
+    timings, _ = ingest._timings({key: T0 + 3_600_000}, T0 + 10)
+    assert timings[key].correction_ms == -3_600_000 + 10
+    timings, _ = ingest._timings({key: T0 - 10 * DAY_MS}, T0 + 20)
+    assert timings[key].correction_ms == -3_600_000 + 10      # the far-off request changed nothing
