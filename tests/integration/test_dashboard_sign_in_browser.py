@@ -26,7 +26,7 @@ from eventide.cli import STREAMLIT_OPTIONS
 from eventide.config import Config, load_config, to_environ
 from eventide.services import free_port, tail
 from store.migrations import apply_migrations
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, STATUS, VIEWPORT, _wait_healthy, settle, texts
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, STATUS, VIEWPORT, _wait_healthy, screenshot, settle, texts
 from tests.support.stack import REPO, own_database
 
 OIDC_JS = Path(__file__).resolve().parent / "oidc_js"
@@ -160,8 +160,9 @@ def test_signed_out_visitor_sees_only_a_sign_in_that_leads_to_the_provider(chrom
         for path in ("", "logs"):                       # the root and a page's own URL alike
             page.goto(f"{dashboard}/{path}")
             settle(page)
-            assert texts(page, "h1") == ["eventide"]
-            assert texts(page, NAV) == [], "pages listed before sign-in"
+            shot = screenshot(page, f"sign-in-oidc-signed-out{'-' + path if path else ''}")
+            assert texts(page, "h1") == ["eventide"], shot
+            assert texts(page, NAV) == [], f"pages listed before sign-in ({shot})"
             assert page.get_by_role("button", name="Sign in").count() == 1
         page.get_by_role("button", name="Sign in").click()
         page.wait_for_url(f"{provider.issuer}/interaction/**")
@@ -174,6 +175,7 @@ def test_user_of_an_admitted_domain_signs_in_and_sees_the_pages(chromium, oidc):
         page.goto(dashboard)
         settle(page)
         sign_in_at_provider(page, provider, "alice@example.com")
+        screenshot(page, "sign-in-oidc-admitted")
         assert page.url.startswith(dashboard)
         assert texts(page, "h1")[:1] == ["Overview"]
         assert texts(page, NAV) == PAGE_TITLES
@@ -194,8 +196,9 @@ def test_user_of_another_domain_is_refused_and_sees_no_page(chromium, oidc):
             if path:
                 page.goto(f"{dashboard}/{path}")
                 settle(page)
-            assert texts(page, "h1") == ["eventide"], path
-            assert texts(page, NAV) == [], path
+            shot = screenshot(page, f"sign-in-oidc-refused{'-' + path if path else ''}")
+            assert texts(page, "h1") == ["eventide"], shot
+            assert texts(page, NAV) == [], shot
             assert any("may not open this dashboard" in e for e in texts(page, ERRORS)), path
             assert "Signed in as mallory@evil.test" in page.locator('[data-testid="stMain"]').inner_text()
             assert page.get_by_role("button", name="Sign out").count() == 1
@@ -226,7 +229,8 @@ def test_shared_password_wrong_is_refused_right_shows_the_pages(chromium, passwo
         settle(page)
         assert texts(page, NAV) == [] and texts(page, "h1") == ["eventide"]
         type_password(page, "not the password")
-        assert texts(page, ERRORS) == ["Wrong password."]
+        shot = screenshot(page, "sign-in-password-wrong")
+        assert texts(page, ERRORS) == ["Wrong password."], shot
         assert texts(page, NAV) == []
         type_password(page, PASSWORD)
         assert texts(page, "h1")[:1] == ["Overview"]
