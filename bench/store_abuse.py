@@ -21,7 +21,14 @@ Phases (the attack, after a few seconds of idle lead-in):
   complete headers (right password, ``Content-Length`` 1 MB) and then trickle the body a byte at a time;
 - ``body_1g_wrong_password``: a 1 GiB body (``Content-Length``) with a wrong password, sent until the server
   answers or closes;
-- ``body_1g_no_password``: the same with no credentials, ``Transfer-Encoding: chunked``.
+- ``body_1g_no_password``: the same with no credentials, ``Transfer-Encoding: chunked``;
+- ``reader_holds_slots`` (issue 49): the read-only user keeps twice ``max_concurrent_queries`` slow queries
+  (``sleepEachRow``) asked for, each refused one asked again 200 ms later, for the hold time: it gets its
+  ``max_concurrent_queries_for_user`` share and no more;
+- ``reader_unread_answers`` (issue 49): the read-only user asks one 8 MiB answer after another on connections with
+  a 4 KiB receive buffer and never reads them, keeping up to 32 such connections for the hold time (a refused one
+  asked again 100 ms later). The answers are asked one at a time, so what the phase measures is the answers held,
+  not chDB building many at once (that is bounded by the user's slots and ``max_memory_usage``, not here).
 
 Goals (issue 36): probe p99 <= 50 ms in every phase, RSS growth <= 64 MiB, the writer never failing. Every socket
 has a timeout and every phase a deadline; a store that no longer answers ``/ping`` after its phase is killed (and
@@ -74,7 +81,8 @@ RSS_EVERY_S = 0.050
 TAIL_S = 2.0
 """Measured on after the attack ends (what it leaves behind is part of its cost); the whole window is at least
 as long as the idle phase."""
-PHASES = ("idle", "query_4mb", "slow_500", "body_1g_wrong_password", "body_1g_no_password")
+PHASES = ("idle", "query_4mb", "slow_500", "body_1g_wrong_password", "body_1g_no_password", "reader_holds_slots",
+          "reader_unread_answers")
 
 
 @dataclass(frozen=True)
@@ -89,11 +97,15 @@ class Plan:
     slow_hold_s: float = 10.0
     body_bytes: int = 1024 * MIB
     body_budget_s: float = 120.0
+    reader_hold_s: float = 10.0
+    reader_slow_queries: int = 64        # twice the default max_concurrent_queries
+    reader_answer_mib: int = 8
+    reader_unread_connections: int = 32
 
     @classmethod
     def quick(cls) -> Plan:
         return cls(lead_in_s=2.0, idle_s=4.0, query_sends=1, query_budget_s=20.0, slow_hold_s=4.0,
-                   body_bytes=128 * MIB, body_budget_s=30.0)
+                   body_bytes=128 * MIB, body_budget_s=30.0, reader_hold_s=4.0)
 
 
 def store_password(config: Config) -> str:
@@ -104,6 +116,14 @@ def store_password(config: Config) -> str:
     if not Path(store_client.__file__).with_name("credentials.py").exists():
         return config.store.password
     return importlib.import_module("store.credentials").load(config).writer_password
+
+
+def reader_user(config: Config) -> tuple[str, str]:
+    """The read-only user and its password (generated on first start); the writer where a checkout has none."""
+    if not Path(store_client.__file__).with_name("credentials.py").exists():
+        return "default", config.store.password
+    creds = importlib.import_module("store.credentials").load(config)
+    return creds.reader_user, creds.reader_password
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -430,12 +450,140 @@ def attack_body_no_password(config: Config, plan: Plan, deadline: float) -> dict
     return _send_body(config, plan, deadline, None, chunked=True)
 
 
+def _reader_request(config: Config, statement: bytes, rcvbuf: int | None = None) -> socket.socket:
+    """A connection that has sent ``statement`` as the read-only user (its answer not read yet)."""
+    user, password = reader_user(config)
+    host, port = config.store.host, config.store.port
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(30)
+    sock.connect((host, port))
+    sock.sendall(f"POST / HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: {_basic(user, password)}\r\n"
+                 f"Content-Length: {len(statement)}\r\n\r\n".encode() + statement)
+    return sock
+
+
+def _answer_head(sock: socket.socket, timeout_s: float) -> tuple[str, str]:
+    """(status, X-ClickHouse-Exception-Code) of the answer on ``sock``, reading no more than its head."""
+    sock.settimeout(max(0.1, timeout_s))
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data and len(data) < 8192:
+            chunk = sock.recv(1)     # a byte at a time: nothing of the body is taken
+            if not chunk:
+                break
+            data += chunk
+    except TimeoutError:
+        return ("timeout" if not data else _status_line(data)), ""
+    except OSError:
+        return ("reset" if not data else _status_line(data)), ""
+    code = ""
+    for line in data.split(b"\r\n"):
+        if line.lower().startswith(b"x-clickhouse-exception-code:"):
+            code = line.split(b":", 1)[1].strip().decode()
+    return _status_line(data), code
+
+
+def attack_reader_holds_slots(config: Config, plan: Plan, deadline: float) -> dict[str, Any]:
+    # Native: a connection closed at the end cancels its query between blocks, as a leaving client's would be.
+    statement = (b"SELECT sleepEachRow(0.5) FROM numbers(" + str(int(plan.reader_hold_s * 2) + 8).encode()
+                 + b") SETTINGS max_block_size = 1 FORMAT Native")
+    until = min(deadline, time.perf_counter() + plan.reader_hold_s)
+    # One thread, non-blocking: the bench's own probe and writer threads must not wait for the attack's GIL.
+    waiting: dict[int, tuple[socket.socket, float]] = {}   # fd -> a request not answered yet, sent at
+    retry_at: list[float] = [time.perf_counter()] * plan.reader_slow_queries
+    tally: dict[str, int] = {}
+    most_running = 0
+    while time.perf_counter() < until:
+        now = time.perf_counter()
+        for i, at in enumerate(retry_at):
+            if at <= now:
+                try:
+                    sock = _reader_request(config, statement)
+                    sock.setblocking(False)
+                    waiting[sock.fileno()] = (sock, now)
+                    retry_at[i] = float("inf")
+                except OSError as exc:
+                    tally[f"connect {type(exc).__name__}"] = tally.get(f"connect {type(exc).__name__}", 0) + 1
+                    retry_at[i] = now + 0.2
+        poller = select.poll()
+        for fd in waiting:
+            poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        for fd, _ in poller.poll(50):
+            sock, _ = waiting.pop(fd)
+            try:
+                status = _status_line(sock.recv(4096))
+            except OSError as exc:
+                status = type(exc).__name__
+            sock.close()
+            tally[status] = tally.get(status, 0) + 1
+            retry_at[retry_at.index(float("inf"))] = time.perf_counter() + 0.2   # asked again 200 ms later
+        # a request unanswered for 300 ms is running (a refusal comes at once)
+        most_running = max(most_running, sum(1 for _, sent in waiting.values() if now - sent > 0.3))
+    for sock, _ in waiting.values():
+        sock.close()
+    out = {"connections": plan.reader_slow_queries, "most_running_at_once": most_running,
+           "answers": tally}
+    print(f"    reader holding slots: {out}", flush=True)
+    return out
+
+
+def attack_reader_unread_answers(config: Config, plan: Plan, deadline: float) -> dict[str, Any]:
+    rows = plan.reader_answer_mib * 1024
+    statement = f"SELECT repeat('x', 1023) FROM numbers({rows}) FORMAT TSV".encode()
+    until = min(deadline, time.perf_counter() + plan.reader_hold_s)
+    held: list[socket.socket] = []
+    tally: dict[str, int] = {}
+    # One request at a time, each once the previous one is answered: answers pile up as fast as the store
+    # computes them, while the bench's probe and writer threads keep the GIL of this process.
+    while time.perf_counter() < until:
+        if len(held) >= plan.reader_unread_connections:
+            time.sleep(0.1)
+            continue
+        try:
+            sock = _reader_request(config, statement, rcvbuf=4096)
+        except OSError as exc:
+            tally[f"connect {type(exc).__name__}"] = tally.get(f"connect {type(exc).__name__}", 0) + 1
+            time.sleep(0.1)
+            continue
+        status, code = _answer_head(sock, max(0.1, until - time.perf_counter()))
+        tally[f"{status} {code}".strip()] = tally.get(f"{status} {code}".strip(), 0) + 1
+        if status == "200":
+            held.append(sock)      # never read
+        else:
+            sock.close()
+            time.sleep(0.1)
+    closed_by_server = sum(1 for sock in held if _readable(sock) and _closed(sock))
+    for sock in held:
+        sock.close()
+    out = {"answer_mib": plan.reader_answer_mib, "answers": tally, "held_unread_at_end": len(held),
+           "of_those_closed_by_server": closed_by_server}
+    print(f"    reader unread answers: {out}", flush=True)
+    return out
+
+
+def _closed(sock: socket.socket) -> bool:
+    """True when the server has closed ``sock`` (what is left to read of an answer is dropped)."""
+    sock.setblocking(False)
+    try:
+        while chunk := sock.recv(MIB):
+            del chunk
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 ATTACKS: dict[str, tuple[Callable[[Config, Plan, float], dict[str, Any]], Callable[[Plan], float]]] = {
     "idle": (attack_idle, lambda p: p.idle_s + 5),
     "query_4mb": (attack_query_4mb, lambda p: p.query_budget_s),
     "slow_500": (attack_slow_500, lambda p: p.slow_hold_s + 40),
     "body_1g_wrong_password": (attack_body_wrong_password, lambda p: p.body_budget_s),
     "body_1g_no_password": (attack_body_no_password, lambda p: p.body_budget_s),
+    "reader_holds_slots": (attack_reader_holds_slots, lambda p: p.reader_hold_s + 20),
+    "reader_unread_answers": (attack_reader_unread_answers, lambda p: p.reader_hold_s + 40),
 }
 
 

@@ -154,7 +154,7 @@ class StoreConfig(_Section):
     TOO_MANY_SIMULTANEOUS_QUERIES at once (ClickHouse's ``max_concurrent_queries_for_user``). Each user's queries
     run on threads of their own, this many. At most half of ``max_concurrent_queries``, neither user can keep the
     other from running queries."""
-    max_unsent_answer_bytes_for_user: int = Field(16 * 1024**2, ge=0)
+    max_unsent_answer_bytes_for_user: int = Field(8 * 1024**2, ge=0)
     """Embedded store: bytes of one user's answers held in memory, computed but not yet sent, at most. A new query
     of a user already over it is answered 503 at once; an answer that would take it over is dropped (503), unless it
     is the user's only one (an answer up to ``max_result_bytes`` can always be sent)."""

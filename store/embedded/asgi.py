@@ -377,7 +377,8 @@ class StoreApp:
                 gone.cancel()
         if not work.done():   # the client left: cancel (Native reads, between blocks), else max_execution_time
             started = time.perf_counter()
-            cancel.cancel()
+            # Off the event loop: chDB's cancel can wait seconds on streams other queries are reading.
+            await asyncio.to_thread(cancel.cancel)
             with contextlib.suppress(Exception):
                 await work
             raise ClientGone(f"closed the connection while its query ran; the query ended "

@@ -23,7 +23,7 @@ class Limits:
     max_head_size: int
     max_concurrent_queries_for_user: int = 16
     """A user's queries from their start until their answer is sent (never more than ``max_concurrent_queries``)."""
-    max_unsent_answer_bytes_for_user: int = 16 * 1024**2
+    max_unsent_answer_bytes_for_user: int = 8 * 1024**2
     send_timeout_s: float = 30.0
 
     @classmethod

@@ -184,3 +184,20 @@ def test_unread_answers_are_bounded_and_dropped_at_the_send_deadline(store: Stor
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_the_reader_leaving_its_running_queries_does_not_stall_the_writer(store: Store) -> None:
+    """Streamed (Native) reads are cancelled when their clients leave; the reader leaving its share of them at once
+    must not stop the store answering the writer while chDB cancels them."""
+    streamed = SLOW + b" FORMAT Native"
+    socks = [store.unread(streamed, store.reader) for _ in range(LIMITS["max_concurrent_queries_for_user"])]
+    time.sleep(1.2)
+    latencies: list[float] = []
+    probe = threading.Thread(target=lambda: latencies.extend(_probe(store, 2.0)))
+    probe.start()
+    time.sleep(0.2)
+    for sock in socks:
+        sock.close()
+    probe.join(30)
+    # chDB's cancel waits up to a block or more per query (~2.6 s for these four when it ran on the event loop)
+    assert max(latencies) < 1.0, sorted(latencies)[-5:]
