@@ -5,6 +5,7 @@ Pickers keep their value in the page URL (``st.query_params``), so a link reprod
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -177,7 +178,7 @@ def drill_chart(container: Any, fig: go.Figure, key: str) -> list[tuple[str, dat
     """
     # Plotly selects markers, never a bare line: a line trace gets small markers, its points to click.
     fig.update_traces(mode="lines+markers", marker_size=5, selector={"type": "scatter", "mode": "lines"})
-    names = [str(trace.name) for trace in fig.data]
+    names = [html.unescape(str(trace.name)) for trace in fig.data]     # as stored: see plot_text
     picked = f"{key}__picked"
 
     def on_select() -> None:
@@ -255,6 +256,22 @@ NO_SUB_SECOND_TICKS = [{"dtickrange": [None, 1000], "value": "%H:%M:%S"}]
 """Plotly labels ticks closer than 1 s with milliseconds (``18:44:49.9998``); nothing here is finer than 1 s."""
 
 
+def plot_text(text: object) -> str:
+    """``text`` as Plotly shows it verbatim in a title, legend, axis label or hover label.
+
+    Plotly reads a subset of HTML in those (``<a href>``, ``<b>``, ``<br>``): an app, device, logger or rule name
+    from the store drawn as it is could put a link to anywhere on the page. Escaped, ``<`` and ``&`` are shown as
+    typed. :func:`drill_chart` unescapes the trace names it reports, so a click gives the stored name back."""
+    return html.escape(str(text), quote=False)
+
+
+def plot_texts(df: pd.DataFrame, *columns: str | None) -> pd.DataFrame:
+    """``df`` with the text of ``columns`` (None: skipped) through :func:`plot_text`, for Plotly Express."""
+    named = [c for c in columns if c is not None and c in df.columns]
+    return df.assign(**{c: df[c].map(lambda v: plot_text(v) if isinstance(v, str) else v)
+                        for c in named}) if named else df
+
+
 def chart_layout(fig: go.Figure, height: int = 300) -> go.Figure:
     """The layout every dashboard figure shares: title at the top, legend between it and the plot."""
     fig.update_layout(height=height, margin=MARGIN, legend=LEGEND_ABOVE,
@@ -282,7 +299,7 @@ def time_chart(df: pd.DataFrame, y: str, title: str, unit: str, span: tuple[date
     """A line (or bar) chart over the ``t`` column (bucket starts), one trace per value of ``colour``, across
     ``span``. Bars are ``bucket_s`` wide from their bucket's start, so one bucket is as wide as it lasts."""
     draw = px.bar if kind == "bar" else px.line
-    fig = draw(df, x="t", y=y, color=colour, title=title)
+    fig = draw(plot_texts(df, colour), x="t", y=y, color=colour, title=title)
     if kind == "bar" and bucket_s:
         fig.update_traces(width=bucket_s * 1000, offset=0)
     fig.update_yaxes(title_text=unit, rangemode="nonnegative")     # counts and rates: never below 0
@@ -290,7 +307,7 @@ def time_chart(df: pd.DataFrame, y: str, title: str, unit: str, span: tuple[date
 
 
 def histogram(df: pd.DataFrame, x: str, title: str, colour: str | None = None, log_y: bool = True) -> go.Figure:
-    fig = px.histogram(df, x=x, color=colour, title=title, log_y=log_y, nbins=60)
+    fig = px.histogram(plot_texts(df, colour), x=x, color=colour, title=title, log_y=log_y, nbins=60)
     fig.update_layout(bargap=0.05)
     return chart_layout(fig)
 

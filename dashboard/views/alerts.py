@@ -40,8 +40,9 @@ def page() -> None:
         if history.empty:
             st.info("No alert transitions in the chosen range.")
         else:
-            fig = px.scatter(history, x="window_end", y="rule", color="to_state", symbol="severity",
-                             color_discrete_map=STATE_COLOURS, hover_data=["series", "value", "threshold"],
+            fig = px.scatter(common.plot_texts(history, "rule", "series"), x="window_end", y="rule",
+                             color="to_state", symbol="severity", color_discrete_map=STATE_COLOURS,
+                             hover_data=["series", "value", "threshold"],
                              title="Transitions")
             common.time_axis(common.chart_layout(fig, height=320), (since, until), "window end (UTC)")
             st.plotly_chart(fig, width="stretch")

@@ -68,21 +68,22 @@ def page() -> None:
             st.info(f"No {kind} windows for this series in the chosen range.")
             return
         left, right = st.columns(2)
+        label = common.plot_text(chosen.label)      # app, logger and tag names from the store, in chart titles
         if kind == "sliding":
             df = df.rename(columns={"window_end": "window_start"})
             length = int(df["window_s"].iloc[0])
-            left.plotly_chart(line_chart(df, ["rate"], f"Rate over the trailing {length} s · {chosen.label}",
+            left.plotly_chart(line_chart(df, ["rate"], f"Rate over the trailing {length} s · {label}",
                                          "events / s", span, "event time (window end, UTC)"), width="stretch")
             value_columns = ["mean", "max"] if chosen.kind == "metric" else ["errors"]
-            right.plotly_chart(line_chart(df, value_columns, f"Trailing {length} s · {chosen.label}", "value",
+            right.plotly_chart(line_chart(df, value_columns, f"Trailing {length} s · {label}", "value",
                                           span, "event time (window end, UTC)"), width="stretch")
             st.caption(f"{len(df)} sliding windows (one per event; quantiles and distinct counts are kept for "
                        "tumbling and hopping windows only)")
             return
-        left.plotly_chart(line_chart(df, ["rate"], f"Rate · {chosen.label}", "events / s", span), width="stretch")
-        right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {chosen.label}", "value", span),
+        left.plotly_chart(line_chart(df, ["rate"], f"Rate · {label}", "events / s", span), width="stretch")
+        right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {label}", "value", span),
                            width="stretch")
-        st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {chosen.label}", "users", span),
+        st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {label}", "users", span),
                         width="stretch")
         if kind == "tumbling":
             source = "stored windows" if resolution_s * 1000 in lengths else "merged sketches"

@@ -58,7 +58,8 @@ def page() -> None:
         left.plotly_chart(common.histogram(clocks, "offset_s", "Clock offset per device (s)", "app", log_y=False),
                           width="stretch")
         worst = clocks.head(15).iloc[::-1]
-        fig = px.bar(worst, x="offset_s", y=worst["app"] + " · " + worst["device"], orientation="h",
+        fig = px.bar(worst, x="offset_s", y=(worst["app"] + " · " + worst["device"]).map(common.plot_text),
+                     orientation="h",
                      title="Worst device clocks (s off)", labels={"y": "device", "offset_s": "offset (s)"})
         fig.update_yaxes(type="category")     # device names, whatever they look like
         right.plotly_chart(common.chart_layout(fig), width="stretch")

@@ -202,10 +202,10 @@ HOSTILE_FROM = f"[y]({EVIL}/from-link) ![]({EVIL}/from-img.png)"
 HOSTILE_TO = f'<img src="{EVIL}/to-html.png"> {EVIL}/to-bare'
 
 # Every link (HTML or SVG) and every image or style that would reach the attacker's host.
-EVIL_ELEMENTS = """() => [...document.querySelectorAll('a, img, image, source, [style]')]
-    .map(e => [e.getAttribute('href'), e.getAttributeNS('http://www.w3.org/1999/xlink', 'href'),
-               e.getAttribute('src'), e.getAttribute('srcset'), e.getAttribute('style')].join(' '))
-    .filter(v => v.includes('evil.example'))"""
+EVIL_ELEMENTS = r"""() => [...document.querySelectorAll('a, img, image, source, [style]')]
+    .flatMap(e => [e.getAttribute('href'), e.getAttributeNS('http://www.w3.org/1999/xlink', 'href'),
+                   e.getAttribute('src'), e.getAttribute('srcset'), e.getAttribute('style')])
+    .filter(v => v && /(^|url\(["']?)\s*(https?:)?\/\/evil\.example/.test(v))"""
 
 
 def test_url_parameters_echoed_on_the_logs_page_are_plain_text_not_links_or_images(browser: BrowserContext,

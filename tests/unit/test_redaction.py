@@ -89,3 +89,22 @@ def test_an_unreachable_store_is_named_by_scheme_and_host_without_its_credential
     shown = [str(e.value) for kind in ("error", "caption", "info", "markdown") for e in getattr(at, kind)]
     assert any(f"Store unreachable at http://127.0.0.1:{port}" in t for t in shown), shown
     assert not [t for t in shown if "S3CRETPW" in t or "admin" in t], shown
+
+
+def test_names_in_charts_are_escaped_for_plotly_and_a_click_gives_the_stored_name_back():
+    """Plotly reads ``<a href>`` in legends and titles: a stored name is drawn escaped (shown as typed), and the
+    trace name a chart click reports (``drill_chart``) is the stored name again."""
+    import html
+    from datetime import UTC, datetime
+
+    import pandas as pd
+
+    from dashboard.common import plot_text, time_chart
+
+    names = ['<a href="http://evil.example">x</a>', "a & b", "&lt;already&gt;", "plain"]
+    now = datetime.now(UTC)
+    df = pd.DataFrame({"t": [now] * len(names), "n": [1] * len(names), "app": names})
+    fig = time_chart(df, "n", "title", "lines", (now, now), "app")
+    drawn = [str(trace.name) for trace in fig.data]
+    assert "<" not in "".join(drawn) and drawn == [plot_text(n) for n in names]
+    assert [html.unescape(n) for n in drawn] == names
