@@ -714,6 +714,9 @@ def _check_background(node: dict[str, Any]) -> None:
     if node_type in ("Subquery", "SelectWithUnionQuery", "SelectQuery"):
         raise _refuse("a subquery is not allowed in a table's definition or an ALTER command: it would run in the "
                       "background, outside the request's limits")
+    if node_type == "QueryParameter":
+        raise _refuse("a query parameter is not allowed in a table's definition or an ALTER command: what is kept "
+                      "must be written in the statement")
     if node_type == "Function":
         lower = str(node.get("name", "")).lower()
         if lower in _KNOWN_TABLE_FUNCTIONS and lower not in _SCALAR_TABLE_FUNCTION_NAMES:

@@ -567,6 +567,8 @@ def test_given_a_write_to_the_engines_own_databases_then_everyone_is_refused(
     ("CREATE TABLE t (x UInt64 DEFAULT (SELECT 1)) ENGINE = MergeTree ORDER BY x", "a subquery is not allowed"),
     ("CREATE TABLE t (x DateTime) ENGINE = MergeTree ORDER BY x TTL x + INTERVAL (SELECT 1) DAY",
      "a subquery is not allowed"),
+    ("ALTER TABLE t ADD COLUMN c String DEFAULT {d:String}", "a query parameter is not allowed"),
+    ("CREATE TABLE t (x UInt8 DEFAULT {d:UInt8}) ENGINE = Memory", "a query parameter is not allowed"),
 ])
 def test_given_a_statement_that_leaves_background_work_then_it_is_refused(
         parse: Callable[[str], str], statement: str, named: str) -> None:
