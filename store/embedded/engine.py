@@ -238,8 +238,9 @@ class Engine:
     def insert(self, split: InsertSplit, staged: str, state: HandleState) -> Answer:
         """``INSERT … FORMAT X`` with its data staged in a file: chDB reads it with FROM INFILE (as
         clickhouse-connect's own chdb driver does)."""
-        clause = f" {split.settings}" if split.settings else ""
-        sql = f"INSERT INTO {split.target} FROM INFILE {_quote(staged)}{clause} FORMAT {split.fmt}"
+        # One part a line: a comment the client ended its target or SETTINGS with (``-- x``, ``# x``) ends with its
+        # line, so the statement run is the one the guard checked, with FROM INFILE added, never less of it.
+        sql = f"INSERT INTO {split.target}\nFROM INFILE {_quote(staged)}\n{split.settings}\nFORMAT {split.fmt}"
         with self.handles.lease(state) as conn:
             try:
                 result = conn.query(sql, "TabSeparated")

@@ -207,6 +207,16 @@ def test_the_writer_still_runs_what_the_product_sends(store: Store) -> None:
     assert store.sql("SELECT count() FROM sec2.v") == (200, "2\n")
 
 
+def test_an_inserts_comments_stay_comments(store: Store) -> None:
+    """The insert run is the statement checked, FROM INFILE added: a comment ending its target or its SETTINGS
+    swallowed the FROM INFILE and FORMAT the server appends."""
+    for n, head in enumerate(("INSERT INTO sec.t -- c\nFORMAT CSV", "INSERT INTO sec.t # c\nFORMAT CSV",
+                              "INSERT INTO sec.t SETTINGS max_threads = 1 -- c\nFORMAT CSV")):
+        assert store.sql(f"{head}\n{7000 + n}\n") == (200, ""), head
+    assert store.sql("SELECT groupArray(x) FROM (SELECT x FROM sec.t WHERE x >= 7000 ORDER BY x)") \
+        == (200, "[7000,7001,7002]\n")
+
+
 # --------------------------------------------------------------------------------------- 9. formats
 
 def test_the_format_is_the_parsers_not_a_comments(store: Store) -> None:
