@@ -147,13 +147,16 @@ class OtlpIngest:
         """Make a parsed request's Kafka records. Records of apps outside ``apps`` (None: any) are refused first,
         so they touch no clock estimate, series budget or cumulative series."""
         settings, request = self.config.otlp, parsed.request
-        with self._lock:
-            if isinstance(request, ExportLogsServiceRequest):
-                timings, default = self._timings(latest_log_times(request, settings, apps), received_ms)
-                mapped = map_logs(request, timings, default, settings, apps)
-            else:
-                assert isinstance(request, ExportMetricsServiceRequest)
-                timings, default = self._timings(latest_point_times(request, settings, apps), received_ms)
+        if isinstance(request, ExportLogsServiceRequest):
+            latest = latest_log_times(request, settings, apps)
+            with self._lock:   # logs touch nothing kept but the clock estimates: their mapping runs unlocked
+                timings, default = self._timings(latest, received_ms)
+            mapped = map_logs(request, timings, default, settings, apps)
+        else:
+            assert isinstance(request, ExportMetricsServiceRequest)
+            latest = latest_point_times(request, settings, apps)
+            with self._lock:   # series budgets and cumulative series are read and updated point by point
+                timings, default = self._timings(latest, received_ms)
                 mapped = map_metrics(request, timings, default, settings, self.metrics, apps)
         return self.outcome(mapped, received_ms, apps, parsed.signal, check_unicode=parsed.media == "json")
 
