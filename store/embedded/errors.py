@@ -17,6 +17,9 @@ _STATUS_BY_ERROR = {
         "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH",
         "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE", "CANNOT_DECOMPRESS",
         "SUPPORT_IS_DISABLED", "SETTING_CONSTRAINT_VIOLATION", "NO_DATA_TO_INSERT"), 400),   # (bad input)
+    # A query parameter missing or of the wrong type is the client's input too (ClickHouse answers 500 for it;
+    # this store answers no hostile input with a 5xx).
+    **dict.fromkeys(("UNKNOWN_QUERY_PARAMETER", "BAD_QUERY_PARAMETER"), 400),
     **dict.fromkeys((
         "UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE", "UNKNOWN_STORAGE",
         "UNKNOWN_DATABASE", "UNKNOWN_SETTING", "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION",

@@ -126,6 +126,14 @@ def test_a_setting_value_stays_a_value(store: Store, value: str) -> None:
     assert store.sql("EXISTS TABLE sec.t") == (200, "1\n")
 
 
+@pytest.mark.parametrize(("statement", "params"), [
+    ("SELECT {d:String}", {}), ("SELECT {d:UInt8}", {"param_d": "not a number"})])
+def test_a_missing_or_mistyped_query_parameter_is_the_clients_error(
+        store: Store, statement: str, params: dict[str, str]) -> None:
+    status, text = store.sql(statement, store.reader, **params)
+    assert status == 400, text
+
+
 def test_a_setting_value_with_a_nul_is_refused(store: Store) -> None:
     status, text = store.sql("SELECT 1", store.reader, log_comment="x\0'; SELECT 2")
     assert status == 400 and "(BAD_ARGUMENTS)" in text, text
