@@ -149,7 +149,8 @@ def _committed_count(config: Config) -> int:
     return len(broker.read_committed(config, timeout_s=120))
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:
+def wait_gateway_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:
+    """Returns once the gateway on ``port`` answers ``/health``; exits with its log's tail if it dies or hangs."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -187,7 +188,7 @@ def main() -> None:
             proc = subprocess.Popen([sys.executable, "-m", "ingest.gateway"], stdout=out, stderr=subprocess.STDOUT,
                                     env={**os.environ, **to_environ(config)}, cwd=REPO)
         port = config.gateway.port
-        _wait_healthy(port, proc, log)
+        wait_gateway_healthy(port, proc, log)
         warm_up = _bodies(8, args.batch, args.ndjson)
         bodies = _bodies(args.requests, args.batch, args.ndjson)
         _post_all(port, warm_up, args.clients, args.ndjson)

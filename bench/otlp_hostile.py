@@ -15,7 +15,7 @@ on the events topic (and the log's end offsets, which count aborted records too)
 (``/proc/<pid>/stat`` utime + stime), its peak resident memory growth (``VmHWM`` after minus ``VmRSS`` before, the
 peak reset first through ``/proc/<pid>/clear_refs``) and the wall time of the request.
 
-    .venv/bin/python bench/otlp_hostile.py [--points 8150] [--quantiles 200000] [--kinds histograms,summary,empty]
+    .venv/bin/python -m bench.otlp_hostile [--points 8150] [--quantiles 200000] [--kinds histograms,summary,empty]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
+from bench.gateway_throughput import wait_gateway_healthy
 from eventide import broker
 from eventide.config import Config, load_config, to_environ
 from eventide.services import free_port
@@ -125,22 +126,6 @@ def _post(port: int, body: bytes, token: str = TOKEN) -> tuple[int, str]:
         return response.status, payload[:200].decode("utf-8", "replace")
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"gateway exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"gateway not healthy within 60 s:\n{log.read_text()[-3000:]}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", type=int, default=8150, help="histogram points of the histograms request")
@@ -159,7 +144,7 @@ def main() -> None:
             proc = subprocess.Popen([sys.executable, "-m", "ingest.gateway"], stdout=out, stderr=subprocess.STDOUT,
                                     env={**os.environ, **to_environ(config)}, cwd=REPO)
         port = config.gateway.port
-        _wait_healthy(port, proc, log)
+        wait_gateway_healthy(port, proc, log)
         on_topic = 0
         for kind in args.kinds.split(","):
             if kind == "empty":

@@ -26,7 +26,16 @@ from eventide.cli import STREAMLIT_OPTIONS
 from eventide.config import Config, load_config, to_environ
 from eventide.services import free_port, tail
 from store.migrations import apply_migrations
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, STATUS, VIEWPORT, _wait_healthy, screenshot, settle, texts
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    STATUS,
+    VIEWPORT,
+    running_streamlit,
+    screenshot,
+    settle,
+    texts,
+)
 from tests.support.stack import REPO, own_database
 
 OIDC_JS = Path(__file__).resolve().parent / "oidc_js"
@@ -85,21 +94,9 @@ def launcher_env(config: Config) -> dict[str, str]:
 def launched(config: Config, log: Path) -> Iterator[str]:
     """``eventide dashboard`` (the CLI, which writes the sign-in's secrets file and runs ``streamlit run``) for
     ``config``; yields its base URL."""
-    with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "eventide.cli", "dashboard"], cwd=REPO,
-                                  env=launcher_env(config), stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    url = f"http://127.0.0.1:{config.dashboard.port}"
-    try:
-        _wait_healthy(url, server, log)
+    with running_streamlit([sys.executable, "-m", "eventide.cli", "dashboard"], launcher_env(config), log,
+                           f"http://127.0.0.1:{config.dashboard.port}") as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 @contextmanager
@@ -275,16 +272,9 @@ def test_app_served_off_loopback_by_hand_without_a_sign_in_shows_nothing(chromiu
     port, log = config.dashboard.port, tmp_path / "streamlit.log"
     argv = [sys.executable, "-m", "streamlit", "run", str(REPO / "dashboard" / "app.py"), *STREAMLIT_OPTIONS,
             "--server.port", str(port), "--server.address", "0.0.0.0"]
-    with open(log, "wb") as out:
-        server = subprocess.Popen(argv, cwd=REPO, env=launcher_env(config), stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        _wait_healthy(f"http://127.0.0.1:{port}", server, log)
-        with context(chromium) as page:
-            page.goto(f"http://127.0.0.1:{port}/")
-            settle(page)
-            assert texts(page, NAV) == []
-            assert any("served off loopback" in e for e in texts(page, ERRORS)), texts(page, ERRORS)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=10)
+    with running_streamlit(argv, launcher_env(config), log, f"http://127.0.0.1:{port}") as url, \
+            context(chromium) as page:
+        page.goto(f"{url}/")
+        settle(page)
+        assert texts(page, NAV) == []
+        assert any("served off loopback" in e for e in texts(page, ERRORS)), texts(page, ERRORS)

@@ -125,13 +125,21 @@ def serving(root: Path, config: Config, rules_text: str = RULES) -> Iterator[str
             # Others may be editing dashboard/ while this runs; a file change would put a "rerun?" prompt in the
             # status widget and the page would never look settled.
             "--server.fileWatcherType", "none"]
+    with running_streamlit(argv, env, log, f"http://127.0.0.1:{port}") as url:
+        yield url
+
+
+@contextmanager
+def running_streamlit(argv: list[str], env: dict[str, str], log: Path, url: str) -> Iterator[str]:
+    """``argv`` (a Streamlit server, or a launcher that execs one) run from the repository, its output in ``log``;
+    yields ``url`` once Streamlit answers its health check there, and stops the whole process group after."""
     with open(log, "wb") as out:
         # Its own process group, so that stopping a supervisor stops its Streamlit child too.
         server = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}", server, log)
-        yield f"http://127.0.0.1:{port}"
+        _wait_healthy(url, server, log)
+        yield url
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
