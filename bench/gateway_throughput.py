@@ -48,7 +48,7 @@ def _config(args: argparse.Namespace, data: Path) -> Config:
         kafka.update(port=free_port(), controller_port=free_port())
     return load_config(environ={}, root=str(REPO), paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
                        kafka=kafka, gateway={"port": free_port(), "tokens": [TOKEN], "producers": args.producers,
-                                             "max_batch_events": max(args.batch, 1)})
+                                             "max_batch_events": max(args.batch, 1)}, otlp={"port": 0})
 
 
 def _bodies(requests: int, batch: int, ndjson: bool) -> list[bytes]:

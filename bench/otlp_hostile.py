@@ -58,7 +58,7 @@ def _config(data: Path) -> Config:
     # A long ack timeout: Kafka takes even a million records, so what the gateway made of a request reaches the topic.
     return load_config(environ={}, root=str(REPO), paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
                        kafka=kafka, gateway={"port": free_port(), "tokens": tokens, "producers": 2,
-                                             "ack_timeout_s": 300.0})
+                                             "ack_timeout_s": 300.0}, otlp={"port": 0})
 
 
 def _log_end(config: Config) -> int:

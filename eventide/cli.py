@@ -3,7 +3,7 @@
     eventide stack up        fetch jars, start the local Kafka broker and the embedded store, create topics, migrate
     eventide stack down      stop everything this checkout started (load, dashboard, job, store, broker)
     eventide stack status    what runs where
-    eventide demo            stack up + stream job + demo load + dashboard, in the background
+    eventide demo            stack up + stream job + demo load + gateway (OTLP on 4318) + dashboard, in the background
     eventide migrate         apply sql/ migrations to the configured store
     eventide store serve     serve the embedded chDB store over ClickHouse's HTTP interface (foreground)
     eventide job             run the stream job in the foreground (--until-idle: drain Kafka and exit;
@@ -30,8 +30,9 @@ from pathlib import Path
 from eventide import broker, cluster, jars, services
 from eventide.config import Config, ConfigError, load_config
 
-JOB, LOAD, DASHBOARD, ALERTS, STORE = "stream-job", "demo-load", "dashboard", "alerting", "store"
-_BACKGROUND = (LOAD, ALERTS, DASHBOARD, JOB, STORE)  # stopped in this order (writers before the store), then the broker
+JOB, LOAD, DASHBOARD, ALERTS, STORE, GATEWAY = "stream-job", "demo-load", "dashboard", "alerting", "store", "gateway"
+# stopped in this order (writers before the store), then the broker
+_BACKGROUND = (GATEWAY, LOAD, ALERTS, DASHBOARD, JOB, STORE)
 
 
 def _python_module(module: str, *args: str) -> list[str]:
@@ -56,6 +57,15 @@ def dashboard_argv(config: Config) -> list[str]:
 
 def dashboard_url(config: Config) -> str:
     return f"http://{config.dashboard.host}:{config.dashboard.port}"
+
+
+def gateway_url(config: Config) -> str:
+    return f"http://{config.gateway.host}:{config.gateway.port}"
+
+
+def otlp_url(config: Config) -> str:
+    """Where OpenTelemetry SDKs send: the gateway on OTLP/HTTP's standard port (``otlp.port``), else its own."""
+    return f"http://{config.gateway.host}:{config.otlp.port or config.gateway.port}"
 
 
 def stack_up(config: Config) -> None:
@@ -106,9 +116,10 @@ def stack_status(config: Config) -> int:
     print(f"store:     {redact(config.store_url)} ({kind}) {up}")
     print(f"kafka:     {config.kafka.bootstrap} ({'managed here' if config.kafka.managed else 'external'}) "
           f"{'reachable' if broker.is_reachable(config) else 'NOT reachable'}")
-    for name in (broker.SERVICE, STORE, JOB, LOAD, ALERTS, DASHBOARD):
+    for name in (broker.SERVICE, STORE, JOB, LOAD, ALERTS, GATEWAY, DASHBOARD):
         st = services.state(config, name)
-        urls = {DASHBOARD: dashboard_url(config), STORE: config.store_url}
+        urls = {DASHBOARD: dashboard_url(config), STORE: config.store_url,
+                GATEWAY: f"{gateway_url(config)} (OTLP {otlp_url(config)})"}
         where = f" {urls[name]}" if name in urls and st.running else ""
         print(f"  {name:<12} {'running' if st.running else 'stopped':<8} pid={st.pid or '-':<8} log={st.log}{where}")
     return 0
@@ -134,6 +145,7 @@ def demo(config: Config) -> None:
     for name, argv in ((JOB, _python_module("analytics.job")),
                        (LOAD, _python_module("ingest.demo_load")),
                        (ALERTS, _python_module("alerting.service")),
+                       (GATEWAY, _python_module("ingest.gateway")),
                        (DASHBOARD, dashboard_argv(config))):
         if services.state(config, name).running:
             print(f"{name} already running")
@@ -143,7 +155,11 @@ def demo(config: Config) -> None:
     url = dashboard_url(config)
     if not _wait_http(f"{url}/_stcore/health", 60):
         raise SystemExit(f"dashboard did not come up; see {services.log_file(config, DASHBOARD)}")
+    if not _wait_http(f"{gateway_url(config)}/health", 30):
+        raise SystemExit(f"gateway did not come up; see {services.log_file(config, GATEWAY)}")
     print(f"\ndashboard: {url}\n(first windows appear within a minute; stop everything with: ./run down)")
+    print(f"OpenTelemetry apps: OTEL_EXPORTER_OTLP_ENDPOINT={otlp_url(config)} with the header "
+          "Authorization: Bearer <a gateway.tokens token>")
 
 
 def cluster_command(config: Config, action: str, until_idle: bool = False) -> int:

@@ -431,6 +431,10 @@ class OtlpConfig(_Section):
     """OpenTelemetry OTLP/HTTP on the gateway (``POST /v1/logs``, ``POST /v1/metrics``): how OTLP records become v1
     envelopes (docs/ingest.md, "OpenTelemetry (OTLP/HTTP)")."""
 
+    port: int = Field(4318, ge=0, le=65535)
+    """A second port the gateway serves on (same host, same routes and tokens): OTLP/HTTP's standard port, where
+    every OpenTelemetry SDK sends by default, so ``OTEL_EXPORTER_OTLP_ENDPOINT=http://<host>:4318`` is all an app
+    needs. 0: only ``gateway.port``."""
     user_attribute: str = "enduser.id"
     """The record (else resource) attribute whose value becomes the envelope's ``user``."""
     default_device: str = "unknown"

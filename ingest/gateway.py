@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -187,16 +188,28 @@ def server_config(app: FastAPI, config: Config, **options: Any) -> uvicorn.Confi
     return uvicorn.Config(app, http=protocol, **settings)
 
 
+def listening_sockets(app: FastAPI, config: Config) -> list[socket.socket]:
+    """Sockets bound on ``gateway.host``: ``gateway.port``, and ``otlp.port`` beside it (OTLP/HTTP's standard port,
+    where OpenTelemetry SDKs send by default) unless it is 0 or the same port."""
+    ports = [config.gateway.port]
+    if config.otlp.port and config.otlp.port != config.gateway.port:
+        ports.append(config.otlp.port)
+    return [server_config(app, config, port=port).bind_socket() for port in ports]
+
+
 def serve(config: Config) -> int:
-    """Run the gateway in the foreground with uvicorn on ``gateway.host:gateway.port`` until interrupted."""
+    """Run the gateway in the foreground with uvicorn on ``gateway.host:gateway.port`` (and ``otlp.port``) until
+    interrupted."""
     try:
         app = create_app(config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"eventide gateway on http://{config.gateway.host}:{config.gateway.port} -> Kafka "
-          f"{config.kafka.bootstrap} topic {config.kafka.events_topic}", flush=True)
-    uvicorn.Server(server_config(app, config)).run()
+    sockets = listening_sockets(app, config)
+    where = ", ".join(f"http://{config.gateway.host}:{sock.getsockname()[1]}" for sock in sockets)
+    print(f"eventide gateway on {where} -> Kafka {config.kafka.bootstrap} topic {config.kafka.events_topic}",
+          flush=True)
+    uvicorn.Server(server_config(app, config)).run(sockets=sockets)
     return 0
 
 

@@ -10,7 +10,9 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,7 +39,7 @@ from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData, Pe
 from opentelemetry.sdk.resources import Resource
 
 from eventide import broker
-from eventide.config import Config, GatewayToken
+from eventide.config import Config, GatewayToken, to_environ
 from eventide.services import free_port
 from ingest.envelope import now_ms
 from ingest.gateway import create_app
@@ -179,6 +181,54 @@ def test_python_sdk_logs_reach_kafka_as_the_sdk_recorded_them(kafka: Config) -> 
         assert event["user"] == f"user-{level}"
         assert event["tags"]["sku"] == "A-1" and "enduser.id" not in event["tags"]
         assert event["sent_time"] >= event["event_time"] and event["received_time"] >= event["event_time"]
+
+
+def test_an_sdk_configured_only_by_the_standard_endpoint_variable_reaches_kafka(
+        kafka: Config, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``eventide gateway`` also serves OTLP on ``otlp.port`` (4318 by default, where every OpenTelemetry SDK sends):
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` and a token in ``OTEL_EXPORTER_OTLP_HEADERS`` are all an app sets."""
+    config = gateway_config(kafka, "otlp_standard_port", port=free_port())
+    config = config.model_copy(update={"otlp": config.otlp.model_copy(update={"port": free_port()})})
+    log = tmp_path / "gateway.log"
+    with open(log, "wb") as out:
+        gateway = subprocess.Popen([sys.executable, "-m", "eventide.cli", "gateway"], stdout=out,
+                                   stderr=subprocess.STDOUT, env={**os.environ, **to_environ(config)})
+    try:
+        for port in (config.gateway.port, config.otlp.port):     # the same gateway on both ports
+            deadline = time.monotonic() + 60
+            while not _healthy(port):
+                assert gateway.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{config.otlp.port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"Authorization=Bearer {TOKEN}")
+        exporter = RecordingLogExporter()
+        provider = LoggerProvider(resource=Resource.create({"service.name": "billing", "host.name": "box-9"}))
+        provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+        logger = logging.getLogger("billing.invoices")
+        logger.propagate = False
+        handler = LoggingHandler(level=logging.INFO, logger_provider=provider)
+        logger.addHandler(handler)
+        try:
+            logger.warning("invoice 42 sent through the standard port")
+            provider.force_flush()
+        finally:
+            logger.removeHandler(handler)
+            provider.shutdown()
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=30)
+    assert [r.name for r in exporter.results] == ["SUCCESS"], log.read_text()
+    [event] = events(config)
+    assert (event["app"], event["device"], event["name"], event["level"], event["message"]) == \
+        ("billing", "box-9", "billing.invoices", "warning", "invoice 42 sent through the standard port")
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 DEFAULT_BOUNDS = (0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0, 7500.0,
