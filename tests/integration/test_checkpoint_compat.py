@@ -8,6 +8,7 @@ topics, store and checkpoints.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,9 +39,17 @@ def previous_tree(target: Path) -> Path:
 
 def run_previous_job(tree: Path, environ: dict[str, str]) -> None:
     """``python -m analytics.job --until-idle`` of the previous version: its own modules first on the path."""
-    known = (tree / "eventide" / "config.py").read_text()
-    # The previous configuration model refuses settings it does not know (those added since).
-    env = {k: v for k, v in environ.items() if k.split("__")[-1].lower() in known}
+    # The previous configuration model refuses settings it does not know (those added since): only the fields its own
+    # sections declare are passed (a field name alone is not enough: `dashboard.password` came after `store.password`).
+    known = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json\nfrom eventide.config import Config\n"
+         "print(json.dumps({n: list(getattr(f.annotation, 'model_fields', {}))\n"
+         "                  for n, f in Config.model_fields.items()}))"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True).stdout)
+    prefix = "EVENTIDE_"
+    env = {k: v for k, v in environ.items()
+           if k.startswith(prefix) and "__" in k
+           and k[len(prefix):].split("__", 1)[1].lower() in known.get(k[len(prefix):].split("__", 1)[0].lower(), [])}
     done = subprocess.run([sys.executable, "-m", "analytics.job", "--until-idle"], cwd=tree,
                           env={**os.environ, **env, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
                           timeout=600)
