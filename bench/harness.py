@@ -224,7 +224,8 @@ def cpu_seconds() -> float:
 JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")   # as jit_cpu_s always counted
 # the collector and the JVM's own housekeeping (code cache sweeper, periodic tasks): they serve both sides
 GC_THREADS = ("GC Thread", "ParGC Thread", "G1 ", "VM Thread", "VM Periodic Tas", "Sweeper thread", "Service Thread")
-EXECUTOR_THREADS = ("Executor task l",     # Spark's task threads: "Executor task launch worker for task ..."
+EXECUTOR_THREADS = ("Executor task ",      # Spark's task threads: "Executor task launch worker for task ..." (4.1
+                    # and 4.2); 4.2 runs tasks in threads named "Executor task i..." as well, counted as driver before
                     "rocksdb:", "state-store-mai", "kafka-fetched-d", "executor-heartb", "executor-kill-m",
                     "stateConnection")      # the state server a task runs for its Python stateful processor
 
