@@ -149,6 +149,15 @@ def _committed_count(config: Config) -> int:
     return len(broker.read_committed(config, timeout_s=120))
 
 
+def start_gateway(config: Config, log: Path) -> subprocess.Popen[bytes]:
+    """``python -m ingest.gateway`` over ``config`` (its output in ``log``), once it answers ``/health``."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ingest.gateway"], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **to_environ(config)}, cwd=REPO)
+    wait_gateway_healthy(config.gateway.port, proc, log)
+    return proc
+
+
 def wait_gateway_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:
     """Returns once the gateway on ``port`` answers ``/health``; exits with its log's tail if it dies or hangs."""
     deadline = time.monotonic() + timeout_s
@@ -184,11 +193,8 @@ def main() -> None:
     try:
         broker.ensure_topics(config)
         log = data / "gateway.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "ingest.gateway"], stdout=out, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **to_environ(config)}, cwd=REPO)
+        proc = start_gateway(config, log)
         port = config.gateway.port
-        wait_gateway_healthy(port, proc, log)
         warm_up = _bodies(8, args.batch, args.ndjson)
         bodies = _bodies(args.requests, args.batch, args.ndjson)
         _post_all(port, warm_up, args.clients, args.ndjson)

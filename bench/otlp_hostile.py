@@ -26,7 +26,6 @@ import http.client
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -37,9 +36,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from bench.gateway_throughput import wait_gateway_healthy
+from bench.gateway_throughput import start_gateway
 from eventide import broker
-from eventide.config import Config, load_config, to_environ
+from eventide.config import Config, load_config
 from eventide.services import free_port
 from ingest.envelope import now_ms
 
@@ -140,11 +139,8 @@ def main() -> None:
     try:
         broker.ensure_topics(config)
         log = data / "gateway.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "ingest.gateway"], stdout=out, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **to_environ(config)}, cwd=REPO)
+        proc = start_gateway(config, log)
         port = config.gateway.port
-        wait_gateway_healthy(port, proc, log)
         on_topic = 0
         for kind in args.kinds.split(","):
             if kind == "empty":
