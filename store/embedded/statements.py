@@ -130,11 +130,3 @@ def _utf8(text: bytes) -> str:
         return text.decode()
     except UnicodeDecodeError:
         raise StoreError.of(36, "BAD_ARGUMENTS", "Query is not valid UTF-8") from None
-
-
-def explicit_format(text: str) -> str | None:
-    """The statement's trailing ``FORMAT <name>``, if any (string methods only: linear in the text)."""
-    parts = text.rstrip().rstrip(";").rsplit(None, 2)
-    if len(parts) >= 2 and parts[-2].upper() == "FORMAT" and SETTING_NAME.fullmatch(parts[-1]):
-        return parts[-1]
-    return None

@@ -494,11 +494,10 @@ HOSTILE_TEXTS = {
 
 def _scan_seconds(text: bytes) -> float:
     from store.embedded.errors import _error_code
-    from store.embedded.statements import explicit_format, split_insert
+    from store.embedded.statements import split_insert
 
     started = time.perf_counter()
     split_insert(text)
-    explicit_format(text.decode())
     _error_code("Code: 62. DB::Exception: " + text.decode() + " (SYNTAX_ERROR)")
     return time.perf_counter() - started
 
