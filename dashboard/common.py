@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pandas as pd
 import plotly.express as px
@@ -22,6 +23,7 @@ from dashboard.log_search import naive_utc
 from eventide.config import Config, ConfigError, load_config
 from eventide.redaction import scrub_url, url_origin
 from store.client import StoreUnavailable, connect
+from store.pipeline import last_batches
 
 T = TypeVar("T")
 
@@ -226,9 +228,127 @@ def start_page(title: str, note: str | Callable[[Config], str] | None = None) ->
     return config, minutes
 
 
+# Refresh and freshness -------------------------------------------------------------------------------------------
+
+REFRESH_CHOICES_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+"""What the sidebar's "Refresh every" offers, besides the configured ``dashboard.refresh_s`` and "off"."""
+REFRESH_STATE = "refresh_s"
+"""The session's chosen interval (None: off). Not the widget's own key: a widget's state is dropped on a page
+switch, and the choice must survive it."""
+REFRESH_PARAM = "refresh"
+"""The choice in the URL: ``?refresh=2`` or ``?refresh=off``, so a link opens with it."""
+
+
+def refresh_options(config: Config) -> list[float | None]:
+    """The intervals a user may pick, shortest first, then None ("off"). Only these: a URL cannot ask the server for
+    a refresh every millisecond."""
+    return [*sorted({*REFRESH_CHOICES_S, float(config.dashboard.refresh_s)}), None]
+
+
+def refresh_label(interval_s: float | None) -> str:
+    """An interval as the sidebar and the freshness line show it: ``2 s``, ``off``."""
+    return "off" if interval_s is None else f"{interval_s:g} s"
+
+
+def parse_refresh(param: str | None, options: Sequence[float | None], default: float) -> float | None:
+    """The interval a ``?refresh=`` value names, if it is one of ``options``; otherwise ``default``."""
+    if param == refresh_label(None):
+        return None
+    try:
+        wanted = float(param) if param is not None else default
+    except ValueError:
+        return default
+    return wanted if wanted in options else default
+
+
+def refresh_interval(config: Config) -> float | None:
+    """The sidebar's "Refresh every" picker: seconds between refreshes of the page's charts, None when off.
+
+    Starts at the URL's ``?refresh=``, else ``dashboard.refresh_s``; the choice is kept for the session (every page
+    uses it) and written back to the URL."""
+    options = refresh_options(config)
+    if st.session_state.get(REFRESH_STATE, -1) not in options:
+        st.session_state[REFRESH_STATE] = parse_refresh(st.query_params.get(REFRESH_PARAM), options,
+                                                        float(config.dashboard.refresh_s))
+    # Labels, not the intervals: "off" as a None option would read as "nothing selected". A keyed widget's identity
+    # is its key (and page), so on a later run of the page it keeps what the user picked whatever the index says;
+    # the index only places a new page's picker on the session's choice.
+    labels = [refresh_label(o) for o in options]
+    label = st.sidebar.selectbox("Refresh every", labels, index=options.index(st.session_state[REFRESH_STATE]),
+                                 key=f"url_{REFRESH_PARAM}",
+                                 help="How often the charts reload in place; off: only when the page is used")
+    interval = options[labels.index(label)]
+    st.session_state[REFRESH_STATE] = interval
+    st.query_params[REFRESH_PARAM] = refresh_label(interval).removesuffix(" s")
+    return interval
+
+
 def refreshing(config: Config) -> Callable[[Callable[[], None]], Callable[[], None]]:
-    """Decorator: the page part that re-runs every ``dashboard.refresh_s`` (a Streamlit fragment)."""
-    return st.fragment(run_every=timedelta(seconds=config.dashboard.refresh_s))
+    """Decorator: the page part that re-runs in place (a Streamlit fragment) at the interval of the sidebar's
+    "Refresh every" (drawn here), never when it is off. Changing it re-runs the page, which registers the fragment
+    again with the new interval (the browser drops the old timer on a full run)."""
+    interval = refresh_interval(config)
+    return st.fragment(run_every=timedelta(seconds=interval) if interval is not None else None)
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """What a page says about how current its data is."""
+
+    text: str
+    """One line: "data as of 10:42:07 UTC · 3 s behind · refreshes every 2 s", or why there is nothing."""
+    level: Literal["fresh", "stale", "none"]
+    """``fresh``: a caption; ``stale``: a warning (older than the threshold, or a query with no batch yet);
+    ``none``: no query the page reads has stored a batch."""
+
+
+def age_text(seconds: float) -> str:
+    """A duration as a reader takes it in at a glance: ``3 s``, ``4 min``, ``2 h``, ``3 d`` (whole units)."""
+    seconds = max(0.0, seconds)
+    for unit, length in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= 2 * length:
+            return f"{seconds // length:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def freshness(now: datetime, batches: Mapping[str, datetime], queries: Sequence[str], stale_after_s: float,
+              refresh_s: float | None) -> Freshness:
+    """How fresh a page's data is at ``now``: as of the oldest of the newest batches (``batches``: when each query's
+    last batch was stored, :func:`store.pipeline.last_batches`) of the ``queries`` the page reads; stale once that
+    is more than ``stale_after_s`` old; ``refresh_s``: the page's refresh interval (None: off)."""
+    refresh = "refresh off" if refresh_s is None else f"refreshes every {refresh_label(refresh_s)}"
+    stored = [batches[q] for q in queries if q in batches]
+    if not stored:
+        return Freshness(f"No batch stored yet: is the stream job running? (`./run demo` starts it; its first "
+                         f"batch lands once events arrive) · {refresh}", "none")
+    oldest = min(stored)
+    shown = oldest.astimezone(UTC)
+    when = shown.strftime("%H:%M:%S" if shown.date() == now.astimezone(UTC).date() else "%Y-%m-%d %H:%M:%S")
+    age = (now - oldest).total_seconds()
+    line = f"data as of {when} UTC · {age_text(age)} behind · {refresh}"
+    if missing := [q for q in queries if q not in batches]:
+        return Freshness(f"{line} · no batch of {', '.join(missing)} stored yet: is the stream job running?",
+                         "stale")
+    if age > stale_after_s:
+        return Freshness(f"Stale: {line} · no newer batch for over {age_text(stale_after_s)}: is the stream job "
+                         "running, and are events arriving?", "stale")
+    return Freshness(line, "fresh")
+
+
+def stale_after_s(config: Config) -> float:
+    """How old the newest batch of a page's queries may get before the page calls its data stale:
+    ``dashboard.stale_after_triggers`` trigger intervals of the job."""
+    return config.stream.trigger_interval_s * config.dashboard.stale_after_triggers
+
+
+def show_freshness(config: Config, *queries: str) -> None:
+    """The page's freshness line (:func:`freshness`) for the stream ``queries`` it reads (names as in
+    ``store.pipeline``); call it first in the page's refreshing fragment, so it updates in place."""
+    batches = fetch(config, batches=last_batches)["batches"]
+    line = freshness(datetime.now(UTC), batches, queries, stale_after_s(config),
+                     st.session_state.get(REFRESH_STATE, config.dashboard.refresh_s))
+    show = {"fresh": st.caption, "stale": st.warning, "none": st.info}[line.level]
+    show(line.text)
 
 
 def bucket_seconds(client: Client, minutes: int) -> tuple[list[int], int]:

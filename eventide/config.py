@@ -511,7 +511,12 @@ class AlertingConfig(_Section):
 class DashboardConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8501, ge=1, le=65535)
-    refresh_s: float = Field(5.0, gt=0)
+    refresh_s: float = Field(2.0, gt=0)
+    """How often a page's charts refresh in place (a Streamlit fragment), until the sidebar's "Refresh every"
+    picks another interval for the session."""
+    stale_after_triggers: int = Field(3, ge=1)
+    """A page's "data as of" line turns into a stale warning once the newest batch of the queries it reads is older
+    than this many ``stream.trigger_interval_s``."""
     default_range_minutes: int = Field(15, ge=1)
     log_lines_per_page: int = Field(100, ge=1, le=10_000)
     """Logs page: the lines a search shows first (newest first), and how many more each "Load more" adds."""

@@ -13,8 +13,15 @@ from confluent_kafka import Consumer, TopicPartition
 
 from eventide.config import Config
 
+# The stream job's queries, named as analytics.vocabulary names them (the store sits below the job, so it cannot
+# import them; tests/unit/test_freshness.py checks the two lists agree).
+ACCEPT_QUERY = "accept"
+"""Reads Kafka: writes ``logs``, dead letters, duplicates, device clocks and records lost to retention."""
 WINDOWS_QUERY = "windows"
-"""The query whose watermark decides which tumbling/hopping windows are final."""
+"""The query whose watermark decides which tumbling/hopping windows are final (also stragglers, corrections)."""
+KEYED_WINDOWS_QUERY = "keyed_windows"
+"""Sliding windows and sessions (and their stragglers)."""
+QUERIES = (ACCEPT_QUERY, WINDOWS_QUERY, KEYED_WINDOWS_QUERY)
 
 
 def watermarks(client: Client) -> dict[str, datetime]:
@@ -22,6 +29,14 @@ def watermarks(client: Client) -> dict[str, datetime]:
     rows = client.query("SELECT query_name, watermark FROM query_watermarks").result_rows
     marks = {name: mark.replace(tzinfo=UTC) for name, mark in rows if mark is not None}
     return {name: mark for name, mark in marks.items() if mark.timestamp() > 0}
+
+
+def last_batches(client: Client) -> dict[str, datetime]:
+    """When each streaming query's newest micro-batch was stored (the ``recorded_at`` of its latest progress row,
+    written once the batch's results were in the store), by query name; a query that stored none is left out."""
+    rows = client.query("SELECT query_name, recorded_at FROM query_watermarks").result_rows
+    times = {name: at.replace(tzinfo=UTC) for name, at in rows if at is not None}
+    return {name: at for name, at in times.items() if at.timestamp() > 0}
 
 
 def processed_offsets(client: Client, topic: str, query: str = WINDOWS_QUERY) -> dict[int, int]:

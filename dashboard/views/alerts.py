@@ -13,6 +13,7 @@ from alerting.rules import AlertRule, load_rules
 from dashboard import common, log_search, queries
 from eventide.config import ConfigError
 from eventide.redaction import scrub_url
+from store import pipeline
 
 STATE_COLOURS = {"firing": "#d62728", "pending": "#ff7f0e", "resolved": "#2ca02c", "ok": "#7f7f7f"}
 
@@ -27,6 +28,7 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
+        common.show_freshness(config, pipeline.WINDOWS_QUERY)     # the evaluator reads its windows
         since, until = common.last(minutes)
         data = common.fetch(config, states=queries.alert_states,
                             history=lambda c: queries.alert_history(c, since, until),

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import common, queries
+from store import pipeline
 from store.range_query import SeriesKey
 
 
@@ -40,6 +41,7 @@ def page() -> None:
         chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
         hopping = catalog.hopping.get(chosen, [])
     if not series:
+        common.show_freshness(config, pipeline.WINDOWS_QUERY)
         st.info(f"No windows yet in {common.store_origin(config)}. Start the job and send events (`./run demo`); "
                 "the first windows appear once a micro-batch has run.")
         return
@@ -56,6 +58,7 @@ def page() -> None:
 
     @common.refreshing(config)
     def charts() -> None:
+        common.show_freshness(config, pipeline.KEYED_WINDOWS_QUERY if kind == "sliding" else pipeline.WINDOWS_QUERY)
         since, until = span = common.last(minutes)
         with common.store(config) as client:
             if kind == "tumbling":
@@ -87,8 +90,7 @@ def page() -> None:
                         width="stretch")
         if kind == "tumbling":
             source = "stored windows" if resolution_s * 1000 in lengths else "merged sketches"
-            st.caption(f"{len(df)} buckets of {resolution_s} s ({source}) · "
-                       f"refreshes every {config.dashboard.refresh_s:g} s")
+            st.caption(f"{len(df)} buckets of {resolution_s} s ({source})")
         else:
             st.caption(f"{len(df)} hopping windows of {spec[0] // 1000} s every {spec[1] // 1000} s "
                        "(each window's own sketches)")

@@ -19,6 +19,7 @@ import streamlit as st
 from dashboard import common, log_search, queries
 from dashboard.log_search import LogQuery
 from ingest.envelope import LEVELS
+from store import pipeline
 
 LEVEL_COLOURS = {"debug": "#9edae5", "info": "#1f77b4", "warning": "#ff7f0e", "error": "#d62728",
                  "critical": "#7b1fa2"}
@@ -44,6 +45,7 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
+        common.show_freshness(config, *pipeline.QUERIES)      # lines (accept), their windows and sliding windows
         since, until = span()
         with common.store(config) as client:
             lengths, resolution = common.bucket_seconds(client, range_minutes)

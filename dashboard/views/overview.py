@@ -21,6 +21,7 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
+        common.show_freshness(config, *pipeline.QUERIES)     # windows, and accept's dead letters and duplicates
         since, until = common.last(minutes)
         with common.store(config) as client:
             lengths, resolution = common.bucket_seconds(client, minutes)
@@ -95,8 +96,7 @@ def page() -> None:
         if not firing.empty:
             st.subheader("Alerts firing")
             st.dataframe(firing, hide_index=True, width="stretch")
-        st.caption(f"buckets of {resolution} s · refreshes every {config.dashboard.refresh_s:g} s · click a point "
-                   "of the error chart to read its lines")
+        st.caption(f"buckets of {resolution} s · click a point of the error chart to read its lines")
 
     live()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import common, queries
+from store import pipeline
 
 
 def page() -> None:
@@ -12,6 +13,7 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
+        common.show_freshness(config, pipeline.KEYED_WINDOWS_QUERY)
         since, until = common.last(minutes)
         with common.store(config) as client:
             _, resolution = common.bucket_seconds(client, minutes)

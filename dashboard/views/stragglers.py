@@ -11,6 +11,7 @@ import plotly.express as px
 import streamlit as st
 
 from dashboard import common, queries
+from store import pipeline
 
 
 def page() -> None:
@@ -19,6 +20,7 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
+        common.show_freshness(config, *pipeline.QUERIES)     # stragglers of every window kind, accept's clocks
         since, until = common.last(minutes)
         with common.store(config) as client:
             _, resolution = common.bucket_seconds(client, minutes)

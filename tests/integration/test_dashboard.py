@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -494,3 +495,97 @@ def test_explorer_buckets_of_the_stored_length_are_the_windows_and_coarser_ones_
     assert merged["rate"].tolist() == [0.25]
     assert not windows["final"].any() and not merged["final"].any()     # no watermark recorded yet
     assert [*windows["window_start"], *merged["window_start"]] == [now, now + timedelta(seconds=10), now]
+
+
+# Freshness and refresh -------------------------------------------------------------------------------------------
+# Every page says how current its data is ("data as of <when the last batch was stored> · N s behind"), inside the
+# fragment that refreshes in place, at the interval the sidebar's "Refresh every" picks (default dashboard.refresh_s).
+
+VIEWS = REPO / "dashboard" / "views"
+PAGES = ("overview", "explorer", "logs", "sessions", "stragglers", "alerts")
+SESSIONS_PAGE = str(VIEWS / "sessions.py")
+
+
+def _batches_stored(config, recorded_at: datetime, queries=("accept", "windows", "keyed_windows")) -> None:
+    from tests.support import dashboard_data as data
+
+    with connect(config) as client:
+        data.insert_rows(client, "pipeline_progress", [
+            data.progress(recorded_at - timedelta(seconds=30), query_name=q, recorded_at=recorded_at)
+            for q in queries])
+
+
+def _freshness_lines(at: AppTest) -> list[str]:
+    return [c.value for c in at.caption if c.value.startswith("data as of")]
+
+
+def test_every_page_says_its_data_is_as_of_the_stored_batch_and_how_far_behind(store):
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    stored = now - timedelta(seconds=4)
+    _batches_stored(store, stored)
+    with connect(store) as client:       # a series, so the explorer gets past "no windows yet" to its charts
+        client.insert("window_aggregates", [[*_window(now - timedelta(seconds=10 * now.second // 10), 5, 2.0), 1,
+                                             now]], column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+    for name in PAGES:
+        at = AppTest.from_file(str(VIEWS / f"{name}.py"), default_timeout=30).run()
+        assert not at.exception, name
+        [line] = _freshness_lines(at)
+        assert line.startswith(f"data as of {stored:%H:%M:%S} UTC · "), (name, line)
+        behind = int(line.split(" · ")[1].removesuffix(" s behind"))
+        assert 4 <= behind < 60, (name, line)
+        assert line.endswith(" · refreshes every 2 s"), (name, line)
+        assert not at.warning and not [i for i in at.info if "No batch stored yet" in i.value], name
+
+
+def test_a_page_before_the_job_stored_any_batch_says_so(store):
+    at = AppTest.from_file(SESSIONS_PAGE, default_timeout=30).run()
+    assert not at.exception and not _freshness_lines(at)
+    assert [i.value for i in at.info if i.value.startswith("No batch stored yet: is the stream job running?")]
+
+
+def test_a_last_batch_older_than_three_trigger_intervals_is_a_stale_warning(store):
+    stored = datetime.now(UTC).replace(microsecond=0, tzinfo=None) - timedelta(minutes=10)
+    _batches_stored(store, stored, ("keyed_windows",))
+    at = AppTest.from_file(SESSIONS_PAGE, default_timeout=30).run()
+    assert not at.exception and not _freshness_lines(at)
+    [warning] = [w.value for w in at.warning]
+    assert warning.startswith(f"Stale: data as of {stored:%H:%M:%S} UTC · 10 min behind")
+    assert f"no newer batch for over {3 * store.stream.trigger_interval_s:g} s" in warning
+
+
+@pytest.fixture
+def served_on_loopback() -> Iterator[None]:
+    """The whole app (``app.py``) as ``eventide dashboard`` serves it: on loopback, where no sign-in is asked."""
+    from streamlit import config as streamlit_config
+
+    before = streamlit_config.get_option("server.address")
+    streamlit_config.set_option("server.address", "127.0.0.1")
+    yield
+    streamlit_config.set_option("server.address", before)
+
+
+def test_the_refresh_interval_is_picked_in_the_sidebar_kept_in_the_url_and_across_pages(store, served_on_loopback):
+    _batches_stored(store, datetime.now(UTC).replace(microsecond=0, tzinfo=None))
+    at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=30).run()
+    assert not at.exception
+    picker = at.sidebar.selectbox(key="url_refresh")
+    assert picker.value == "2 s" and at.query_params["refresh"] == "2"           # dashboard.refresh_s
+    assert picker.options == ["1 s", "2 s", "5 s", "10 s", "30 s", "off"]
+    picker.set_value("10 s").run()
+    assert _freshness_lines(at)[0].endswith(" · refreshes every 10 s") and at.query_params["refresh"] == "10"
+    at.switch_page("views/sessions.py").run()
+    assert at.sidebar.selectbox(key="url_refresh").value == "10 s"              # the session's choice
+    assert _freshness_lines(at)[0].endswith(" · refreshes every 10 s")
+    at.sidebar.selectbox(key="url_refresh").set_value("off").run()
+    assert _freshness_lines(at)[0].endswith(" · refresh off") and at.query_params["refresh"] == "off"
+
+
+def test_a_link_with_a_refresh_interval_opens_with_it_and_an_unoffered_one_is_ignored(store):
+    at = AppTest.from_file(SESSIONS_PAGE, default_timeout=30)
+    at.query_params["refresh"] = "30"
+    at.run()
+    assert at.sidebar.selectbox(key="url_refresh").value == "30 s"
+    hostile = AppTest.from_file(SESSIONS_PAGE, default_timeout=30)
+    hostile.query_params["refresh"] = "0.001"          # a refresh every millisecond would load the server
+    hostile.run()
+    assert not hostile.exception and hostile.sidebar.selectbox(key="url_refresh").value == "2 s"
