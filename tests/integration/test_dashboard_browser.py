@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 import pytest
-from playwright.sync_api import BrowserContext
+from playwright.sync_api import BrowserContext, Page
 
 from eventide.config import load_config
 from store.migrations import apply_migrations
@@ -44,33 +45,49 @@ PAGES = {
 }
 
 
+@dataclass(frozen=True)
+class Served:
+    url: str
+    batch_stored: datetime
+    """When the populated store's last batch was stored (naive UTC): what every page's freshness line shows."""
+
+
 @pytest.fixture(scope="module")
-def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Iterator[str]:
+def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Iterator[Served]:
     """The dashboard over a freshly populated store."""
     root = tmp_path_factory.mktemp("dashboard-browser")
-    # Charts must not re-run under the browser mid-assertion: one refresh an hour is "never" for this test.
+    # Charts must not re-run under the browser mid-assertion: one refresh an hour is "never" for this test. And a
+    # job with an hourly trigger, so the one stored batch reads fresh, not stale, however long the test takes.
     config = load_config(environ={}, root=str(root), store={"url": store_url, "database": own_database("browser")},
-                         dashboard={"refresh_s": 3600})
+                         dashboard={"refresh_s": 3600}, stream={"trigger_interval_s": 3600})
     apply_migrations(config)
-    populate(config)
+    stored = populate(config)
     with serving(root, config) as url:
-        yield url
+        yield Served(url, stored)
+
+
+def freshness_lines(page: Page) -> list[str]:
+    return [t for t in texts(page, '[data-testid="stCaptionContainer"]') if t.startswith("data as of")]
 
 
 @pytest.mark.parametrize("path", list(PAGES))
-def test_page_renders_its_charts_in_chromium(browser: BrowserContext, dashboard: str, path: str) -> None:
+def test_page_renders_its_charts_in_chromium(browser: BrowserContext, dashboard: Served, path: str) -> None:
     spec = PAGES[path]
     page = browser.new_page()
     page_errors: list[str] = []
     page.on("pageerror", lambda exc: page_errors.append(str(exc)))
     try:
-        page.goto(f"{dashboard}/{'' if spec.root else path}" + (f"?minutes={spec.minutes}" if spec.minutes else ""))
+        page.goto(f"{dashboard.url}/{'' if spec.root else path}"
+                  + (f"?minutes={spec.minutes}" if spec.minutes else ""))
         settle(page)
         shot = screenshot(page, path)      # before asserting, so a failure leaves its picture behind
         if spec.minutes:     # a shared link keeps its time range: in the URL and on the slider
             assert f"minutes={spec.minutes}" in page.url, page.url
             assert texts(page, '[data-testid="stSliderThumbValue"]') == [str(spec.minutes)], shot
         assert texts(page, "h1") [:1] == [spec.title], f"{path} routed to the wrong page ({shot})"
+        [line] = freshness_lines(page)       # how current the page's data is, under its title
+        assert line.startswith(f"data as of {dashboard.batch_stored:%H:%M:%S} UTC · "), (line, shot)
+        assert line.endswith(" behind · refreshes every 3600 s"), (line, shot)
         assert page.get_by_text("Page not found").count() == 0, f"{path} is not where the app serves it ({shot})"
         # The app's own navigation (st.navigation titles), not Streamlit's automatic listing of a pages/ folder.
         assert texts(page, '[data-testid="stSidebarNavLink"]') == [p.title for p in PAGES.values()], shot
@@ -82,5 +99,34 @@ def test_page_renders_its_charts_in_chromium(browser: BrowserContext, dashboard:
         drawn = page.evaluate(DRAWN_CHARTS)
         infos = texts(page, '[data-testid="stAlertContentInfo"]')
         assert drawn >= spec.charts, f"{path}: {drawn} charts drawn, want ≥ {spec.charts}; notes: {infos} ({shot})"
+    finally:
+        page.close()
+
+
+def test_the_charts_refresh_in_place_at_the_interval_a_link_picks(browser: BrowserContext, dashboard: Served) -> None:
+    """The server's config refreshes hourly; ``?refresh=1`` sets the sidebar's "Refresh every" to 1 s, and the
+    page's fragment then re-runs every second on its own: its freshness line moves on ("N s behind" grows) while
+    the reader's scroll position stays where it was."""
+    page = browser.new_page()
+    try:
+        page.goto(f"{dashboard.url}/stragglers?refresh=1")
+        # Not settle(): a page that re-runs a part every second never holds still for it.
+        page.locator('[data-testid="stCaptionContainer"]', has_text="data as of").wait_for(timeout=30_000)
+        page.wait_for_function(f"() => ({DRAWN_CHARTS})() >= {PAGES['stragglers'].charts}", timeout=30_000)
+        # No screenshot: it grows the viewport to the whole page, which then no longer scrolls.
+        assert "refresh=1" in page.url, page.url
+        [first] = freshness_lines(page)
+        assert first.endswith(" behind · refreshes every 1 s"), first
+        scroller = """() => [...document.querySelectorAll('[data-testid="stMain"], [data-testid="stAppViewContainer"]')]
+                               .find(e => e.scrollHeight > e.clientHeight)"""
+        scrolled = page.evaluate(f"() => {{ const e = ({scroller})(); e.scrollTop = 300; return e.scrollTop; }}")
+        assert scrolled > 0, "the page is too short to scroll"
+        page.wait_for_function("""first => [...document.querySelectorAll('[data-testid="stCaptionContainer"]')]
+                                  .some(e => e.innerText.startsWith("data as of") && e.innerText.trim() !== first)""",
+                               arg=first, timeout=10_000)
+        [later] = freshness_lines(page)
+        behind = [int(line.split(" · ")[1].removesuffix(" s behind")) for line in (first, later)]
+        assert behind[1] > behind[0], (first, later)
+        assert page.evaluate(f"() => ({scroller})().scrollTop") == scrolled, "a refresh lost the scroll position"
     finally:
         page.close()

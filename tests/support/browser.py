@@ -59,8 +59,9 @@ threshold = 10
 """
 
 
-def populate(config: Config) -> None:
-    """The last ten minutes of a small two-app deployment, in every table a page reads."""
+def populate(config: Config) -> datetime:
+    """The last ten minutes of a small two-app deployment, in every table a page reads; returns when its last batch
+    (of each of the job's queries) was stored, naive UTC."""
     now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
     grid = now - timedelta(seconds=now.second % 10)      # windows start on the 10 s grid, as the job writes them
     windows = []
@@ -103,12 +104,15 @@ def populate(config: Config) -> None:
         data.insert_rows(client, "stragglers", stragglers)
         data.insert_rows(client, "corrections", corrections)
         data.insert_rows(client, "dead_letters", dead)
-        data.insert_rows(client, "pipeline_progress", [data.progress(now - timedelta(seconds=40))])
+        data.insert_rows(client, "pipeline_progress", [data.progress(now - timedelta(seconds=40), query_name=query,
+                                                                     recorded_at=now)
+                                                       for query in ("accept", "windows", "keyed_windows")])
         data.insert_rows(client, "sessions", sessions)
         data.insert_rows(client, "sliding_windows", slides)
         data.insert_rows(client, "device_clocks", clocks)
         data.insert_rows(client, "alert_states", states)
         data.insert_rows(client, "alert_transitions", transitions)
+    return now
 
 
 @contextmanager
