@@ -18,7 +18,9 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 - ``peer``: Quix Streams computing 1-s tumbling count + mean per series (``bench.quix_peer``, own process), and
   ``ours_peer``: our job configured for that same single tumbling window (the windows query alone);
 - ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
-  trigger; per event, (end of the windows-query batch that stored it − its Kafka receive time), p50 / p95 / max.
+  triggers; per event and per query, (end of the micro-batch that took it − its Kafka receive time), p50 / p95 / max
+  and p95 by minute: ``log_line`` (accept: its log line searchable), ``tumbling_row`` (windows: its window rows),
+  ``sliding_or_session_processed`` (keyed_windows); and the machine's CPU per event and per accept batch.
 
 Every drain also reports ``driver``: CPU per event of the driver (its Python process, this one, and the JVM's
 driver-side threads) apart from the executor's (task threads, Python workers), the JIT's and the collector's, which
@@ -58,8 +60,8 @@ from analytics.vocabulary import ACCEPT_QUERY
 from bench.harness import (
     REPO,
     Load,
+    Spent,
     bench_config,
-    cpu_seconds,
     drain,
     drain_alone,
     drain_live,
@@ -75,6 +77,7 @@ from bench.harness import (
     stack,
     stage_breakdown,
     stored_summary,
+    topic_end_offsets,
 )
 from eventide import broker
 from eventide.config import Config
@@ -122,26 +125,61 @@ def receive_times(config: Config) -> dict[int, Any]:
     return out
 
 
-def _kafka_offsets(config: Config, value: Any) -> dict[str, Any]:
-    """The events-topic offsets a ``windows`` progress report's source offset (a position in the accepted-events
-    log, None before the first batch) stands for."""
+def _kafka_offsets(config: Config, query: str, value: Any) -> dict[str, Any]:
+    """The events-topic offsets a progress report's source offset stands for: ``accept`` reports Kafka offsets
+    themselves; a reader reports a position in the accepted-events log (None before its first batch), which stands
+    for the Kafka offsets of the newest accept batch it has read."""
     from analytics import accepted_log
-    from analytics.vocabulary import WINDOWS_QUERY
 
     if not value:
         return {}
-    log_offset = int((json.loads(value) if isinstance(value, str) else value).get("logOffset", -1))
-    return accepted_log.kafka_offsets_reached(config, config.checkpoint_dir / WINDOWS_QUERY, log_offset)
+    parsed = json.loads(value) if isinstance(value, str) else value
+    if query == ACCEPT_QUERY:
+        return parsed
+    return accepted_log.kafka_offsets_reached(config, config.checkpoint_dir / query,
+                                              int(parsed.get("logOffset", -1)))
+
+
+FRESHNESS_OF = {ACCEPT_QUERY: "log_line", "windows": "tumbling_row", "keyed_windows": "sliding_or_session_processed"}
+"""What the end of each query's micro-batch makes visible in the store: ``accept`` writes every accepted log line
+(``logs``) from its tasks; ``windows`` writes the tumbling and hopping rows (early results, then corrections) an
+event counts in; ``keyed_windows`` has taken the event into its sliding windows and sessions by then and written
+every row the event completed (a sliding or session row itself appears only once final: its window or gap over)."""
+
+
+def _latencies(config: Config, query: str, batches: list[tuple[int, str, int, dict[str, Any]]],
+               stamps: dict[int, Any], t0: float) -> dict[str, Any]:
+    """Per event: the end of ``query``'s micro-batch that took it minus its Kafka receive time (s); p50 / p95 / max,
+    and p95 by minute of the run (a lag that grows shows there)."""
+    import numpy as np
+
+    latencies, minutes = [], []
+    for _, ts, duration, source in sorted(batches, key=lambda b: b[0]):
+        end_ms = int(np.datetime64(ts.rstrip("Z"), "ms").astype(np.int64)) + duration
+        start = _kafka_offsets(config, query, source["startOffset"])
+        end = _kafka_offsets(config, query, source["endOffset"])
+        for partition, offsets in end.get(config.kafka.events_topic, {}).items():
+            lo = start.get(config.kafka.events_topic, {}).get(partition, 0)
+            received = stamps[int(partition)][lo:offsets]
+            if len(received):
+                latencies.append(end_ms - received)
+                minutes.append(np.full(len(received), (end_ms // 1000 - t0) // 60))
+    if not latencies:
+        return {"events": 0}
+    lat = np.concatenate(latencies) / 1000.0
+    minute = np.concatenate(minutes)
+    per_minute = {int(m): round(float(np.percentile(lat[minute == m], 95)), 2) for m in np.unique(minute)}
+    return {"events": len(lat), "p50_s": round(float(np.percentile(lat, 50)), 2),
+            "p95_s": round(float(np.percentile(lat, 95)), 2), "max_s": round(float(lat.max()), 2),
+            "p95_by_minute_s": per_minute}
 
 
 def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str, Any]:
-    """The job (every query, processing-time trigger) under a live load: per event, the end of the ``windows``
-    batch that stored it minus its receive time; also how that moves from the first to the last minute."""
-    import numpy as np
-
+    """The job (every query, processing-time trigger) under a live load at ``rate`` events/s for ``seconds``: per
+    event and per query, the end of the micro-batch that took it minus its Kafka receive time (``FRESHNESS_OF`` says
+    what that batch made visible), and the machine's CPU per event and per ``accept`` batch."""
     from analytics import sinks
     from analytics.job import start_queries
-    from analytics.vocabulary import WINDOWS_QUERY
 
     sinks.sink_seconds.clear()
     # Every progress report of the run is read back from the queries: Spark keeps the last 100 by default, fewer
@@ -150,42 +188,34 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     queries = start_queries(spark, config)
     loader = subprocess.Popen([sys.executable, "-m", "bench.pipeline", "--live-load", config.kafka.bootstrap,
                                config.kafka.events_topic, str(rate), str(seconds)], cwd=REPO)
-    cpu, t0 = cpu_seconds(), time.time()
+    spent, t0 = Spent(spark), time.time()
     loader.wait(timeout=seconds + 300)
     time.sleep(3 * config.stream.trigger_interval_s)      # let the last batches land
-    cpu = cpu_seconds() - cpu
-    batches = []
-    for q in queries:
-        if q.name == WINDOWS_QUERY:
-            # end of batch = trigger start + its duration: the window rows were written by then
-            batches = [(p["batchId"], p["timestamp"], p["durationMs"]["triggerExecution"],
-                        json.loads(p.json)["sources"][0]) for p in q.recentProgress]
+    produced = sum(topic_end_offsets(config).values())
+    parts = spent.per(max(produced, 1))
+    cpu, wall = parts["cpu_s"], parts["seconds"]
+    # end of batch = trigger start + its duration: what the batch writes is in the store by then
+    batches = {q.name: [(p["batchId"], p["timestamp"], p["durationMs"]["triggerExecution"],
+                         json.loads(p.json)["sources"][0]) for p in q.recentProgress if p["numInputRows"]]
+               for q in queries}
     stages = stage_breakdown(queries)
     for q in queries:
         q.stop()
     stamps = receive_times(config)
-    latencies, minutes = [], []
-    for _, ts, duration, source in sorted(batches, key=lambda b: b[0]):
-        end_ms = int(np.datetime64(ts.rstrip("Z"), "ms").astype(np.int64)) + duration
-        start, end = _kafka_offsets(config, source["startOffset"]), _kafka_offsets(config, source["endOffset"])
-        for partition, offsets in end.get(config.kafka.events_topic, {}).items():
-            lo = start.get(config.kafka.events_topic, {}).get(partition, 0)
-            received = stamps[int(partition)][lo:offsets]
-            if len(received):
-                latencies.append(end_ms - received)
-                minutes.append(np.full(len(received), (end_ms // 1000 - t0) // 60))
-    lat = np.concatenate(latencies) / 1000.0
-    minute = np.concatenate(minutes)
-    per_minute = {int(m): round(float(np.percentile(lat[minute == m], 95)), 2) for m in np.unique(minute)}
-    produced = sum(len(s) for s in stamps.values())
+    by_query = {q: _latencies(config, q, batches.get(q, []), stamps, t0) for q in QUERIES}
+    accept_batches = len(batches.get(ACCEPT_QUERY, []))
     # Events still unprocessed when the load stopped + 3 triggers never became queryable: a job that cannot keep
     # up shows here (and in a growing p95 per minute), not in the percentiles of the events it did process.
-    return {"rate": rate, "seconds": seconds, "events_produced": produced, "events": len(lat),
-            "unprocessed_at_stop": produced - len(lat),
+    return {"rate": rate, "seconds": seconds, "events_produced": produced,
             "trigger_interval_s": config.stream.trigger_interval_s,
-            "p50_s": round(float(np.percentile(lat, 50)), 2), "p95_s": round(float(np.percentile(lat, 95)), 2),
-            "max_s": round(float(lat.max()), 2), "p95_by_minute_s": per_minute,
-            "cpu_share_of_2_cores": round(cpu / seconds / 2, 2), "stages": stages}
+            "accepted_poll_interval_s": config.stream.accepted_poll_interval_s,
+            **{FRESHNESS_OF[q]: {**figures, "unprocessed_at_stop": produced - figures["events"]}
+               for q, figures in by_query.items()},
+            "cpu_share_of_machine": round(cpu / wall / (os.cpu_count() or 1), 2),
+            "machine_cpu_us_per_event": round(cpu * 1e6 / max(produced, 1), 1),
+            "accept_batches": accept_batches,
+            "machine_cpu_s_per_accept_batch": round(cpu / max(accept_batches, 1), 3),
+            "driver": parts["driver"], "jit_cpu_s": parts["jit_cpu_s"], "stages": stages}
 
 
 def load(config: Config, events: int, summary: dict[str, Any]) -> int:
