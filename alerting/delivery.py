@@ -299,3 +299,14 @@ class Delivery:
             thread.join(timeout_s)
         for sender in self.senders:
             sender.close()
+
+
+def deliver(config: Config, targets: list[Channel]) -> dict[str, int]:
+    """Send every pending firing/resolved transition on every channel, and return when each has been delivered or
+    recorded as failed; returns deliveries per channel (``eventide alerts --once`` and tests). The service runs the
+    same delivery continuously in threads of its own (:class:`Delivery`)."""
+    delivered: dict[str, int] = {}
+    for channel in targets:
+        with ChannelDelivery(config, channel) as sender:
+            delivered[channel.name] = sender.drain()
+    return delivered

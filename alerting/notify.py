@@ -2,9 +2,9 @@
 topic), one attempt at a time.
 
 Scheduling (attempts, backoff, deadlines, recording deliveries and failures) lives in :mod:`alerting.delivery`,
-which runs off the evaluation loop. A channel's :meth:`Channel.attempt` makes exactly one attempt and says how it
-went: delivered, failed for good (:attr:`Outcome.permanent`) or worth retrying (with the receiver's
-``Retry-After`` when it gave one).
+which runs off the evaluation loop and imports this module (never the reverse). A channel's
+:meth:`Channel.attempt` makes exactly one attempt and says how it went: delivered, failed for good
+(:attr:`Outcome.permanent`) or worth retrying (with the receiver's ``Retry-After`` when it gave one).
 
 Delivery is tracked per (transition, channel) in ``alert_notifications``: a transition is sent until a channel
 confirms it, then never again, also after restarts. (A crash between a confirmed send and its record means one
@@ -254,15 +254,3 @@ def channels(config: Config) -> list[Channel]:
                                     a.delivery_deadline_s))
     return found
 
-
-def deliver(config: Config, targets: list[Channel]) -> dict[str, int]:
-    """Send every pending firing/resolved transition on every channel, and return when each has been delivered or
-    recorded as failed; returns deliveries per channel (``eventide alerts --once`` and tests). The service runs the
-    same delivery continuously in threads of its own (:class:`alerting.delivery.Delivery`)."""
-    from alerting.delivery import ChannelDelivery
-
-    delivered: dict[str, int] = {}
-    for channel in targets:
-        with ChannelDelivery(config, channel) as sender:
-            delivered[channel.name] = sender.drain()
-    return delivered

@@ -14,9 +14,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from alerting.delivery import Delivery
+from alerting.delivery import Delivery, deliver
 from alerting.evaluator import evaluate
-from alerting.notify import Channel, channels, deliver
+from alerting.notify import Channel, channels
 from alerting.rules import load_rules
 from eventide.config import Config, ConfigError, load_config
 from store.migrations import apply_migrations

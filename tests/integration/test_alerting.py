@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from alerting.delivery import deliver
 from alerting.evaluator import evaluate
-from alerting.notify import KafkaChannel, WebhookChannel, deliver
+from alerting.notify import KafkaChannel, WebhookChannel
 from alerting.rules import parse_rules
 from eventide import broker
 from eventide.config import Config

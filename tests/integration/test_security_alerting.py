@@ -22,9 +22,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from alerting import service
-from alerting.delivery import Delivery
+from alerting.delivery import Delivery, deliver
 from alerting.evaluator import evaluate
-from alerting.notify import WebhookChannel, deliver, encode, idempotency_key
+from alerting.notify import WebhookChannel, encode, idempotency_key
 from alerting.rules import parse_rules
 from alerting.state import Transition
 from dashboard import queries
