@@ -29,10 +29,10 @@ from typing import Any
 from analytics.job import QUERIES
 from analytics.vocabulary import ACCEPT_QUERY
 from bench.harness import Load, fresh, produce_backlog
-from eventide import cluster
 from eventide.config import ClusterConfig, Config, load_config
-from eventide.services import free_port
 from ingest.envelope import now_ms
+from stack import cluster
+from stack.services import free_port
 from store.server import child as served_store
 
 REPO = Path(__file__).resolve().parent.parent

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO, emit, report
-from eventide import broker
 from eventide.config import load_config
-from eventide.services import free_port
+from stack import broker
+from stack.services import free_port
 from store.server import child as served_store
 from tests.support import fault_injection as faults
 from tests.support.stack import fresh_stack

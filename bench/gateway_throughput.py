@@ -31,10 +31,10 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from eventide import broker
 from eventide.config import Config, load_config, to_environ
-from eventide.services import free_port
 from ingest.envelope import metric_event, now_ms
+from stack import broker
+from stack.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "bench-token"

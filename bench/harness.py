@@ -36,10 +36,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from analytics.job import QUERIES
 from analytics.vocabulary import ACCEPT_QUERY
-from eventide import broker
 from eventide.config import Config, load_config
-from eventide.services import free_port
 from ingest.envelope import now_ms, uuid7
+from stack import broker
+from stack.services import free_port
 from store.client import connect
 from store.migrations import apply_migrations
 from store.server import child as served_store

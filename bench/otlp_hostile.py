@@ -37,10 +37,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from bench.gateway_throughput import start_gateway
-from eventide import broker
 from eventide.config import Config, load_config
-from eventide.services import free_port
 from ingest.envelope import now_ms
+from stack import broker
+from stack.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "bench-token"

@@ -79,9 +79,9 @@ from bench.harness import (
     stored_summary,
     topic_end_offsets,
 )
-from eventide import broker
 from eventide.config import Config
 from ingest.envelope import now_ms
+from stack import broker
 
 PHASES = ("limit", "full", "warm", "live", "batches", "nodedup", "queries", "peer")
 PROGRESS_KEPT = 100_000   # progress reports kept per query during the freshness phase (Spark's default: 100)

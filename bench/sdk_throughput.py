@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from eventide import broker
 from eventide.config import Config, load_config
-from eventide.services import free_port
 from ingest.sdk import Client
+from stack import broker
+from stack.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 

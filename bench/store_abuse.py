@@ -67,7 +67,7 @@ from urllib.parse import quote
 
 import store.client as store_client
 from eventide.config import Config, load_config
-from eventide.services import free_port
+from stack.services import free_port
 from store.client import connect
 from store.server import child as served_store
 

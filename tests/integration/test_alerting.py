@@ -19,9 +19,9 @@ from alerting.delivery import deliver
 from alerting.evaluator import evaluate
 from alerting.notify import KafkaChannel, WebhookChannel
 from alerting.rules import parse_rules
-from eventide import broker
 from eventide.config import Config
-from eventide.services import free_port
+from stack import broker
+from stack.services import free_port
 from store.client import connect
 from store.range_query import SeriesKey
 from tests.support.stack import fresh_stack

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from eventide import broker, cluster, services
 from eventide.config import ClusterConfig, Config
-from eventide.services import free_port
+from stack import broker, cluster, services
+from stack.services import free_port
 from tests.support import fault_injection as faults
 from tests.support.pipeline import eventide_cli, run_job, wait_until
 from tests.support.stack import REPO, fresh_stack

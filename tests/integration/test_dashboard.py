@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 from analytics.windows.writer import WINDOW_COLUMNS
 from dashboard import common, queries
 from eventide.config import load_config, to_environ
-from eventide.services import free_port
+from stack.services import free_port
 from store.client import connect
 from store.migrations import apply_migrations
 from tests.support.stack import REPO, own_database

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
-from eventide.cli import STREAMLIT_OPTIONS
 from eventide.config import Config, load_config, to_environ
-from eventide.services import free_port, tail
+from stack.cli import STREAMLIT_OPTIONS
+from stack.services import free_port, tail
 from store.migrations import apply_migrations
 from tests.support.browser import (
     CHROMIUM,
@@ -94,7 +94,7 @@ def launcher_env(config: Config) -> dict[str, str]:
 def launched(config: Config, log: Path) -> Iterator[str]:
     """``eventide dashboard`` (the CLI, which writes the sign-in's secrets file and runs ``streamlit run``) for
     ``config``; yields its base URL."""
-    with running_streamlit([sys.executable, "-m", "eventide.cli", "dashboard"], launcher_env(config), log,
+    with running_streamlit([sys.executable, "-m", "stack.cli", "dashboard"], launcher_env(config), log,
                            f"http://127.0.0.1:{config.dashboard.port}") as url:
         yield url
 
@@ -258,7 +258,7 @@ def test_launcher_refuses_to_serve_off_loopback_without_a_sign_in(tmp_path, stor
     config = dashboard_config(tmp_path, store_url, free_port())
     env = {**launcher_env(config), "EVENTIDE_DASHBOARD__HOST": "0.0.0.0"}
     try:
-        done = subprocess.run([sys.executable, "-m", "eventide.cli", "dashboard"], cwd=REPO, env=env,
+        done = subprocess.run([sys.executable, "-m", "stack.cli", "dashboard"], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=30, start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the dashboard started on 0.0.0.0 without a sign-in: {exc.stdout!r}")

@@ -12,12 +12,12 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from eventide import broker
 from eventide.config import SeriesSelector
 from ingest.envelope import encode
 from ingest.gateway import create_app
 from ingest.sdk import Client
 from ingest.spool import Spool, spool_directory
+from stack import broker
 from tests.support.pipeline import Event, minute_in_past, produce_events, produce_raw, rows, run_job
 from tests.support.stack import fresh_stack
 

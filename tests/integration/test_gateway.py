@@ -15,11 +15,11 @@ import uvicorn
 from confluent_kafka import Message
 from fastapi.testclient import TestClient
 
-from eventide import broker, cli
 from eventide.config import Config, ConfigError
-from eventide.services import free_port
 from ingest.envelope import log_event, metric_event, now_ms
 from ingest.gateway import create_app
+from stack import broker, cli
+from stack.services import free_port
 from tests.support.servers import uvicorn_in_thread
 
 TOKEN = "test-token"

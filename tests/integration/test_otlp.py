@@ -38,11 +38,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from eventide import broker
 from eventide.config import Config, GatewayToken, to_environ
-from eventide.services import free_port
 from ingest.envelope import now_ms
 from ingest.gateway import create_app
+from stack import broker
+from stack.services import free_port
 from tests.support.servers import uvicorn_in_thread
 
 pytestmark = pytest.mark.integration
@@ -191,7 +191,7 @@ def test_an_sdk_configured_only_by_the_standard_endpoint_variable_reaches_kafka(
     config = config.model_copy(update={"otlp": config.otlp.model_copy(update={"port": free_port()})})
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
-        gateway = subprocess.Popen([sys.executable, "-m", "eventide.cli", "gateway"], stdout=out,
+        gateway = subprocess.Popen([sys.executable, "-m", "stack.cli", "gateway"], stdout=out,
                                    stderr=subprocess.STDOUT, env={**os.environ, **to_environ(config)})
     try:
         for port in (config.gateway.port, config.otlp.port):     # the same gateway on both ports

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from eventide import broker
 from eventide.config import Config, load_config
-from eventide.services import free_port
 from ingest.envelope import now_ms, offset_clock
 from ingest.sdk import Client
+from stack import broker
+from stack.services import free_port
 from tests.support.pipeline import minute_in_past, rows, run_job, wait_until, window_rows
 from tests.support.sdk import consume_all, fresh_topic
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from confluent_kafka.admin import ConfigResource
 
-from eventide import broker, services
-from eventide.services import free_port
+from stack import broker, services
+from stack.services import free_port
 from store.client import connect
 from tests.support.pipeline import eventide_cli
 

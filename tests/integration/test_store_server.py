@@ -27,7 +27,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from datasketches import kll_doubles_sketch
 
 from eventide.config import Config, load_config, to_environ
-from eventide.services import free_port
+from stack.services import free_port
 from store.client import connect
 from store.migrations import apply_migrations
 from tests.support.pipeline import wait_until

@@ -19,9 +19,9 @@ from urllib.error import URLError
 import pytest
 from playwright.sync_api import BrowserContext, Page, sync_playwright
 
-from eventide.cli import STREAMLIT_OPTIONS
 from eventide.config import Config, to_environ
-from eventide.services import free_port, tail
+from stack.cli import STREAMLIT_OPTIONS
+from stack.services import free_port, tail
 from store.client import connect
 from store.range_query import SeriesKey
 from tests.support import dashboard_data as data

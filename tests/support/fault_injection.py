@@ -26,12 +26,12 @@ import pyarrow.parquet as pq
 from confluent_kafka import Producer
 from fastapi.testclient import TestClient
 
-from eventide import broker, services
 from eventide.config import Config, to_environ
-from eventide.services import free_port
 from ingest.envelope import encode, metric_event, now_ms
 from ingest.gateway import create_app
 from ingest.sdk import Client
+from stack import broker, services
+from stack.services import free_port
 from tests.support.pipeline import Event, rows, run_job, wait_until
 from tests.support.stack import fresh_stack, writer_url
 

@@ -146,5 +146,5 @@ def rows(config: Config, sql: str) -> list[dict[str, Any]]:
 
 def eventide_cli(config: Config, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
     """``eventide <args>`` in a child process that loads ``config`` (through EVENTIDE_* variables)."""
-    return subprocess.run([sys.executable, "-m", "eventide.cli", *args], env={**os.environ, **to_environ(config)},
+    return subprocess.run([sys.executable, "-m", "stack.cli", *args], env={**os.environ, **to_environ(config)},
                           capture_output=True, text=True, timeout=timeout_s, cwd=Path(__file__).resolve().parents[2])

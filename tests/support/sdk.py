@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from eventide import broker
 from eventide.config import Config
+from stack import broker
 
 
 def fresh_topic(kafka: Config, name: str, spool_root: Path, partitions: int = 1, **sections: Any) -> Config:

@@ -19,9 +19,9 @@ from urllib.parse import quote
 
 import pytest
 
-from eventide import broker
 from eventide.config import MAX_RETENTION_DAYS, Config, RetentionConfig, load_config
-from eventide.services import free_port
+from stack import broker
+from stack.services import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PAST_EVENTS_RETENTION = dict.fromkeys(RetentionConfig.model_fields, MAX_RETENTION_DAYS)

@@ -2,7 +2,7 @@
 
 Every eventide service's environment builds a valid configuration, its command is a valid ``eventide`` command line,
 its published port is the one that configuration listens on, and only the gateway and the dashboard are published;
-the Kafka brokers carry exactly the settings ``eventide.broker`` gives its own brokers for that replication; the store
+the Kafka brokers carry exactly the settings ``stack.broker`` gives its own brokers for that replication; the store
 URL, the Spark master URL, the brokers' addresses and the checkpoint volume agree across services; secrets come from
 the environment only; ClickHouse has a writer and a read-only user (deploy/clickhouse-users.xml), no passwordless
 one, and each service holds only the store credentials it uses.
@@ -20,9 +20,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from eventide import broker
-from eventide.cli import build_parser
 from eventide.config import Config, load_config
+from stack import broker
+from stack.cli import build_parser
 from tests.support.stack import REPO
 
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())

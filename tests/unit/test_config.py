@@ -91,7 +91,7 @@ def test_child_processes_rebuild_the_same_config(tmp_path):
 
 
 def test_the_cluster_defaults_are_three_replicated_brokers_and_two_workers(tmp_path):
-    from eventide import cluster
+    from stack import cluster
 
     config = load_config(environ={}, root=str(tmp_path))
     assert len(config.cluster.kafka_ports) == 3 and len(config.cluster.spark_worker_webui_ports) == 2

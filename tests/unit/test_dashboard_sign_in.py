@@ -11,8 +11,8 @@ import pytest
 
 from dashboard.auth_secrets import COOKIE_SECRET_FILE, SECRETS_FILE, streamlit_options
 from dashboard.sign_in import FailureLimiter, admitted
-from eventide.cli import dashboard_argv
 from eventide.config import load_config
+from stack.cli import dashboard_argv
 
 OIDC = {"sign_in": "oidc", "oidc_server_metadata_url": "https://idp.example.com/.well-known/openid-configuration",
         "oidc_client_id": "eventide", "oidc_client_secret": 's3cret"\nadmin = true'}

@@ -10,7 +10,7 @@ from tests.support.stack import REPO
 
 
 def test_bad_config_stops_the_cli_with_the_field_name():
-    done = subprocess.run([sys.executable, "-m", "eventide.cli", "stack", "status"],
+    done = subprocess.run([sys.executable, "-m", "stack.cli", "stack", "status"],
                           env={**os.environ, "EVENTIDE_KAFKA__PORT": "70000"}, capture_output=True, text=True,
                           cwd=REPO, timeout=60)
     assert done.returncode == 2

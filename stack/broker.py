@@ -20,8 +20,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from eventide import jars, services
+from eventide import jars
 from eventide.config import Config
+from stack import services
 
 SERVICE = "kafka"
 
@@ -41,7 +42,7 @@ class Node:
     directory: Path
     """``server.properties`` and ``data/`` (the log dirs and ``meta.properties``)."""
     service: str
-    """Its name for :mod:`eventide.services` (pid and log files)."""
+    """Its name for :mod:`stack.services` (pid and log files)."""
 
     @property
     def address(self) -> str:
@@ -106,7 +107,7 @@ def _classpath(config: Config) -> str:
 
 
 def _jvm_args(config: Config) -> list[str]:
-    log4j = resources.files("eventide") / "kafka-log4j2.xml"
+    log4j = resources.files("stack") / "kafka-log4j2.xml"
     return [
         _java(), f"-Xmx{config.kafka.heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={log4j}", "-cp", _classpath(config),

@@ -27,8 +27,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from eventide import broker, cluster, jars, services
+from eventide import jars
 from eventide.config import Config, ConfigError, load_config
+from stack import broker, cluster, services
 
 JOB, LOAD, DASHBOARD, ALERTS, STORE, GATEWAY = "stream-job", "demo-load", "dashboard", "alerting", "store", "gateway"
 # stopped in this order (writers before the store), then the broker

@@ -5,13 +5,13 @@
   ``bin/spark-class``: nothing is downloaded;
 - a KRaft Kafka cluster of ``len(cluster.kafka_ports)`` brokers (each also a controller voter), topics replicated
   ``cluster.replication_factor`` times with ``min.insync.replicas = cluster.min_insync_replicas``; the same jars
-  and code as the local broker (:mod:`eventide.broker`);
+  and code as the local broker (:mod:`stack.broker`);
 - the stream job submitted to that master with ``spark-submit`` (:func:`submit_argv`, also what
   ``eventide job --submit`` runs against any cluster): the project's code shipped as
   a zip (``--py-files``), the Kafka connector jars from the cache (``--jars``), the executors' Python the project's
   interpreter, checkpoints on a path every worker reads (one machine: a local directory).
 
-Every process is an :mod:`eventide.services` service (pid and log under the data dir), so ``cluster down`` stops
+Every process is an :mod:`stack.services` service (pid and log under the data dir), so ``cluster down`` stops
 what ``cluster up`` started, and a test can SIGKILL one broker or one worker by name.
 """
 
@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from analytics.spark.settings import JOB_SETTINGS, JVM_OPTIONS
-from eventide import broker, jars, services
+from eventide import jars
 from eventide.config import Config, to_environ
+from stack import broker, services
 
 REPO = Path(__file__).resolve().parent.parent
 SPARK_MASTER = "spark-master"
