@@ -4,6 +4,9 @@ share (``vocabulary``, ``event_time``, ``checkpoint``, ``accepted_log``, ``sinks
 
 Checked on the project's own import graph: no import circle, the stages meet only through the shared modules (and
 the accepted-events log), and the rule modules import no pyspark, so they run and are tested without a JVM.
+
+Across the whole tree: nothing in the product imports the launcher (``stack/``), the ground floor (``eventide/``)
+imports no component, and ``alerting/`` has no import circle.
 """
 
 from __future__ import annotations
@@ -98,3 +101,71 @@ def test_every_engine_patch_is_behind_the_spark_fence():
     outside = [p for p in ANALYTICS.rglob("*.py") if "spark" not in p.relative_to(ANALYTICS).parts
                and "pyspark.sql.pandas.serializers" in p.read_text()]
     assert not outside, f"engine internals used outside analytics/spark/: {outside}"
+
+
+# The whole house ------------------------------------------------------------------------------------------------
+# ``eventide/`` is the ground floor (configuration, jars, durable files, HTTP deadlines, redaction) that every
+# component stands on; ``stack/`` is the launcher that starts them all. Imports anywhere in a file count here, also
+# those inside functions: a lazy import is still a dependency.
+ROOT = ANALYTICS.parent
+COMPONENTS = ("ingest", "analytics", "store", "alerting", "dashboard")
+LAUNCHER = "stack"
+
+
+def every_import(path: Path) -> set[str]:
+    """The modules ``path`` names in any import statement, at any depth (functions, ``TYPE_CHECKING`` blocks)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if (ROOT / (submodule.replace(".", "/") + ".py")).exists() else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def modules_under(package: str) -> dict[str, Path]:
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts): p for p in (ROOT / package).rglob("*.py")}
+
+
+@pytest.mark.parametrize("package", ["eventide", *COMPONENTS])
+def test_nothing_in_the_product_imports_the_launcher(package: str):
+    """The launcher starts the components as processes; none of them depends on how it is started."""
+    offenders = {module: imported for module, path in modules_under(package).items()
+                 if (imported := sorted(m for m in every_import(path) if package_of(m) == LAUNCHER))}
+    assert not offenders, f"the product imports the launcher: {offenders}"
+
+
+def test_the_ground_floor_imports_no_component():
+    """``eventide/`` is what every component shares, so it imports none of them (nor the launcher)."""
+    upward = {module: imported for module, path in modules_under("eventide").items()
+              if (imported := sorted(m for m in every_import(path) if package_of(m) in (*COMPONENTS, LAUNCHER)))}
+    assert not upward, f"eventide/ imports a component: {upward}"
+
+
+def test_the_alerting_modules_import_no_circle():
+    """Delivery schedules what notify encodes and sends: ``alerting.delivery`` imports ``alerting.notify``, never the
+    reverse (also not from inside a function)."""
+    modules = modules_under("alerting")
+    graph = {module: {m for m in every_import(path) if m in modules and m != module}
+             for module, path in modules.items()}
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        assert module not in visiting, f"import circle: {' -> '.join([*visiting[visiting.index(module):], module])}"
+        if module in done:
+            return
+        visiting.append(module)
+        for imported in sorted(graph[module]):
+            visit(imported)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
