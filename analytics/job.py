@@ -136,6 +136,10 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
     if unknown:
         raise ValueError(f"unknown queries {sorted(unknown)}; the job has {list(QUERIES)}")
     recorder = progress.progress_recorder(spark)
+    # How often Spark reports a query idle (default 10 s): every trigger interval, so the recorder re-stores an idle
+    # query's newest row (analytics.progress) well within the dashboard's stale threshold.
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval",
+                   str(round(config.stream.trigger_interval_s * 1000)))
     plans: list[tuple[str, Callable[[], DataFrame], str, BatchWriter]] = [
         (ACCEPT_QUERY, lambda: validation.parse(kafka_records(spark, config), config), "append",
          accept_writer(config)),

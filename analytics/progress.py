@@ -1,7 +1,10 @@
 """Spark's progress reports of every micro-batch (what each batch read is in ``analytics.checkpoint``).
 
 ``ProgressRecorder`` stores Spark's ``StreamingQueryProgress`` of every batch in ``pipeline_progress``; its
-watermark is the finality clock (a window of a query is final once that query's watermark reached its end).
+watermark is the finality clock (a window of a query is final once that query's watermark reached its end). While a
+query waits for new data, its newest batch's row is stored again each time Spark reports it idle, with the time of
+that report as ``recorded_at``: the row then says "every record received so far is in the store as of then", which
+is what the dashboard's freshness line shows (a query with nothing to do is up to date, not stale).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class ProgressRecorder(StreamingQueryListener):
 
     def __init__(self) -> None:
         self._stores: dict[str, tuple[Config, SourceOffsets | None]] = {}
+        self._newest: dict[str, dict[str, Any]] = {}   # query id -> its newest progress report
         # The table's column types per store and database, asked once: an insert without them asks the store first.
         self._column_types: dict[tuple[str, str], Any] = {}
 
@@ -100,6 +104,7 @@ class ProgressRecorder(StreamingQueryListener):
         if tracked is None:
             return
         config, kafka_offsets = tracked
+        self._newest[str(report["id"])] = report
         store = (config.store_url, config.store.database)
         try:
             with connect(config) as client:
@@ -112,7 +117,12 @@ class ProgressRecorder(StreamingQueryListener):
             log.exception("could not record progress of %s", report.get("name"))
 
     def onQueryIdle(self, event: Any) -> None:
-        pass
+        """A query found nothing new to read: its newest batch's row again, recorded now. The table keeps one row per
+        (query, run, batch), the newest recorded (``ReplacingMergeTree(recorded_at)``), so the batch is not counted
+        twice anywhere."""
+        newest = self._newest.get(str(event.id))
+        if newest is not None:
+            self.record(newest)
 
     def onQueryTerminated(self, event: Any) -> None:
         pass

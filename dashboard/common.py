@@ -331,7 +331,7 @@ def freshness(now: datetime, batches: Mapping[str, datetime], queries: Sequence[
                          "stale")
     if age > stale_after_s:
         return Freshness(f"Stale: {line} · no newer batch for over {age_text(stale_after_s)}: is the stream job "
-                         "running, and are events arriving?", "stale")
+                         "running and keeping up?", "stale")
     return Freshness(line, "fresh")
 
 
