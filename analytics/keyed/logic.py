@@ -94,7 +94,7 @@ class KeyedWindowsLogic:
         return sessions.bucket_next_due(bucket, self.session_gap_ms, self.session_memory_ms)
 
     def _save_sessions(self, bucket: sessions.SessionBucket) -> None:
-        if all(state.empty for state in bucket.values()):
+        if sessions.bucket_empty(bucket):
             self.session_state.clear()
         else:
             self.session_state.update(sessions.pack(bucket))

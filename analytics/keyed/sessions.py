@@ -22,6 +22,7 @@ late events form by themselves.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -232,12 +233,81 @@ def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -
 
 # A bucket of session keys shares one state row and one timer: most keys see a few events per batch, and a state
 # row or timer per key would cost Spark round trips per key that dwarf the work.
-SessionBucket = dict[str, SessionState]
+SessionBucket = MutableMapping[str, SessionState]
 _KEY_SEPARATOR = "\x1f"
+Packed = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, str]
 
 
-def pack(bucket: SessionBucket) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, str]:
-    """Serialize a bucket: per-session arrays tagged with their key's index, and the keys."""
+class StoredBucket(MutableMapping[str, SessionState]):
+    """A bucket as its state row stored it, each key's :class:`SessionState` built only when asked for.
+
+    A batch touches a few of a bucket's keys, but the bucket holds every key seen within ``stream.session_memory_s``
+    (a day by default): building a state per key at every load and joining them all again at every save made a
+    batch's cost grow with the bucket, not with the batch. Keys never asked for stay in the stored arrays, and
+    :func:`pack`, :func:`bucket_empty` and :func:`bucket_next_due` read them there, in array operations."""
+
+    def __init__(self, packed: Packed) -> None:
+        o_key, o_first, o_last, o_counts, c_key, c_first, c_last, keys = packed
+        self.names = keys.split(_KEY_SEPARATOR) if keys else []
+        self._index = {name: i for i, name in enumerate(self.names)}
+        self.o_key, self.c_key = np.frombuffer(o_key, np.int32), np.frombuffer(c_key, np.int32)
+        self.o_first, self.o_last = np.frombuffer(o_first, np.int64), np.frombuffer(o_last, np.int64)
+        self.o_counts = np.frombuffer(o_counts, np.int64).reshape(-1, len(COUNT_COLUMNS))
+        self.c_first, self.c_last = np.frombuffer(c_first, np.int64), np.frombuffer(c_last, np.int64)
+        # pack() writes each key's sessions contiguously, in key order.
+        self.o_bounds = np.searchsorted(self.o_key, np.arange(len(self.names) + 1))
+        self.c_bounds = np.searchsorted(self.c_key, np.arange(len(self.names) + 1))
+        self.built: dict[str, SessionState] = {}   # keys asked for or set (stored or new), in that order
+        self.removed: set[str] = set()
+
+    def __getitem__(self, name: str) -> SessionState:
+        if name in self.built:
+            return self.built[name]
+        i = self._index.get(name)
+        if i is None or name in self.removed:
+            raise KeyError(name)
+        o, c = slice(self.o_bounds[i], self.o_bounds[i + 1]), slice(self.c_bounds[i], self.c_bounds[i + 1])
+        state = self.built[name] = SessionState(self.o_first[o].copy(), self.o_last[o].copy(),
+                                                self.o_counts[o].copy(), self.c_first[c].copy(),
+                                                self.c_last[c].copy())
+        return state
+
+    def __setitem__(self, name: str, state: SessionState) -> None:
+        self.removed.discard(name)
+        self.built[name] = state
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self.built.pop(name, None)
+        self.removed.add(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.built or (name in self._index and name not in self.removed)
+
+    def __iter__(self) -> Iterator[str]:
+        # stored keys in their stored order, then new ones: the order of a dict built key by key from the row
+        yield from (n for n in self.names if n not in self.removed)
+        yield from (n for n in self.built if n not in self._index)
+
+    def __len__(self) -> int:
+        return len(self.names) - len(self.removed) + sum(1 for n in self.built if n not in self._index)
+
+    def untouched(self) -> np.ndarray:
+        """Per stored key: True when it was neither asked for, set nor removed (its stored sessions stand)."""
+        untouched = np.ones(len(self.names), dtype=bool)
+        for name in (*self.built, *self.removed):
+            i = self._index.get(name)
+            if i is not None:
+                untouched[i] = False
+        return untouched
+
+
+def pack(bucket: SessionBucket) -> Packed:
+    """Serialize a bucket: per-session arrays tagged with their key's index, and the keys (a key without sessions
+    is left out). The keys of a :class:`StoredBucket` that were never asked for are copied as stored."""
+    if isinstance(bucket, StoredBucket):
+        return _pack_stored(bucket)
     keys = [k for k, s in bucket.items() if not s.empty]
     states = [bucket[k] for k in keys]
 
@@ -254,27 +324,68 @@ def pack(bucket: SessionBucket) -> tuple[bytes, bytes, bytes, bytes, bytes, byte
             cat([s.closed_last for s in states], np.int64), _KEY_SEPARATOR.join(keys))
 
 
-def unpack(packed: tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, str] | None) -> SessionBucket:
-    if packed is None:
-        return {}
-    o_key, o_first, o_last, o_counts, c_key, c_first, c_last, keys = packed
-    names = keys.split(_KEY_SEPARATOR) if keys else []
+def _pack_stored(bucket: StoredBucket) -> Packed:
+    """:func:`pack` of a :class:`StoredBucket`: the same bytes as packing it key by key."""
+    untouched = bucket.untouched()
+    keys = [n for n in bucket if n not in bucket.built or not bucket.built[n].empty]
+    new_index = {name: i for i, name in enumerate(keys)}
+    stored_to_new = np.array([new_index[n] if untouched[i] else -1 for i, n in enumerate(bucket.names)],
+                             dtype=np.int64)
+    built = [(new_index[n], s) for n, s in bucket.built.items() if n in new_index]
     width = len(COUNT_COLUMNS)
-    o_key_a, c_key_a = np.frombuffer(o_key, np.int32), np.frombuffer(c_key, np.int32)
-    o_first_a, o_last_a = np.frombuffer(o_first, np.int64), np.frombuffer(o_last, np.int64)
-    o_counts_a = np.frombuffer(o_counts, np.int64).reshape(-1, width)
-    c_first_a, c_last_a = np.frombuffer(c_first, np.int64), np.frombuffer(c_last, np.int64)
-    # pack() writes each key's sessions contiguously, in key order.
-    o_bounds = np.searchsorted(o_key_a, np.arange(len(names) + 1))
-    c_bounds = np.searchsorted(c_key_a, np.arange(len(names) + 1))
-    bucket = {}
-    for i, name in enumerate(names):
-        o, c = slice(o_bounds[i], o_bounds[i + 1]), slice(c_bounds[i], c_bounds[i + 1])
-        bucket[name] = SessionState(o_first_a[o].copy(), o_last_a[o].copy(), o_counts_a[o].copy(),
-                                    c_first_a[c].copy(), c_last_a[c].copy())
-    return bucket
+
+    def rows(key: np.ndarray, stored: list[np.ndarray], picks: list[Callable[[SessionState], np.ndarray]]
+             ) -> list[np.ndarray]:
+        """The key index and each column of one kind of session (open or closed): the untouched keys' stored rows
+        and the built states' rows, grouped by key in key order (a key's rows in their own order)."""
+        kept = untouched[key]
+        index = np.concatenate([stored_to_new[key[kept]],
+                                *(np.full(len(picks[0](s)), i, np.int64) for i, s in built)])
+        order = np.argsort(index, kind="stable")
+        columns = [np.concatenate([column[kept], *(pick(s) for _, s in built)])[order]
+                   for column, pick in zip(stored, picks, strict=True)]
+        return [index[order], *columns]
+
+    o_key, o_first, o_last, o_counts = rows(
+        bucket.o_key, [bucket.o_first, bucket.o_last, bucket.o_counts],
+        [lambda s: s.open_first, lambda s: s.open_last, lambda s: s.open_counts.reshape(-1, width)])
+    c_key, c_first, c_last = rows(bucket.c_key, [bucket.c_first, bucket.c_last],
+                                  [lambda s: s.closed_first, lambda s: s.closed_last])
+    return (o_key.astype(np.int32).tobytes(), o_first.astype(np.int64).tobytes(), o_last.astype(np.int64).tobytes(),
+            o_counts.astype(np.int64).tobytes(), c_key.astype(np.int32).tobytes(), c_first.astype(np.int64).tobytes(),
+            c_last.astype(np.int64).tobytes(), _KEY_SEPARATOR.join(keys))
+
+
+def unpack(packed: Packed | None) -> SessionBucket:
+    """A bucket from its state row (None: a new, empty bucket)."""
+    return {} if packed is None else StoredBucket(packed)
+
+
+def bucket_empty(bucket: SessionBucket) -> bool:
+    """Whether no key of the bucket has a session left."""
+    if isinstance(bucket, StoredBucket) and bucket.untouched().any():
+        return False   # a stored key always has a session (pack leaves out the keys without)
+    states = bucket.built.values() if isinstance(bucket, StoredBucket) else bucket.values()
+    return all(state.empty for state in states)
 
 
 def bucket_next_due(bucket: SessionBucket, gap_ms: int, memory_ms: int) -> int | None:
-    dues = [d for s in bucket.values() if (d := s.next_due(gap_ms, memory_ms)) is not None]
+    """The earliest :meth:`SessionState.next_due` of the bucket's keys (None: no session)."""
+    dues = []
+    if isinstance(bucket, StoredBucket):
+        untouched = bucket.untouched()
+        o_count, c_count = np.diff(bucket.o_bounds), np.diff(bucket.c_bounds)
+        # A key's open sessions decide its due time; its closed ones only when it has no open session.
+        for last, bounds, count, picked, wait in (
+                (bucket.o_last, bucket.o_bounds, o_count, untouched & (o_count > 0), gap_ms),
+                (bucket.c_last, bucket.c_bounds, c_count, untouched & (o_count == 0) & (c_count > 0),
+                 gap_ms + memory_ms)):
+            if picked.any():
+                nonempty = count > 0   # the keys' rows are contiguous: a minimum per non-empty key's slice
+                minima = np.minimum.reduceat(last, bounds[:-1][nonempty])
+                dues.append(int(minima[picked[nonempty]].min()) + wait)
+        states = list(bucket.built.values())
+    else:
+        states = list(bucket.values())
+    dues += [d for s in states if (d := s.next_due(gap_ms, memory_ms)) is not None]
     return min(dues) if dues else None
