@@ -52,8 +52,8 @@ def import_graph() -> dict[str, set[str]]:
     return {module_name(p): imports(p) for p in ANALYTICS.rglob("*.py")}
 
 
-def test_the_analytics_imports_have_no_circle():
-    graph = import_graph()
+def assert_no_circle(graph: dict[str, set[str]]) -> None:
+    """Fails naming the first import circle of ``graph`` (module -> the modules it imports)."""
     visiting: list[str] = []
     done: set[str] = set()
 
@@ -62,13 +62,17 @@ def test_the_analytics_imports_have_no_circle():
         if module in done:
             return
         visiting.append(module)
-        for imported in graph.get(module, ()):
+        for imported in sorted(graph.get(module, ())):
             visit(imported)
         visiting.pop()
         done.add(module)
 
-    for module in graph:
+    for module in sorted(graph):
         visit(module)
+
+
+def test_the_analytics_imports_have_no_circle():
+    assert_no_circle(import_graph())
 
 
 def test_the_stages_meet_only_through_the_shared_modules():
@@ -152,20 +156,5 @@ def test_the_alerting_modules_import_no_circle():
     """Delivery schedules what notify encodes and sends: ``alerting.delivery`` imports ``alerting.notify``, never the
     reverse (also not from inside a function)."""
     modules = modules_under("alerting")
-    graph = {module: {m for m in every_import(path) if m in modules and m != module}
-             for module, path in modules.items()}
-    visiting: list[str] = []
-    done: set[str] = set()
-
-    def visit(module: str) -> None:
-        assert module not in visiting, f"import circle: {' -> '.join([*visiting[visiting.index(module):], module])}"
-        if module in done:
-            return
-        visiting.append(module)
-        for imported in sorted(graph[module]):
-            visit(imported)
-        visiting.pop()
-        done.add(module)
-
-    for module in sorted(graph):
-        visit(module)
+    assert_no_circle({module: {m for m in every_import(path) if m in modules and m != module}
+                      for module, path in modules.items()})
