@@ -83,7 +83,7 @@ class ProgressRecorder(StreamingQueryListener):
 
     def __init__(self) -> None:
         self._stores: dict[str, tuple[Config, SourceOffsets | None]] = {}
-        self._newest: dict[str, dict[str, Any]] = {}   # query id -> its newest progress report
+        self._newest: dict[str, tuple[Config, list[Any]]] = {}   # query id -> its newest row, and its store
         # The table's column types per store and database, asked once: an insert without them asks the store first.
         self._column_types: dict[tuple[str, str], Any] = {}
 
@@ -104,25 +104,34 @@ class ProgressRecorder(StreamingQueryListener):
         if tracked is None:
             return
         config, kafka_offsets = tracked
-        self._newest[str(report["id"])] = report
-        store = (config.store_url, config.store.database)
         try:
-            with connect(config) as client:
-                if store not in self._column_types:
-                    self._column_types[store] = client.create_insert_context(
-                        "pipeline_progress", column_names=list(PROGRESS_COLUMNS)).column_types
-                client.insert("pipeline_progress", [progress_row(report, kafka_offsets)],
-                              column_names=list(PROGRESS_COLUMNS), column_types=self._column_types[store])
+            row = progress_row(report, kafka_offsets)
+            self._newest[str(report["id"])] = (config, row)
+            self._insert(config, row)
         except Exception:
             log.exception("could not record progress of %s", report.get("name"))
+
+    def _insert(self, config: Config, row: list[Any]) -> None:
+        store = (config.store_url, config.store.database)
+        with connect(config) as client:
+            if store not in self._column_types:
+                self._column_types[store] = client.create_insert_context(
+                    "pipeline_progress", column_names=list(PROGRESS_COLUMNS)).column_types
+            client.insert("pipeline_progress", [row], column_names=list(PROGRESS_COLUMNS),
+                          column_types=self._column_types[store])
 
     def onQueryIdle(self, event: Any) -> None:
         """A query found nothing new to read: its newest batch's row again, recorded now. The table keeps one row per
         (query, run, batch), the newest recorded (``ReplacingMergeTree(recorded_at)``), so the batch is not counted
         twice anywhere."""
         newest = self._newest.get(str(event.id))
-        if newest is not None:
-            self.record(newest)
+        if newest is None:
+            return
+        config, row = newest
+        try:
+            self._insert(config, [*row[:-1], datetime.now(UTC)])   # recorded_at is the row's last column
+        except Exception:
+            log.exception("could not record progress of %s", row[0])
 
     def onQueryTerminated(self, event: Any) -> None:
         pass

@@ -66,6 +66,7 @@ class HeadDeadlineProtocol(H11Protocol):
     """The answer is sent and followed by a FIN; what the client still sends is dropped until the socket closes."""
     _lingered_bytes = 0
     _head_deadline: asyncio.TimerHandle | None = None
+    _socket: asyncio.Transport
     _head_bytes = 0
     """Bytes received since the connection started waiting for this head (the store bounds it)."""
 
@@ -84,6 +85,7 @@ class HeadDeadlineProtocol(H11Protocol):
             transport.abort()
             return
         super().connection_made(transport)
+        self._socket = transport   # the transport itself; uvicorn gets the lingering view of it
         self.transport = _LingeringTransport(transport, self)  # type: ignore[assignment]
         self._arm_head_deadline()
 
@@ -95,7 +97,7 @@ class HeadDeadlineProtocol(H11Protocol):
 
     def close_connection(self) -> None:
         """Close the connection; by lingering when the client may still be sending (module docstring)."""
-        transport = self.transport._transport if isinstance(self.transport, _LingeringTransport) else self.transport
+        transport = self._socket
         if self.lingering or transport.is_closing():
             return
         sending = self.conn.their_state is h11.SEND_BODY or (self.conn.their_state is h11.IDLE and self._head_bytes)
@@ -111,7 +113,7 @@ class HeadDeadlineProtocol(H11Protocol):
         if self.lingering:   # the answer is sent; the client's late bytes are dropped, up to a bound
             self._lingered_bytes += len(data)
             if self._lingered_bytes > LINGER_MAX_BYTES:
-                self.transport._transport.close()
+                self._socket.close()
             return
         waiting = self.conn.their_state is h11.IDLE
         super().data_received(data)
