@@ -22,7 +22,8 @@ read by the dedup horizon and the late passes; a reader must have read them all 
 A reader killed between choosing its next files (Spark's file source writes ``sources/0/<n>`` first) and planning
 the batch that reads them (``offsets/<N>``) would, once restarted, plan a batch over that orphaned entry *and* the
 next new files: two accept batches under one watermark, so late events judged otherwise than in a run never killed.
-``forget_unplanned_files`` removes such an entry before a reader starts; Spark then chooses those files again, alone.
+``analytics.spark.checkpoint.forget_unplanned_files`` removes such an entry before a reader starts; Spark then
+chooses those files again, alone.
 
 Beside each batch's events, its window partials (``analytics.windows.partials``) are published the same way, one
 file per partition under ``<partials dir>/<batch id:012d>/``: the ``windows`` query reads those, and the
@@ -51,7 +52,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analytics.checkpoint import BatchInfo, Offsets
+from analytics.spark.checkpoint import Offsets, newest_committed_offsets, source_log_entries
 from eventide.config import Config
 from eventide.durable import sync_directory, sync_file
 
@@ -319,65 +320,12 @@ def read_files(files: list[str], columns: Sequence[str]) -> pa.Table:
     return pa.concat_tables([pq.read_table(local_path(f), columns=list(columns)) for f in files])
 
 
-def forget_unplanned_files(checkpoint: Path) -> list[int]:
-    """Drop the file-source log batches of a reader's checkpoint that no planned micro-batch covers (written just
-    before a crash, see the module docstring); returns the log batches dropped. Run before the reader starts.
-
-    Only entries past the newest planned batch's end offset are touched: nothing any batch read, or will replay,
-    changes. A compacted log file (``N.compact``, which also holds every earlier entry) keeps those and loses only
-    its own batch's entries."""
-    log_dir, offsets_dir = checkpoint / "sources" / "0", checkpoint / "offsets"
-    planned = [int(p.name) for p in offsets_dir.glob("[0-9]*")] if offsets_dir.exists() else []
-    if not log_dir.exists():
-        return []
-    planned_end = (int(json.loads((offsets_dir / str(max(planned))).read_text().splitlines()[2])
-                       .get("logOffset", -1)) if planned else -1)
-    dropped = []
-    for path in log_dir.iterdir():
-        name = path.name.removesuffix(".compact")
-        if not name.isdigit() or int(name) <= planned_end:
-            continue
-        log_batch = int(name)
-        if path.name.endswith(".compact"):
-            header, *entries = path.read_text().splitlines()
-            kept = [e for e in entries if e.strip() and int(json.loads(e)["batchId"]) != log_batch]
-            staged = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-            staged.write_text("\n".join([header, *kept]))
-            staged.replace(path)
-        else:
-            path.unlink()
-        # Hadoop's local filesystem keeps a checksum beside each file: a stale one would fail the next read.
-        path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
-        dropped.append(log_batch)
-    return sorted(dropped)
-
-
-def _source_log_entries(checkpoint: Path, log_batch: int) -> list[dict[str, object]]:
-    """The files a query's file source recorded for its log batch ``log_batch`` (``sources/0/N``, or the next
-    ``N.compact`` file once Spark has compacted the log: every tenth batch holds all entries up to it)."""
-    log_dir = checkpoint / "sources" / "0"
-    path = log_dir / str(log_batch)
-    if not path.exists():
-        compacts = sorted(int(p.name.split(".")[0]) for p in log_dir.glob("*.compact"))
-        path = log_dir / f"{next((c for c in compacts if c >= log_batch), log_batch)}.compact"
-        if not path.exists():
-            return []
-    entries = [json.loads(line) for line in path.read_text().splitlines()[1:] if line.strip()]
-    return [e for e in entries if int(e["batchId"]) == log_batch]
-
-
-def files_read(checkpoint: Path, info: BatchInfo) -> list[str]:
-    """The accepted-events files a downstream query's micro-batch read (its file-source log range)."""
-    start, end = int(info.start_offsets.get("logOffset", -1)), int(info.end_offsets.get("logOffset", -1))
-    return [str(e["path"]) for n in range(start + 1, end + 1) for e in _source_log_entries(checkpoint, n)]
-
-
 def _newest_batch_read(checkpoint: Path, log_offset: int) -> int | None:
     """The newest accept batch among the files a downstream query had read by its log batch ``log_offset``
     (files are read in order, one per log batch)."""
     if log_offset < 0:
         return None
-    return max((_batch_id(str(e["path"])) for e in _source_log_entries(checkpoint, log_offset)), default=None)
+    return max((_batch_id(str(e["path"])) for e in source_log_entries(checkpoint, log_offset)), default=None)
 
 
 def kafka_offsets_reached(config: Config, checkpoint: Path, log_offset: int) -> Offsets:
@@ -390,11 +338,8 @@ def kafka_offsets_reached(config: Config, checkpoint: Path, log_offset: int) -> 
 
 def last_read(checkpoint: Path) -> int | None:
     """The newest accept batch a downstream query has read in a committed micro-batch (None: none yet)."""
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")]
-    if not commits:
-        return None
-    offsets = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    return _newest_batch_read(checkpoint, int(json.loads(offsets[2]).get("logOffset", -1)))
+    offsets = newest_committed_offsets(checkpoint)
+    return None if offsets is None else _newest_batch_read(checkpoint, int(offsets.get("logOffset", -1)))
 
 
 def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:

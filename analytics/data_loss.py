@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analytics import sinks
-from analytics.checkpoint import batch_info as checkpoint_info
+from analytics.spark.checkpoint import batch_info as checkpoint_info
 from analytics.vocabulary import ACCEPT_QUERY
 from eventide.config import Config
 

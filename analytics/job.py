@@ -29,7 +29,6 @@ from pyspark.sql.types import StructType
 from analytics import accepted_log, progress
 from analytics.accept import validation
 from analytics.accept.writer import accept_writer
-from analytics.checkpoint import Offsets
 from analytics.data_loss import count_data_loss
 from analytics.disk_full import failure_message, reports_disk_full, stop_on_disk_full
 from analytics.keyed import rows as keyed_rows
@@ -37,7 +36,9 @@ from analytics.keyed import runs as session_runs
 from analytics.keyed.query import keyed_windows
 from analytics.keyed.writer import keyed_windows_writer
 from analytics.sinks import BatchWriter
+from analytics.spark import checkpoint as spark_checkpoint
 from analytics.spark import settings as spark_settings
+from analytics.spark.checkpoint import Offsets
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, WINDOWS_QUERY
 from analytics.windows import partials as window_partials
 from analytics.windows.query import aggregate
@@ -161,7 +162,7 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         interval = (min(config.stream.accepted_poll_interval_s, config.stream.trigger_interval_s) if reads_log
                     else config.stream.trigger_interval_s)
         if reads_log:
-            forgotten = accepted_log.forget_unplanned_files(checkpoint)
+            forgotten = spark_checkpoint.forget_unplanned_files(checkpoint)
             if forgotten:
                 log.info("%s: file-source log batches %s were chosen but never planned (a crash in between); "
                          "forgotten, so each micro-batch reads one accept batch", name, forgotten)

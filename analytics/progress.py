@@ -1,4 +1,4 @@
-"""Spark's progress reports of every micro-batch (what each batch read is in ``analytics.checkpoint``).
+"""Spark's progress reports of every micro-batch (what each batch read is in ``analytics.spark.checkpoint``).
 
 ``ProgressRecorder`` stores Spark's ``StreamingQueryProgress`` of every batch in ``pipeline_progress``; its
 watermark is the finality clock (a window of a query is final once that query's watermark reached its end). While a
@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener
 
-from analytics.checkpoint import Offsets
+from analytics.spark.checkpoint import Offsets
 from eventide.config import Config
 from store.client import connect
 

@@ -23,8 +23,8 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from analytics import accepted_log
 from analytics.accept import validation
 from analytics.accept.task import KAFKA_COORDINATES, RESULT, AcceptPartition
-from analytics.checkpoint import batch_info
 from analytics.sinks import BatchWriter, insert_tables, sink_seconds, timed
+from analytics.spark.checkpoint import batch_info
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, WINDOWS_QUERY
 from eventide.config import Config
 

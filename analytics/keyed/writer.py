@@ -13,10 +13,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics import accepted_log
-from analytics.checkpoint import batch_info
 from analytics.keyed import runs as session_runs
 from analytics.keyed.schema import DROPPED_RUN, RUN_LAST, SESSION, SLIDING
 from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, renamed, timed, with_constants
+from analytics.spark.checkpoint import batch_info, files_read
 from analytics.vocabulary import KEYED_WINDOWS_QUERY, LEVEL_FIELDS, SERIES, epoch_ms
 from analytics.windows.stragglers import STRAGGLER_COLUMNS
 from eventide.config import Config
@@ -89,7 +89,7 @@ class KeyedRows(TaskWriter):
         dropped_runs = out.filter(pc.equal(out["row_type"], DROPPED_RUN))
         if dropped_runs.num_rows:
             # Every events file the batch read (an accept batch may have several).
-            files = accepted_log.files_read(self.checkpoint, batch_info(self.checkpoint, batch_id))
+            files = files_read(self.checkpoint, batch_info(self.checkpoint, batch_id))
             dropped = pa.concat_tables([dropped, _run_stragglers(
                 dropped_runs, accepted_log.read_files(files, _RUN_EVENT_COLUMNS)).cast(dropped.schema)])
         return [

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analytics.accepted_log import local_path
-from analytics.checkpoint import BatchInfo
+from analytics.spark.checkpoint import BatchInfo
 from analytics.vocabulary import ARROW_TIME, SERIES, assign_windows, epoch_ms, window_specs
 from eventide.config import Config
 

@@ -18,8 +18,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics import accepted_log
-from analytics.checkpoint import BatchInfo, batch_info
 from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, insert_tables, timed, with_constants
+from analytics.spark.checkpoint import BatchInfo, batch_info, files_read
 from analytics.vocabulary import LEVEL_FIELDS, QUANTILES, WINDOWS_QUERY
 from analytics.windows.stragglers import corrections, late_contributions, late_events, merged_corrections, stragglers
 from eventide.config import Config
@@ -92,7 +92,7 @@ def window_writer(config: Config) -> BatchWriter:
         info = batch_info(checkpoint, batch_id)
         # The batch read window partials; its late pass reads the events of the same accept batches (each file
         # the batch read maps to its events file; an accept batch may have several).
-        files = ([str(accepted_log.events_file_of(config, f)) for f in accepted_log.files_read(checkpoint, info)]
+        files = ([str(accepted_log.events_file_of(config, f)) for f in files_read(checkpoint, info)]
                  if info.has_records else [])
         frames, writers = [window_rows(batch)], [WindowRows(config, batch_id, now)]
         if files:

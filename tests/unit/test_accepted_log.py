@@ -7,7 +7,8 @@ from pathlib import Path
 
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
-from analytics.checkpoint import BatchInfo
+from analytics.spark import checkpoint as spark_checkpoint
+from analytics.spark.checkpoint import BatchInfo
 from eventide.config import Config, load_config
 
 HOUR_MS = 3_600_000
@@ -85,9 +86,9 @@ def test_files_of_a_batch_and_the_kafka_offsets_a_reader_reached_survive_log_com
     reader_read(config, windows, [0, 1, 2, 3, 4], committed=4, compact_at=2)
 
     compacted = BatchInfo(2, 0, {"logOffset": 0}, {"logOffset": 2})
-    assert accepted_log.files_read(windows, compacted) == [
+    assert spark_checkpoint.files_read(windows, compacted) == [
         f"file://{events_file(config, b)}" for b in (1, 2)]
-    assert accepted_log.files_read(windows, BatchInfo(4, 0, {"logOffset": 3}, {"logOffset": 4})) == [
+    assert spark_checkpoint.files_read(windows, BatchInfo(4, 0, {"logOffset": 3}, {"logOffset": 4})) == [
         f"file://{events_file(config, 4)}"]
     assert accepted_log.kafka_offsets_reached(config, windows, 1) == {"t": {"0": 200}}
     assert accepted_log.kafka_offsets_reached(config, windows, 4) == {"t": {"0": 500}}
@@ -102,10 +103,10 @@ def test_a_file_chosen_but_never_planned_is_forgotten_before_the_reader_starts_a
     reader_read(config, checkpoint, batches=[0, 1, 2, 3, 4], committed=3)
     (checkpoint / "sources" / "0" / ".4.crc").write_bytes(b"crc")
 
-    assert accepted_log.forget_unplanned_files(checkpoint) == [4]
+    assert spark_checkpoint.forget_unplanned_files(checkpoint) == [4]
 
     assert sorted(p.name for p in (checkpoint / "sources" / "0").iterdir()) == ["0", "1", "2", "3"]
-    assert accepted_log.files_read(checkpoint, BatchInfo(3, 0, {"logOffset": 2}, {"logOffset": 3})) == [
+    assert spark_checkpoint.files_read(checkpoint, BatchInfo(3, 0, {"logOffset": 2}, {"logOffset": 3})) == [
         f"file://{events_file(config, 3)}"]
 
 
@@ -115,12 +116,12 @@ def test_a_compacted_log_batch_never_planned_keeps_every_earlier_entry(tmp_path)
     reader_read(config, checkpoint, batches=[0, 1, 2, 3, 4], committed=3, compact_at=4)
     (checkpoint / "sources" / "0" / ".4.compact.crc").write_bytes(b"crc")
 
-    assert accepted_log.forget_unplanned_files(checkpoint) == [4]
+    assert spark_checkpoint.forget_unplanned_files(checkpoint) == [4]
 
     compact = (checkpoint / "sources" / "0" / "4.compact").read_text().splitlines()
     assert compact[0] == "v1" and [json.loads(e)["batchId"] for e in compact[1:]] == [0, 1, 2, 3]
     assert not (checkpoint / "sources" / "0" / ".4.compact.crc").exists()
-    assert accepted_log.files_read(checkpoint, BatchInfo(3, 0, {"logOffset": 2}, {"logOffset": 3})) == [
+    assert spark_checkpoint.files_read(checkpoint, BatchInfo(3, 0, {"logOffset": 2}, {"logOffset": 3})) == [
         f"file://{events_file(config, 3)}"]
 
 
@@ -130,8 +131,8 @@ def test_a_planned_batch_keeps_its_files_even_before_it_is_committed(tmp_path):
     reader_read(config, checkpoint, batches=[0, 1, 2, 3, 4], committed=3)
     (checkpoint / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"logOffset":4}')
 
-    assert accepted_log.forget_unplanned_files(checkpoint) == []
-    assert accepted_log.forget_unplanned_files(tmp_path / "never_started") == []
+    assert spark_checkpoint.forget_unplanned_files(checkpoint) == []
+    assert spark_checkpoint.forget_unplanned_files(tmp_path / "never_started") == []
 
 
 def test_publishing_writes_each_partition_s_rows_once_in_their_row_groups_pads_the_rest_and_leaves_nothing_aside(

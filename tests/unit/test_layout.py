@@ -21,7 +21,7 @@ import pytest
 ANALYTICS = Path(__file__).resolve().parents[2] / "analytics"
 STAGES = ("accept", "windows", "keyed")
 RULES = (
-    "analytics.vocabulary", "analytics.checkpoint", "analytics.accepted_log", "analytics.accept.dedup",
+    "analytics.vocabulary", "analytics.spark.checkpoint", "analytics.accepted_log", "analytics.accept.dedup",
     "analytics.windows.stragglers", "analytics.windows.partials", "analytics.keyed.events", "analytics.keyed.sliding",
     "analytics.keyed.sessions", "analytics.keyed.runs", "analytics.keyed.schema", "analytics.keyed.logic",
 )

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from analytics import sinks
-from analytics.checkpoint import BatchInfo
 from analytics.keyed import runs as session_runs
+from analytics.spark.checkpoint import BatchInfo
 from analytics.windows.stragglers import (
     CORRECTION_COLUMNS,
     EVENT_COLUMNS,

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analytics.checkpoint import BatchInfo
+from analytics.spark.checkpoint import BatchInfo
 from analytics.vocabulary import WindowSpec, assign_windows, window_specs
 from analytics.windows.stragglers import late_contributions
 from eventide.config import load_config
