@@ -20,7 +20,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.errors import StreamingQueryException
-from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
@@ -39,6 +38,7 @@ from analytics.sinks import BatchWriter
 from analytics.spark import checkpoint as spark_checkpoint
 from analytics.spark import settings as spark_settings
 from analytics.spark.checkpoint import Offsets
+from analytics.spark.listener import start_callback_server, wait_for_listeners
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, WINDOWS_QUERY
 from analytics.windows import partials as window_partials
 from analytics.windows.query import aggregate
@@ -71,29 +71,14 @@ def spark_session(config: Config, app_name: str = "eventide-stream") -> SparkSes
         .config("spark.driver.memory", config.stream.driver_memory)
         .config("spark.driver.extraJavaOptions", spark_settings.JVM_OPTIONS)
         .config("spark.local.dir", str(local_dir))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(config.stream.partitions))
-        .config("spark.sql.streaming.stateStore.providerClass",
-                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        # One watermark per micro-batch for both late-event filtering and state eviction (BRIEF §3); Spark's
-        # default filters late events with the previous batch's watermark, so a window whose end the current
-        # watermark has passed would still take events for one more batch.
-        .config("spark.sql.streaming.statefulOperator.allowMultiple", "false")
-        # The window aggregation's sketch buffers are objects: past this many groups per task Spark's default
-        # (128) switches to a sort-based aggregation, much slower for object buffers
-        # (docs/performance.md#spark-and-jvm-settings).
-        .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "1000000")
         .config("spark.sql.warehouse.dir", str(config.data_dir / "spark-warehouse"))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
-    # py4j's callback server (foreachBatch, the progress listener) waits on its socket with select(), which
-    # cannot watch a descriptor >= 1024. Nothing in the job holds that many any more (chDB is no longer opened
-    # in-process), but starting it first keeps a low descriptor whatever the process opens later.
-    ensure_callback_server_started(spark.sparkContext._gateway)
+    # Nothing in the job holds 1024 descriptors any more (chDB is no longer opened in-process), but py4j's
+    # callback server started first keeps a low one whatever the process opens later.
+    start_callback_server(spark)
     return spark
 
 
@@ -221,7 +206,7 @@ def run_until_idle(spark: SparkSession, config: Config, only: Collection[str] = 
         queries += started
     # Spark hands progress to listeners asynchronously: wait until the recorder has stored every query's last
     # watermark (the finality clock), since callers read the store next.
-    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(LISTENER_DRAIN_S * 1000))
+    wait_for_listeners(spark, LISTENER_DRAIN_S)
     return queries
 
 

@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
-from pyspark.sql.streaming.listener import JStreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery
 
 from analytics.spark.checkpoint import Offsets
+from analytics.spark.listener import JsonProgressListener
 from eventide.config import Config
 from store.client import connect
 
@@ -77,7 +77,7 @@ def progress_row(report: dict[str, Any], kafka_offsets: SourceOffsets | None = N
     ]
 
 
-class ProgressRecorder(StreamingQueryListener):
+class ProgressRecorder(JsonProgressListener):
     """Writes the progress of tracked queries to ``pipeline_progress`` of their store. Runs on the driver's
     listener thread; a failed write is logged and skipped (the next batch's row carries the newer watermark)."""
 
@@ -91,12 +91,6 @@ class ProgressRecorder(StreamingQueryListener):
         """Record ``query``'s progress; ``kafka_offsets`` translates its source offsets when it does not read
         the events topic itself."""
         self._stores[str(query.id)] = (config, kafka_offsets)
-
-    def onQueryStarted(self, event: Any) -> None:
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:
-        self.record(json.loads(event.progress.json()))
 
     def record(self, report: dict[str, Any]) -> None:
         """Store one progress ``report`` (Spark's JSON of a ``StreamingQueryProgress``) if its query is tracked."""
@@ -132,33 +126,6 @@ class ProgressRecorder(StreamingQueryListener):
             self._insert(config, [*row[:-1], datetime.now(UTC)])   # recorded_at is the row's last column
         except Exception:
             log.exception("could not record progress of %s", row[0])
-
-    def onQueryTerminated(self, event: Any) -> None:
-        pass
-
-    @property
-    def _jlistener(self) -> Any:
-        """The JVM's handle on this listener (what ``spark.streams.addListener`` registers): PySpark's, except that
-        a progress report crosses as its JSON (:class:`_ProgressAsJson`)."""
-        if not hasattr(self, "_jlistener_json"):
-            from pyspark import SparkContext
-
-            self._jlistener_json = SparkContext._jvm.PythonStreamingQueryListenerWrapper(  # type: ignore[union-attr]
-                _ProgressAsJson(self))
-        return self._jlistener_json
-
-
-class _ProgressAsJson(JStreamingQueryListener):
-    """PySpark's bridge from the JVM's listener bus, with each progress report read as one JSON string.
-
-    PySpark builds the report field by field (``StreamingQueryProgress.fromJObject``): a call into the JVM per field,
-    per state operator and per custom metric, hundreds per report, each a round trip between the driver's JVM and
-    Python on the listener's thread. One ``json()`` call carries the same report."""
-
-    pylistener: ProgressRecorder
-
-    def onQueryProgress(self, jevent: Any) -> None:
-        self.pylistener.record(json.loads(jevent.progress().json()))
 
 
 def progress_recorder(spark: SparkSession) -> ProgressRecorder:

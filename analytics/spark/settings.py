@@ -56,7 +56,32 @@ its stream-execution thread's CPU per batch (docs/performance.md#the-drivers-wor
 constraints only to add or drop filters implied by others (``InferFiltersFromConstraints``, ``PruneFilters``); the
 job's plans have no joins for the added filters to help, and the results are the same without them."""
 
-JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_HAND_OVER, **PLANNING}
+STATE: dict[str, str] = {
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # One watermark per micro-batch for both late-event filtering and state eviction (BRIEF §3); Spark's default
+    # filters late events with the previous batch's watermark, so a window whose end the current watermark has
+    # passed would still take events for one more batch.
+    "spark.sql.streaming.statefulOperator.allowMultiple": "false",
+}
+"""Where the stateful queries keep their state (RocksDB, with changelog checkpoints), and which watermark applies."""
+
+AGGREGATION: dict[str, str] = {
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1000000",
+}
+"""The window aggregation's sketch buffers are objects: past this many groups per task Spark's default (128) switches
+to a sort-based aggregation, much slower for object buffers (docs/performance.md#spark-and-jvm-settings)."""
+
+SESSION: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+}
+"""No web UI or console progress bar (the job reports its progress to the store); timestamps in UTC."""
+
+JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_HAND_OVER, **PLANNING, **STATE,
+                                **AGGREGATION, **SESSION}
 """Every setting above, for the session builder and ``spark-submit`` alike."""
 
 LOG4J_PROPERTIES = Path(__file__).resolve().parent / "log4j2.properties"

@@ -12,6 +12,7 @@ imports no component, and ``alerting/`` has no import circle.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,14 +98,40 @@ def test_a_rule_module_imports_no_pyspark(module: str):
     assert loaded.stdout.strip() == "False", f"{module} pulls in pyspark"
 
 
+PRIVATE_SPARK_API = re.compile(
+    r"\.(_jvm|_jsc|_gateway|_jlistener|_jdf|_jspark|_jconf|_jsparkSession)\b"   # the JVM behind PySpark's objects
+    r"|\bJStreamingQueryListener\b|\bPythonStreamingQueryListenerWrapper\b"    # the JVM side of listeners
+    r"|pyspark\.sql\.pandas\.serializers|pyspark\.java_gateway")                # workers' wire, py4j's gateway
+"""What reaches into PySpark's private API: attributes holding JVM handles, the listener bridge's Java classes, the
+Python workers' serializers and py4j's gateway."""
+
+
+def private_spark_api(source: str) -> list[str]:
+    """The private-API uses in ``source``, one per line that has any."""
+    return [line.strip() for line in source.splitlines() if PRIVATE_SPARK_API.search(line)]
+
+
+def test_the_private_api_check_recognises_every_marker():
+    uses = ["sc._jvm.java.lang.System", "spark.sparkContext._jsc.sc()", "ensure(sc._gateway)", "self._jlistener",
+            "class X(JStreamingQueryListener):", "SparkContext._jvm.PythonStreamingQueryListenerWrapper(x)",
+            "from pyspark.sql.pandas.serializers import ArrowStreamSerializer",
+            "from pyspark.java_gateway import ensure_callback_server_started", "df._jdf.queryExecution()"]
+    assert [private_spark_api(use) for use in uses] == [[use] for use in uses]
+    assert private_spark_api("from ingest import gateway\nstart_gateway(config)\nself.jvm_options = 1") == []
+
+
 def test_every_engine_patch_is_behind_the_spark_fence():
     """A PySpark upgrade touches one folder: the modules that reach into Spark's internals (its Python worker
-    daemon, the transformWithState input reader, the launcher and logging) live in ``analytics/spark/``."""
+    daemon, the transformWithState input reader, the checkpoint files, the listener bridge, the launcher and
+    logging) live in ``analytics/spark/``, and nothing else in the product uses Spark's private API."""
     names = {p.name for p in (ANALYTICS / "spark").iterdir()}
-    assert {"settings.py", "python_daemon.py", "python.sh", "tws_input.py", "log4j2.properties"} <= names
-    outside = [p for p in ANALYTICS.rglob("*.py") if "spark" not in p.relative_to(ANALYTICS).parts
-               and "pyspark.sql.pandas.serializers" in p.read_text()]
-    assert not outside, f"engine internals used outside analytics/spark/: {outside}"
+    assert {"settings.py", "python_daemon.py", "python.sh", "tws_input.py", "log4j2.properties", "checkpoint.py",
+            "listener.py"} <= names
+    fence = ANALYTICS / "spark"
+    outside = {str(p.relative_to(ROOT)): uses for package in ("eventide", *COMPONENTS, LAUNCHER)
+               for p in (ROOT / package).rglob("*.py")
+               if fence not in p.parents and (uses := private_spark_api(p.read_text()))}
+    assert not outside, f"Spark's private API used outside analytics/spark/: {outside}"
 
 
 # The whole house ------------------------------------------------------------------------------------------------
