@@ -2,13 +2,17 @@
 workers: (de)serialises each key's state, calls the pure rules (``analytics.keyed.sliding``,
 ``analytics.keyed.sessions``) and shapes their output rows (``analytics.keyed.schema``). The processor
 (``analytics.keyed.processor``) imports this module only where rows are handled: Spark also unpickles the processor
-in a driver-side process at every start of the query, which needs none of these imports."""
+in a driver-side process at every start of the query, which needs none of these imports.
+
+The logic meets Spark's state through three small interfaces, ``StateRow``, ``Timers`` and ``BatchClock``, which
+Spark's own objects (``ValueState``, ``StatefulProcessorHandle``, ``TimerValues``) satisfy as they are; the tests
+drive the logic over an in-memory double of them (``tests/support/keyed_state.py``), with Spark's call order."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -26,8 +30,30 @@ from analytics.keyed.schema import (
     SLIDING,
 )
 
-if TYPE_CHECKING:
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle, TimerValues, ValueState
+
+class StateRow(Protocol):
+    """One state row of the current key (Spark's ``ValueState``): each call is a round trip to Spark's JVM."""
+
+    def get(self) -> tuple[Any, ...] | None: ...
+
+    def update(self, new_value: tuple[Any, ...]) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+class Timers(Protocol):
+    """The current key's event-time timers (Spark's ``StatefulProcessorHandle``, by its method names)."""
+
+    def registerTimer(self, expiryTimestampMs: int) -> None: ...   # Spark's method names
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None: ...
+
+
+class BatchClock(Protocol):
+    """The micro-batch's watermark (Spark's ``TimerValues``)."""
+
+    def getCurrentWatermarkInMs(self) -> int: ...
+
 
 _NUMPY_TYPES = {"string": object, "long": np.int64, "int": np.int32, "double": np.float64}
 _MISSING = {object: None, np.float64: np.nan}   # and 0 for integer columns
@@ -53,9 +79,9 @@ class KeyedWindowsLogic:
     """The sliding and session rules over a :class:`~analytics.keyed.processor.KeyedWindowsProcessor`'s state, in
     Spark's Python workers (created there at the first rows or timer, so that only the workers import it)."""
 
-    def __init__(self, handle: StatefulProcessorHandle, sliding_state: ValueState, session_state: ValueState,
+    def __init__(self, timers: Timers, sliding_state: StateRow, session_state: StateRow,
                  sliding_length_ms: int, session_gap_ms: int, session_memory_ms: int) -> None:
-        self.handle = handle
+        self.timers = timers
         self.sliding_state = sliding_state
         self.session_state = session_state
         self.sliding_length_ms = sliding_length_ms
@@ -108,13 +134,13 @@ class KeyedWindowsLogic:
         if due == registered:
             return
         if registered is not None:
-            self.handle.deleteTimer(registered)
+            self.timers.deleteTimer(registered)
         if due is not None:
-            self.handle.registerTimer(due)
+            self.timers.registerTimer(due)
 
     # Spark's callbacks, through the processor ---------------------------------------------------------------
     def handle_input_rows(self, key: Any, rows: Iterator[pd.DataFrame],
-                          timer_values: TimerValues) -> Iterator[pd.DataFrame]:
+                          timer_values: BatchClock) -> Iterator[pd.DataFrame]:
         key = _unpack_key(key)
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
@@ -150,7 +176,7 @@ class KeyedWindowsLogic:
                     RUN_LAST: last[dropped_at], "source_partition": frame["partition"].to_numpy(np.int32)[dropped_at],
                     "event_count": frame[RUN_EVENTS].to_numpy(np.int64)[dropped_at]})
 
-    def handle_expired_timer(self, key: Any, timer_values: TimerValues) -> Iterator[pd.DataFrame]:
+    def handle_expired_timer(self, key: Any, timer_values: BatchClock) -> Iterator[pd.DataFrame]:
         key = _unpack_key(key)
         watermark = timer_values.getCurrentWatermarkInMs()
         # The timer that fired is gone: none is registered until ``_move_timer`` registers the next.

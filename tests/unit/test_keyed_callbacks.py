@@ -1,4 +1,5 @@
-"""The keyed query's callbacks in Spark's order, over an in-memory state and timer table (no Spark).
+"""The keyed query's callbacks in Spark's order, over an in-memory state and timer table (no Spark:
+``tests/support/keyed_state.py``).
 
 Spark's ``transformWithStateInPandas`` calls a processor per key and micro-batch: first ``handleInputRows`` for
 every key with rows, then ``handleExpiredTimer`` once per registered timer the watermark has reached (and deletes
@@ -11,89 +12,20 @@ windows through the real operator.
 from __future__ import annotations
 
 import json
-from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from analytics.keyed.logic import KeyedWindowsLogic
 from analytics.keyed.schema import RUN_EVENTS, RUN_LAST, RUN_LEVELS, SESSION, SLIDING
+from tests.support.keyed_state import InMemoryKeyedState
 
 L = 60_000     # sliding window length
 G = 60_000     # session gap
 MEMORY = 3_600_000
 
 
-@dataclass
-class _SparkLike:
-    """State rows and timers per key, in the order and with the calls Spark's operator makes."""
-
-    state: dict[tuple[str, str], object] = field(default_factory=dict)
-    timers: set[tuple[str, int]] = field(default_factory=set)
-    calls: Counter = field(default_factory=Counter)
-    fired_with_windows: list[tuple[str, int]] = field(default_factory=list)
-    key: str = ""
-
-    def value_state(self, name: str) -> _ValueState:
-        return _ValueState(self, name)
-
-    def registerTimer(self, at: int) -> None:   # Spark's handle API, by name
-        self.calls["registerTimer"] += 1
-        self.timers.add((self.key, at))
-
-    def deleteTimer(self, at: int) -> None:
-        self.calls["deleteTimer"] += 1
-        self.timers.discard((self.key, at))
-
-    def batch(self, logic: KeyedWindowsLogic, rows: dict[str, pd.DataFrame], watermark: int) -> list[pd.DataFrame]:
-        out = []
-        values = _Watermark(watermark)
-        for key, frame in rows.items():
-            self._set_key(key)
-            out += list(logic.handle_input_rows((key,), iter([frame]), values))
-        for key, at in sorted(t for t in self.timers if t[1] <= watermark):
-            self._set_key(key)
-            emitted = list(logic.handle_expired_timer((key,), values))
-            if any((frame["row_type"] == "window").any() for frame in emitted):
-                self.fired_with_windows.append((key, at))
-            out += emitted
-            self.timers.discard((key, at))
-            self.calls["deleteTimer (by Spark)"] += 1
-        return out
-
-    def _set_key(self, key: str) -> None:
-        self.calls["setImplicitKey"] += 1
-        self.key = key
-
-
-@dataclass
-class _ValueState:
-    spark: _SparkLike
-    name: str
-
-    def get(self) -> object:
-        self.spark.calls["get"] += 1
-        return self.spark.state.get((self.spark.key, self.name))
-
-    def update(self, value: object) -> None:
-        self.spark.calls["update"] += 1
-        self.spark.state[(self.spark.key, self.name)] = value
-
-    def clear(self) -> None:
-        self.spark.calls["clear"] += 1
-        self.spark.state.pop((self.spark.key, self.name), None)
-
-
-@dataclass
-class _Watermark:
-    watermark: int
-
-    def getCurrentWatermarkInMs(self) -> int:
-        return self.watermark
-
-
-def _logic(spark: _SparkLike) -> KeyedWindowsLogic:
+def _logic(spark: InMemoryKeyedState) -> KeyedWindowsLogic:
     return KeyedWindowsLogic(spark, spark.value_state("sliding"), spark.value_state("session"), L, G, MEMORY)
 
 
@@ -124,7 +56,7 @@ def _windows(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 def test_a_series_gets_each_window_once_and_its_timer_fires_only_when_a_window_is_due():
     # Given a series with two events 10 s apart in every batch, the watermark 35 s behind each batch's last event,
-    spark, batches = _SparkLike(), []
+    spark, batches = InMemoryKeyedState(), []
     logic = _logic(spark)
     series = _key(SLIDING, "cpu")
     times: list[int] = []
@@ -146,7 +78,7 @@ def test_a_series_gets_each_window_once_and_its_timer_fires_only_when_a_window_i
 
 def test_each_session_of_a_bucket_closes_once_on_the_bucket_s_timer():
     # Given two users of one bucket, ann active in every batch and bob only at the start,
-    spark, out = _SparkLike(), []
+    spark, out = InMemoryKeyedState(), []
     logic = _logic(spark)
     bucket = _key(SESSION, "7")
     ann, bob = "user\x1eann", "user\x1ebob"
