@@ -26,7 +26,7 @@ from clickhouse_connect.driver.client import Client
 from alerting.rules import AlertRule, AlertRules, quantile_of
 from alerting.state import AlertState, Transition, run
 from eventide.config import Config
-from ingest.envelope import now_ms
+from eventide.envelope import now_ms
 from store import pipeline
 from store.client import connect
 from store.range_query import SeriesKey, range_buckets

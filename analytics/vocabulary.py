@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from eventide.config import Config
-from ingest.envelope import LEVELS
+from eventide.envelope import LEVELS
 
 # The three streaming queries (analytics.job), which are also their checkpoint directories' names.
 ACCEPT_QUERY = "accept"

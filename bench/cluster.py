@@ -30,7 +30,7 @@ from analytics.job import QUERIES
 from analytics.vocabulary import ACCEPT_QUERY
 from bench.harness import Load, fresh, produce_backlog
 from eventide.config import ClusterConfig, Config, load_config
-from ingest.envelope import now_ms
+from eventide.envelope import now_ms
 from stack import cluster
 from stack.services import free_port
 from store.server import child as served_store

@@ -62,7 +62,7 @@ from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY
 from dashboard import queries
 from dashboard.log_search import LogQuery, count_lines, distinct_values, message_patterns, search_lines
 from eventide.config import Config, load_config
-from ingest.envelope import LEVELS
+from eventide.envelope import LEVELS
 from stack.services import free_port
 from store import pipeline
 from store.client import connect

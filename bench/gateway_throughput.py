@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 
 from eventide.config import Config, load_config, to_environ
-from ingest.envelope import metric_event, now_ms
+from eventide.envelope import metric_event, now_ms
 from stack import broker
 from stack.services import free_port
 

@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from analytics.job import QUERIES
 from analytics.vocabulary import ACCEPT_QUERY
 from eventide.config import Config, load_config
-from ingest.envelope import now_ms, uuid7
+from eventide.envelope import now_ms, uuid7
 from stack import broker
 from stack.services import free_port
 from store.client import connect

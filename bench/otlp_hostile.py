@@ -38,7 +38,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from bench.gateway_throughput import start_gateway
 from eventide.config import Config, load_config
-from ingest.envelope import now_ms
+from eventide.envelope import now_ms
 from stack import broker
 from stack.services import free_port
 

@@ -80,7 +80,7 @@ from bench.harness import (
     topic_end_offsets,
 )
 from eventide.config import Config
-from ingest.envelope import now_ms
+from eventide.envelope import now_ms
 from stack import broker
 
 PHASES = ("limit", "full", "warm", "live", "batches", "nodedup", "queries", "peer")

@@ -14,7 +14,7 @@ import random
 import time
 
 from eventide.config import Config, load_config
-from ingest.envelope import LEVELS, encode, metric_event, now_ms, offset_clock
+from eventide.envelope import LEVELS, encode, metric_event, now_ms, offset_clock
 from ingest.sdk import Client
 
 log = logging.getLogger(__name__)

@@ -56,8 +56,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from eventide.config import Config, ConfigError, load_config_or_exit
+from eventide.envelope import now_ms
 from eventide.http_deadline import HeadDeadlineProtocol
-from ingest.envelope import now_ms
 from ingest.gateway_batches import PreparedBatch
 from ingest.gateway_kafka import KafkaUnavailable
 from ingest.gateway_service import BEARER, Gateway, read_body

@@ -111,7 +111,7 @@ class PreparedBatch:
 
 
 _COMPACT: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-"""``ingest.envelope.encode``'s format; one encoder, as ``json.dumps`` builds a new one per call with options."""
+"""``eventide.envelope.encode``'s format; one encoder, as ``json.dumps`` builds a new one per call with options."""
 
 
 def prepare_batch(events: Sequence[object], received_time: int, max_record_bytes: int, *,

@@ -41,7 +41,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from eventide.config import OtlpConfig
-from ingest.envelope import ENVELOPE_VERSION
+from eventide.envelope import ENVELOPE_VERSION
 
 Media = Literal["protobuf", "json"]
 Signal = Literal["logs", "metrics"]
@@ -344,7 +344,7 @@ def refuse_all(mapped: Mapped, records: int, reason: str) -> None:
 
 def envelope(kind: str, event_id: str, source: Source, name: str, event_time: int, sent_time: int,
              user: str | None, tags: Mapping[str, str], **body: Any) -> dict[str, Any]:
-    """A v1 envelope in :func:`ingest.envelope.metric_event`'s / ``log_event``'s field order."""
+    """A v1 envelope in :func:`eventide.envelope.metric_event`'s / ``log_event``'s field order."""
     event: dict[str, Any] = {"v": ENVELOPE_VERSION, "id": event_id, "kind": kind, "app": source.app,
                              "device": source.device, "name": name, **body, "event_time": event_time,
                              "sent_time": sent_time}

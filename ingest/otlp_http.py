@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from eventide.config import Config
-from ingest.envelope import now_ms
+from eventide.envelope import now_ms
 from ingest.gateway_batches import prepare_batch
 from ingest.gateway_kafka import KafkaUnavailable
 from ingest.gateway_service import BEARER, Gateway, read_body

@@ -35,8 +35,8 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from eventide.config import Config, load_config
+from eventide.envelope import LEVELS, now_ms
 from ingest.buffer import EventBuffer
-from ingest.envelope import LEVELS, now_ms
 from ingest.sender import HEALTH_PREFIX, LOG, METRIC, RAW, SdkStats, Sender, envelope_head
 from ingest.spool import Spool, spool_directory
 

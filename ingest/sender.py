@@ -28,8 +28,8 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from eventide.config import Config
+from eventide.envelope import ENVELOPE_VERSION
 from ingest.buffer import EventBuffer
-from ingest.envelope import ENVELOPE_VERSION
 from ingest.spool import Spool
 
 log = logging.getLogger("ingest.sender")

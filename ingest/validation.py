@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ingest.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS
+from eventide.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS
 
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
@@ -172,7 +172,7 @@ def json_type(value: object) -> str:
 
 
 def encoded_size(event: object) -> int:
-    """Bytes of ``event`` as compact JSON, as :func:`ingest.envelope.encode` writes it (non-finite numbers
+    """Bytes of ``event`` as compact JSON, as :func:`eventide.envelope.encode` writes it (non-finite numbers
     written as ``Infinity``, which ``encode`` refuses, so an invalid event still has a size)."""
     return len(json.dumps(event, separators=(",", ":")).encode())
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from clickhouse_connect.driver.client import Client
 from datasketches import hll_sketch, hll_union, kll_doubles_sketch
 
-from ingest.envelope import LEVELS  # counted per window: the level_* columns of window_aggregates
+from eventide.envelope import LEVELS  # counted per window: the level_* columns of window_aggregates
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99, 0.999)
 

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from eventide.config import Config
-from ingest.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS
+from eventide.envelope import ENVELOPE_VERSION, KINDS, LEVELS, MAX_APP_CHARS, MAX_DEVICE_CHARS, MAX_NAME_CHARS
 
 _INTEGER_TYPES = ("BIGINT", "INT", "SMALLINT", "TINYINT")
 _NUMBER_PATTERN = r"^(BIGINT|INT|SMALLINT|TINYINT|DOUBLE|FLOAT|DECIMAL\(.*\))$"

@@ -58,7 +58,7 @@ def _measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     from analytics.accept import validation as envelope
     from analytics.job import spark_session
     from eventide.config import load_config
-    from ingest.envelope import now_ms
+    from eventide.envelope import now_ms
 
     config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")})
     spark = spark_session(config, app_name="eventide-accept-stages")

@@ -18,7 +18,7 @@ import streamlit as st
 
 from dashboard import common, log_search, queries
 from dashboard.log_search import LogQuery
-from ingest.envelope import LEVELS
+from eventide.envelope import LEVELS
 from store import pipeline
 
 LEVEL_COLOURS = {"debug": "#9edae5", "info": "#1f77b4", "warning": "#ff7f0e", "error": "#d62728",

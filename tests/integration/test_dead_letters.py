@@ -6,7 +6,7 @@ import json
 
 from confluent_kafka import Consumer, Producer
 
-from ingest.envelope import encode, metric_event
+from eventide.envelope import encode, metric_event
 from store.client import connect
 from tests.support.pipeline import Metric, minute_in_past, produce, produce_raw, run_job, window_rows
 

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from eventide.config import SeriesSelector
-from ingest.envelope import encode
+from eventide.envelope import encode
 from ingest.gateway import create_app
 from ingest.sdk import Client
 from ingest.spool import Spool, spool_directory

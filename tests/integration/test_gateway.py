@@ -16,7 +16,7 @@ from confluent_kafka import Message
 from fastapi.testclient import TestClient
 
 from eventide.config import Config, ConfigError
-from ingest.envelope import log_event, metric_event, now_ms
+from eventide.envelope import log_event, metric_event, now_ms
 from ingest.gateway import create_app
 from stack import broker, cli
 from stack.services import free_port

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.envelope import encode, log_event
+from eventide.envelope import encode, log_event
 from tests.support.pipeline import Event, minute_in_past, produce_events, produce_raw, rows, run_job
 
 S = 1000

@@ -39,7 +39,7 @@ from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData, Pe
 from opentelemetry.sdk.resources import Resource
 
 from eventide.config import Config, GatewayToken, to_environ
-from ingest.envelope import now_ms
+from eventide.envelope import now_ms
 from ingest.gateway import create_app
 from stack import broker
 from stack.services import free_port

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eventide.config import Config
-from ingest.envelope import now_ms
+from eventide.envelope import now_ms
 from ingest.sdk import Client
 from tests.support.sdk import consume_all, fresh_topic
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from eventide.config import Config, load_config
-from ingest.envelope import now_ms, offset_clock
+from eventide.envelope import now_ms, offset_clock
 from ingest.sdk import Client
 from stack import broker
 from stack.services import free_port

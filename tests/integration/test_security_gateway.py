@@ -35,7 +35,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from analytics.accept.dedup import first_copies
 from eventide.config import Config, ConfigError, GatewayToken, load_config
-from ingest.envelope import now_ms
+from eventide.envelope import now_ms
 from ingest.gateway import create_app, server_config
 from ingest.gateway_batches import parse_batch
 from ingest.gateway_rate_limits import TokenBucket

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from analytics import accepted_log
 from eventide.config import Config
-from ingest.envelope import encode, log_event, metric_event
+from eventide.envelope import encode, log_event, metric_event
 from tests.support.pipeline import minute_in_past, produce_raw, rows, run_job
 from tests.support.stack import fresh_stack
 

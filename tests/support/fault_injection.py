@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 from fastapi.testclient import TestClient
 
 from eventide.config import Config, to_environ
-from ingest.envelope import encode, metric_event, now_ms
+from eventide.envelope import encode, metric_event, now_ms
 from ingest.gateway import create_app
 from ingest.sdk import Client
 from stack import broker, services

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eventide.config import Config, to_environ
-from ingest.envelope import encode, log_event, metric_event, now_ms, offset_clock
+from eventide.envelope import encode, log_event, metric_event, now_ms, offset_clock
 from ingest.sdk import Client
 from store.client import connect
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from ingest.envelope import encode, log_event, metric_event, uuid7
+from eventide.envelope import encode, log_event, metric_event, uuid7
 
 
 def test_uuid7_carries_version_variant_and_time_and_sorts_by_time():

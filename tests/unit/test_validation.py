@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ingest.envelope import encode, log_event, metric_event
+from eventide.envelope import encode, log_event, metric_event
 from ingest.validation import json_type, loads, validation_error
 
 LIMIT = 65536
