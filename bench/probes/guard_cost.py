@@ -1,6 +1,6 @@
 """What the store's statement guard costs per statement, in isolation (issue 49: the guard's cost per query).
 
-``store.sql_guard.check`` on a chDB session in process, as the server's parser handles run it, over the statements
+``store.server.guard.check`` on a chDB session in process, as the server's parser handles run it, over the statements
 the project sends: every migration statement (as the writer), the dashboard's and the evaluator's typical reads and
 clickhouse-connect's own (as the reader). No verdict is remembered here (the server remembers verdicts of short
 statements, so a repeated statement costs a dictionary lookup): each round checks every statement again.
@@ -18,8 +18,8 @@ import time
 
 import chdb
 
-from store import sql_guard
 from store.migrations import _LEDGER, migration_files, statements
+from store.server import guard
 
 READS = [
     "SELECT 1",
@@ -50,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     cases = [("writer", s) for _, sql in migration_files() for s in statements(sql)] + [("writer", _LEDGER)]
     cases += [("writer" if s.startswith("INSERT") else "reader", s) for s in READS]
     for role, statement in cases:           # warm up (and prove every statement is allowed)
-        sql_guard.check(statement, role=role, parse=parse)   # type: ignore[arg-type]
+        guard.check(statement, role=role, parse=parse)   # type: ignore[arg-type]
     timings: list[list[float]] = [[] for _ in cases]
     for _ in range(args.rounds):
         for i, (role, statement) in enumerate(cases):
             started = time.perf_counter()
-            sql_guard.check(statement, role=role, parse=parse)   # type: ignore[arg-type]
+            guard.check(statement, role=role, parse=parse)   # type: ignore[arg-type]
             timings[i].append((time.perf_counter() - started) * 1e6)
     per = [statistics.median(t) for t in timings]
     out = {

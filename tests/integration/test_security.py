@@ -464,7 +464,7 @@ def test_a_read_is_cancelled_when_its_client_leaves(store: Store) -> None:
 # ------------------------------------------------------------------------- the statement split (pure, linear)
 
 def test_the_insert_split_follows_clickhouses_rule() -> None:
-    from store.embedded.statements import InsertSplit, split_insert
+    from store.server.statements import InsertSplit, split_insert
 
     head = b"/* c */ INSERT INTO db.t (a, b) SETTINGS async_insert = 0 FORMAT TabSeparated  \n1\t2\n"
     split = split_insert(head)
@@ -493,8 +493,8 @@ HOSTILE_TEXTS = {
 
 
 def _scan_seconds(text: bytes) -> float:
-    from store.embedded.errors import _error_code
-    from store.embedded.statements import split_insert
+    from store.server.errors import _error_code
+    from store.server.statements import split_insert
 
     started = time.perf_counter()
     split_insert(text)

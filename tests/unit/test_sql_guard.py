@@ -1,4 +1,4 @@
-"""The store's statement guard (store/sql_guard.py) against real chDB in process: every way SQL reaches the host,
+"""The store's statement guard (store/server/guard/) against real chDB in process: every way SQL reaches the host,
 the network or another request's state is refused with a named reason, and every statement the project itself
 sends (migrations, dashboard, alerting, range queries, clickhouse-connect's own) is allowed for its role."""
 
@@ -22,7 +22,7 @@ from alerting.rules import AlertRule
 from eventide.config import Config, SeriesSelector
 from store.migrations import _LEDGER, TTL_TABLES, migration_files, statements, ttl_expression
 from store.range_query import SeriesKey
-from store.sql_guard import (
+from store.server.guard import (
     ENFORCED_SETTINGS,
     Refused,
     Verdict,
@@ -608,7 +608,7 @@ def test_given_a_statement_then_its_format_is_the_parsers_not_the_texts_last_wor
 
 
 def test_given_database_names_then_only_plain_identifiers_are_accepted() -> None:
-    from store.sql_guard import is_database_name
+    from store.server.guard import is_database_name
 
     for name in ("eventide", "_x", "sec_1a2b3c4d", "A" * 128):
         assert is_database_name(name), name

@@ -14,9 +14,9 @@ from typing import Any
 
 import chdb
 
-from store import sql_guard
-from store.embedded.errors import ClientGone, StoreError
-from store.embedded.statements import InsertSplit
+from store.server.errors import ClientGone, StoreError
+from store.server.guard import Refused, check_format, is_database_name
+from store.server.statements import InsertSplit
 
 IDLE_HANDLES = 8
 """chDB handles kept open between requests (more are opened while more requests run at once)."""
@@ -83,9 +83,9 @@ def unknown_database(name: str) -> StoreError:
 
 
 def checked_database(name: str) -> str:
-    """The ``database`` a request names, if it can be one: a plain identifier (``sql_guard.is_database_name``),
+    """The ``database`` a request names, if it can be one: a plain identifier (``store.server.guard.is_database_name``),
     the only kind of name the writer may create. Whether it exists is checked when a handle is opened for it."""
-    if name and not sql_guard.is_database_name(name):
+    if name and not is_database_name(name):
         raise unknown_database(name)
     return name
 
@@ -106,7 +106,7 @@ class HandlePool:
                 # whose name is a plain identifier: only then is it spliced into USE (no quote or escape can be in it).
                 found = conn.query("SELECT count() FROM system.databases WHERE name = {db:String}", "TabSeparated",
                                    params={"db": state.database}).bytes()
-                if found.strip() != b"1" or not sql_guard.is_database_name(state.database):
+                if found.strip() != b"1" or not is_database_name(state.database):
                     raise unknown_database(state.database)
                 conn.query(f"USE `{state.database}`", "TabSeparated")
             for name, value in state.settings:   # ``readonly`` sorts last of the caps: nothing is SET after it
@@ -209,11 +209,11 @@ class Engine:
 
     @staticmethod
     def _checked_format(fmt: str) -> str:
-        """Only the formats of ``sql_guard``'s allow-list reach chDB's Python API: some names there (DataFrame,
+        """Only the formats of the guard's allow-list reach chDB's Python API: some names there (DataFrame,
         ArrowTable, ...) return Python objects, not bytes."""
         try:
-            return sql_guard.check_format(fmt)
-        except sql_guard.Refused as exc:
+            return check_format(fmt)
+        except Refused as exc:
             raise StoreError.of(exc.code, exc.name, exc.message, exc.http_status) from None
 
     @staticmethod

@@ -6,7 +6,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from store.embedded.errors import StoreError
+from store.server.errors import StoreError
 
 
 def decompressor(encoding: str) -> Callable[[], Any] | None:

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from store.embedded.errors import StoreError
+from store.server.errors import StoreError
 
 # Every regex here is anchored or matched at a given position, with possessive/atomic repetition: its time is
 # linear in the text it reads (a quadratic one let a 40 KB request stall the server for seconds).

@@ -13,11 +13,12 @@ ClickHouse server would (its HTTP interface, users and profiles):
 - HTTP from uvicorn/h11 (request parsing, chunked bodies, keep-alive); a request's head must arrive within
   ``http_headers_timeout_s`` and its body within ``http_receive_timeout_s``; connections, concurrent queries,
   the head, the statement and the (decompressed) body are bounded (``StoreConfig``).
-- Two users (``store/credentials.py``): the writer ``default`` and a read-only reader (``readonly = 2``). The
-  password is checked on the headers, before a byte of the body is read. GET runs with ``readonly = 1``.
+- Two users (``store/credentials.py``, which the clients read too): the writer ``default`` and a read-only reader
+  (``readonly = 2``). The password is checked on the headers, before a byte of the body is read. GET runs with
+  ``readonly = 1``.
 - Requests a browser could send for a web page are refused: an ``Origin`` header, ``Sec-Fetch-Site`` cross-site
   or same-site, a ``Host`` other than the address served (DNS rebinding).
-- Every statement passes ``store.sql_guard`` (decided by ClickHouse's own parser): one statement, no table
+- Every statement passes ``store.server.guard`` (decided by ClickHouse's own parser): one statement, no table
   function or clause that reaches the host, no ``USE``/``SET``/temporary table; SETTINGS within the caps.
 - Every query runs under ``max_execution_time``, ``max_memory_usage`` and ``max_result_bytes`` a client cannot
   raise. chDB calls block, so they run on a bounded thread pool, never on the event loop.
@@ -27,8 +28,8 @@ carry session state (database, settings): a handle is reused only by requests as
 settings, and carries only what the pool applied when it opened it, since the guard lets no statement that
 changes session state through. An acknowledged insert has been committed by chDB as a part on disk.
 
-The parts, one job each, are in ``store/embedded/`` (its ``__init__`` lists them); this module puts them
-together and runs them.
+The parts, one job each, are beside this module in ``store/server/`` (its ``__init__`` lists them); this module
+puts them together and runs them.
 
     python -m store.server            (or: eventide store serve)
 """
@@ -51,10 +52,10 @@ import uvicorn
 
 from eventide.config import Config, load_config_or_exit
 from store import credentials
-from store.embedded.asgi import StoreApp
-from store.embedded.connections import StoreServer, protocol
-from store.embedded.engine import Engine
-from store.embedded.limits import READER, WRITER, Limits
+from store.server.asgi import StoreApp
+from store.server.connections import StoreServer, protocol
+from store.server.engine import Engine
+from store.server.limits import READER, WRITER, Limits
 
 log = logging.getLogger("eventide.store.server")
 DRAIN_S = 20.0
@@ -130,7 +131,7 @@ def child(config: Config, log: Path | None = None) -> Iterator[subprocess.Popen[
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}, **to_environ(config)}
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "store.server"], env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+                                stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
                                 preexec_fn=_stop_with_parent)
     try:
         if not wait_until_up(config, config.store.start_timeout_s):
@@ -153,11 +154,8 @@ def run(config: Config) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m store.server [--config FILE]``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config")
     args = parser.parse_args(argv)
     return run(load_config_or_exit(args.config))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""ClickHouse's HTTP interface as an ASGI application over :class:`~store.embedded.engine.Engine`: the refusals
+"""ClickHouse's HTTP interface as an ASGI application over :class:`~store.server.engine.Engine`: the refusals
 on the head (browsers, authentication, method, concurrency), the settings a request may ask for, its body read
 against a deadline and a size, the query run off the event loop and cancelled when its client leaves, and its
 answer sent in steps against a deadline, counted against its user's share until it is sent."""
@@ -20,13 +20,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
-from store import sql_guard
-from store.embedded.bodies import decompressor, inflate
-from store.embedded.engine import Answer, Cancel, Engine, HandleState, checked_database
-from store.embedded.errors import ClientGone, StoreError, refused
-from store.embedded.limits import READER, WRITER, Limits
-from store.embedded.statements import SETTING_NAME, InsertSplit, split_insert
-from store.embedded.verdicts import guard, remembered
+from store.server.bodies import decompressor, inflate
+from store.server.engine import Answer, Cancel, Engine, HandleState, checked_database
+from store.server.errors import ClientGone, StoreError, refused
+from store.server.guard import ENFORCED_SETTINGS, PROTECTED_DATABASES, Refused, check_format, check_settings
+from store.server.limits import READER, WRITER, Limits
+from store.server.statements import SETTING_NAME, InsertSplit, split_insert
+from store.server.verdicts import guard, remembered
 
 log = logging.getLogger("eventide.store.server")
 
@@ -266,13 +266,13 @@ class StoreApp:
                 raise StoreError.of(452, "SETTING_CONSTRAINT_VIOLATION",
                                     "Setting result_overflow_mode can only be 'throw' here", 403)
             try:     # the caps, readonly, and the settings that name files, URLs or dialects
-                sql_guard.check_settings({name: value}, self.limits.caps)
-            except sql_guard.Refused as exc:
+                check_settings({name: value}, self.limits.caps)
+            except Refused as exc:
                 raise StoreError.of(exc.code, exc.name, exc.message, 403) from None
             settings[name] = value
-        settings.update(sql_guard.ENFORCED_SETTINGS)     # after the client's: they cannot be undone
+        settings.update(ENFORCED_SETTINGS)     # after the client's: they cannot be undone
         database = checked_database(headers.get("x-clickhouse-database") or params.get("database", ""))
-        if database.lower() in sql_guard.PROTECTED_DATABASES:
+        if database.lower() in PROTECTED_DATABASES:
             readonly = readonly or 1    # unqualified names there are the engine's own tables: read them only
         ordered = tuple(sorted(settings.items()))
         if readonly:     # applied last: once it is set, the handle cannot change it
@@ -314,8 +314,8 @@ class StoreApp:
         state = self._state(params, headers, role, read_only)
         default_format = params.get("default_format", "TabSeparated")
         try:
-            sql_guard.check_format(default_format)
-        except sql_guard.Refused as exc:
+            check_format(default_format)
+        except Refused as exc:
             raise StoreError.of(exc.code, exc.name, exc.message, 400) from None
         limit = self.limits.max_query_size
         query = params.get("query", "").encode()

@@ -14,7 +14,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eventide.config import StoreConfig
 from eventide.http_deadline import HeadDeadlineProtocol
-from store.embedded.asgi import ABORT
+from store.server.asgi import ABORT
 
 
 def protocol(store: StoreConfig) -> type[H11Protocol]:
