@@ -185,3 +185,39 @@ def test_the_alerting_modules_import_no_circle():
     modules = modules_under("alerting")
     assert_no_circle({module: {m for m in every_import(path) if m in modules and m != module}
                       for module, path in modules.items()})
+
+
+STORE_SERVER = "store.server"
+STORE_CLIENT_PATH = ("store.client", "store.credentials", "store.migrations", "store.pipeline", "store.range_query")
+"""What the job, the dashboard and the evaluator use to reach the store: over HTTP, never the server's code."""
+
+
+def names_the_store_server(path: Path) -> bool:
+    """Whether ``path`` imports anything of ``store/server/`` (``from store import server`` included)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        named: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            named = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            named = [alias.name for alias in node.names]
+        if any(name == STORE_SERVER or name.startswith(f"{STORE_SERVER}.") for name in named):
+            return True
+    return False
+
+
+def test_only_the_launcher_starts_the_store_server():
+    """The embedded server is a process of its own: the launcher (and the tests and benches) start it; every other
+    component, and the store's own client path, reaches it over HTTP and imports nothing of ``store/server/``."""
+    offenders = sorted(module for package in ("eventide", *COMPONENTS)
+                       for module, path in modules_under(package).items()
+                       if not (module == STORE_SERVER or module.startswith(f"{STORE_SERVER}."))
+                       and names_the_store_server(path))
+    assert not offenders, f"outside store/server/, these import the store's server: {offenders}"
+
+
+def test_the_store_client_path_loads_no_engine():
+    """Importing the client path loads neither chDB nor the server's HTTP stack, as a ClickHouse client would not."""
+    probe = (f"import sys, {', '.join(STORE_CLIENT_PATH)}; "
+             f"print(sorted(m for m in ('chdb', 'uvicorn', '{STORE_SERVER}') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert loaded.stdout.strip() == "[]", f"the store's client path loads {loaded.stdout.strip()}"
