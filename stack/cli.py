@@ -144,7 +144,7 @@ def demo(config: Config) -> None:
 
     load_rules(config.alert_rules_file)   # invalid rules stop the demo here, naming the rule and field
     for name, argv in ((JOB, _python_module("analytics.job")),
-                       (LOAD, _python_module("ingest.demo_load")),
+                       (LOAD, _python_module("stack.demo_load")),
                        (ALERTS, _python_module("alerting.service")),
                        (GATEWAY, _python_module("ingest.gateway")),
                        (DASHBOARD, dashboard_argv(config))):
@@ -253,13 +253,13 @@ def main(argv: list[str] | None = None) -> int:
 
             stream_job.main(["--until-idle"] if args.until_idle else [])
         elif args.command == "load":
-            from ingest import demo_load
+            from stack import demo_load
 
             demo_load.run(config, args.rate, args.duration)
         elif args.command == "dashboard":
             os.execv(sys.executable, dashboard_argv(config))
         elif args.command == "gateway":
-            from ingest import gateway
+            from ingest.gateway import app as gateway
 
             return gateway.serve(config)
         elif args.command == "alerts":

@@ -14,9 +14,9 @@ from starlette.testclient import TestClient
 
 from eventide.config import SeriesSelector
 from eventide.envelope import encode
-from ingest.gateway import create_app
+from ingest.gateway.app import create_app
 from ingest.sdk import Client
-from ingest.spool import Spool, spool_directory
+from ingest.sdk.spool import Spool, spool_directory
 from stack import broker
 from tests.support.pipeline import Event, minute_in_past, produce_events, produce_raw, rows, run_job
 from tests.support.stack import fresh_stack
@@ -136,7 +136,7 @@ def test_an_sdk_spool_chunk_replayed_after_a_crash_counts_once(stack, spark):
     assert sdk.flush()
     sdk.close()
     sent = broker.read_committed(stack)
-    # What the spool held: the envelopes without their closing sent_time (ingest.sender stamps it at hand-off).
+    # What the spool held: the envelopes without their closing sent_time (ingest.sdk.sender stamps it at hand-off).
     bodies = [m.value()[:m.value().rindex(b',"sent_time":')] for m in sent]
     spool = Spool(spool_directory(stack.spool_dir, "shop", "phone-1"), 1 << 20, 1 << 20)
     spool.append(bodies)

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from eventide.config import Config, ConfigError
 from eventide.envelope import log_event, metric_event, now_ms
-from ingest.gateway import create_app
+from ingest.gateway.app import create_app
 from stack import broker, cli
 from stack.services import free_port
 from tests.support.servers import uvicorn_in_thread

@@ -40,7 +40,7 @@ from opentelemetry.sdk.resources import Resource
 
 from eventide.config import Config, GatewayToken, to_environ
 from eventide.envelope import now_ms
-from ingest.gateway import create_app
+from ingest.gateway.app import create_app
 from stack import broker
 from stack.services import free_port
 from tests.support.servers import uvicorn_in_thread

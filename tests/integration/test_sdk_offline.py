@@ -160,8 +160,8 @@ def test_a_torn_spool_line_left_by_a_crash_is_skipped_counted_and_the_lines_befo
         own_broker: Config) -> None:
     """Given a spool segment whose writer died mid-line (no newline at its end), then the next client of that app
     and device sends every whole line, skips the torn one and says so in ``stats().spool_torn_lines``."""
-    from ingest.sender import envelope_head
-    from ingest.spool import spool_directory
+    from ingest.sdk.sender import envelope_head
+    from ingest.sdk.spool import spool_directory
 
     at = now_ms() - 60_000
     bodies = [b'{"v":1,"id":"%s",%s,"value":%d.0,"event_time":%d' % (

@@ -36,9 +36,9 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from analytics.accept.dedup import first_copies
 from eventide.config import Config, ConfigError, GatewayToken, load_config
 from eventide.envelope import now_ms
-from ingest.gateway import create_app, server_config
-from ingest.gateway_batches import parse_batch
-from ingest.gateway_rate_limits import TokenBucket
+from ingest.gateway.app import create_app, server_config
+from ingest.gateway.batches import parse_batch
+from ingest.gateway.rate_limits import TokenBucket
 from stack.services import free_port
 from tests.integration.test_gateway import AUTH, NDJSON, TOKEN, committed, gateway_config, metric
 from tests.support.pipeline import assert_connection_over_the_cap_is_closed

@@ -28,7 +28,7 @@ from fastapi.testclient import TestClient
 
 from eventide.config import Config, to_environ
 from eventide.envelope import encode, metric_event, now_ms
-from ingest.gateway import create_app
+from ingest.gateway.app import create_app
 from ingest.sdk import Client
 from stack import broker, services
 from stack.services import free_port

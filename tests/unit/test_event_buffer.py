@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingest.buffer import EventBuffer
+from ingest.sdk.buffer import EventBuffer
 
 
 def test_drop_oldest_evicts_the_oldest_application_event_and_counts_it() -> None:

@@ -1,4 +1,4 @@
-"""OTLP -> v1 envelopes as pure functions (ingest/otlp.py, ingest/otlp_metrics.py, ingest/otlp_state.py): given these
+"""OTLP -> v1 envelopes as pure functions (ingest/gateway/otlp/: wire, mapping, logs, metrics, state): given these
 OTLP records, received at this time, these envelopes."""
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from eventide.config import OtlpConfig
-from ingest.otlp import OtlpRefused, Timing, decompress, level_of, map_logs, parse_request
-from ingest.otlp_metrics import (
+from ingest.gateway.otlp.logs import level_of, map_logs
+from ingest.gateway.otlp.mapping import Timing
+from ingest.gateway.otlp.metrics import (
     CUMULATIVE,
     DELTA,
     Histogram,
@@ -36,7 +37,8 @@ from ingest.otlp_metrics import (
     point_envelopes_bound,
     sample_values,
 )
-from ingest.otlp_state import ClockOffsets, CumulativeSeries, SeriesGuard
+from ingest.gateway.otlp.state import ClockOffsets, CumulativeSeries, SeriesGuard
+from ingest.gateway.otlp.wire import OtlpRefused, decompress, parse_request
 
 SETTINGS = OtlpConfig()
 T0 = 1_764_000_000_000          # ms, device clock
@@ -460,7 +462,7 @@ def test_json_metrics_with_exemplar_ids_in_hex() -> None:
 
 
 def test_the_clock_estimate_uses_observed_times_when_records_have_them() -> None:
-    from ingest.otlp import latest_log_times
+    from ingest.gateway.otlp.logs import latest_log_times
 
     own_time = logs_pb2.LogRecord(time_unix_nano=(T0 + 3_600_000) * NS, observed_time_unix_nano=T0 * NS)
     assert list(latest_log_times(log_request(own_time), SETTINGS).values()) == [T0]
@@ -470,7 +472,7 @@ def test_the_clock_estimate_uses_observed_times_when_records_have_them() -> None
 def test_resources_sharing_the_default_device_have_their_own_clock_estimates() -> None:
     """Two processes without host.name (device "unknown"): one clock an hour ahead does not move the other's."""
     from eventide.config import load_config
-    from ingest.otlp_http import OtlpIngest
+    from ingest.gateway.otlp.routes import OtlpIngest
 
     ingest = OtlpIngest(load_config(environ={}), T0)
     hour = 3_600_000
@@ -490,7 +492,7 @@ def test_resources_sharing_the_default_device_have_their_own_clock_estimates() -
 def test_corrupted_bodies_are_refused_or_mapped_never_an_error(signal: str) -> None:
     """A few hundred truncated, bit-flipped and spliced bodies, protobuf and JSON: each is a 400 or an outcome."""
     from eventide.config import load_config
-    from ingest.otlp_http import OtlpIngest
+    from ingest.gateway.otlp.routes import OtlpIngest
 
     config = load_config(environ={})
     ingest = OtlpIngest(config, T0)
@@ -600,7 +602,7 @@ def test_a_request_is_measured_before_mapping_and_refused_over_the_caps() -> Non
     """Records are counted without reading them; the event bound of a histogram point is its samples (at most
     otlp.histogram_max_events, at most its observations) plus count and sum; a summary's, its quantiles + 2."""
     from eventide.config import load_config
-    from ingest.otlp_http import OtlpIngest
+    from ingest.gateway.otlp.routes import OtlpIngest
 
     caps = OtlpConfig(max_records_per_request=3, max_envelopes_per_request=300)
     config = load_config(environ={}).model_copy(update={"otlp": caps})
@@ -629,7 +631,7 @@ def test_a_request_is_measured_before_mapping_and_refused_over_the_caps() -> Non
 def test_a_latest_time_beyond_the_clock_offset_bound_is_no_estimate() -> None:
     """One request dated 10 days ahead leaves the device's estimate as it was (0 here); an hour ahead is one."""
     from eventide.config import load_config
-    from ingest.otlp_http import OtlpIngest
+    from ingest.gateway.otlp.routes import OtlpIngest
 
     ingest = OtlpIngest(load_config(environ={}), T0)
     key = b"device"

@@ -21,7 +21,7 @@ import pytest
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
 from eventide.config import load_config
-from ingest.spool import Spool
+from ingest.sdk.spool import Spool
 from tests.support.fault_injection import size_limited_directory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_a_damaged_line_inside_a_segment_is_skipped_and_the_lines_after_it_repla
 _FILL = """
 import json, random, resource, signal, sys
 from pathlib import Path
-from ingest.spool import Spool
+from ingest.sdk.spool import Spool
 directory, limit = Path(sys.argv[1]), json.loads(sys.argv[2])
 if limit:                   # no tmpfs: the file-size limit instead (tests.support.fault_injection.limit_file_size)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -232,7 +232,7 @@ def test_the_accepted_log_publishes_a_batch_only_after_its_files_and_metadata_ar
 def test_an_app_or_device_named_dot_or_dot_dot_keeps_its_spool_below_the_spool_root(tmp_path, app, device):
     """Given an app or device named ``..`` or ``.`` (or holding separators), then its spool directory and every
     segment it writes are strictly below the spool root, two levels down, and nothing appears beside the root."""
-    from ingest.spool import spool_directory
+    from ingest.sdk.spool import spool_directory
 
     root = tmp_path / "nest" / "spool"
     root.mkdir(parents=True)
@@ -250,7 +250,7 @@ def test_an_app_or_device_named_dot_or_dot_dot_keeps_its_spool_below_the_spool_r
 
 def test_dot_names_take_no_other_names_spool():
     """``.`` and ``..`` are spelled with ``%``, which every other name has replaced: no other name shares theirs."""
-    from ingest.spool import safe_name
+    from ingest.sdk.spool import safe_name
 
     names = [".", "..", "_", "__", "%2E", "%2E%2E", "...", "a.b"]
     assert len({safe_name(n) for n in names}) == len(names)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from eventide.envelope import encode, log_event, metric_event
-from ingest.validation import json_type, loads, validation_error
+from ingest.gateway.validation import json_type, loads, validation_error
 
 LIMIT = 65536
 

@@ -2,7 +2,7 @@
 
 A request carries a batch of v1 envelopes (BRIEF §1) as a JSON array or as NDJSON (one object per line). The
 gateway checks the bearer token and the size limits, validates every event with the stream job's rules
-(:mod:`ingest.validation`), stamps ``received_time`` (server clock) on the valid ones and writes them to the
+(:mod:`ingest.gateway.validation`), stamps ``received_time`` (server clock) on the valid ones and writes them to the
 events topic in **one Kafka transaction per request**. It answers only after Kafka acknowledged the commit.
 
 Status codes:
@@ -27,14 +27,15 @@ Status codes:
 Aborted transactions leave records in the log that ``read_committed`` consumers skip; the stream job reads
 that way (``kafka.isolation.level``).
 
-OpenTelemetry OTLP/HTTP (``POST /v1/logs``, ``POST /v1/metrics``) is served beside it: :mod:`ingest.otlp_http`.
+OpenTelemetry OTLP/HTTP (``POST /v1/logs``, ``POST /v1/metrics``) is served beside it:
+:mod:`ingest.gateway.otlp.routes`.
 
 Run it with ``eventide gateway`` (``./run gateway``) or ``python -m ingest.gateway``.
 
 This module is the app: its routes and its uvicorn server. The rest, one job a module: the answers' models
-(:mod:`ingest.gateway_wire`), request body to Kafka records (:mod:`ingest.gateway_batches`), the transactional
-producer pool and broker probe (:mod:`ingest.gateway_kafka`), the token buckets (:mod:`ingest.gateway_rate_limits`)
-and what the routes share, tokens, body reading and writes (:mod:`ingest.gateway_service`).
+(:mod:`ingest.gateway.wire`), request body to Kafka records (:mod:`ingest.gateway.batches`), the transactional
+producer pool and broker probe (:mod:`ingest.gateway.kafka`), the token buckets (:mod:`ingest.gateway.rate_limits`)
+and what the routes share, tokens, body reading and writes (:mod:`ingest.gateway.service`).
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ from starlette.responses import Response
 from eventide.config import Config, ConfigError, load_config_or_exit
 from eventide.envelope import now_ms
 from eventide.http_deadline import HeadDeadlineProtocol
-from ingest.gateway_batches import PreparedBatch
-from ingest.gateway_kafka import KafkaUnavailable
-from ingest.gateway_service import BEARER, Gateway, read_body
-from ingest.gateway_wire import BatchResult, EnvelopeV1, Health, Problem, RequestProblem, Unavailable
-from ingest.otlp_http import add_routes
+from ingest.gateway.batches import PreparedBatch
+from ingest.gateway.kafka import KafkaUnavailable
+from ingest.gateway.otlp.routes import add_routes
+from ingest.gateway.service import BEARER, Gateway, read_body
+from ingest.gateway.wire import BatchResult, EnvelopeV1, Health, Problem, RequestProblem, Unavailable
 
 
 def _request_body_doc(config: Config) -> dict[str, Any]:
@@ -162,7 +163,7 @@ def create_app(config: Config) -> FastAPI:
                                   "responses": {503: {"model": Health, "description": "broker not reachable"}}}
     app.get("/health", **health_doc)(health)
     app.get("/v1/health", **health_doc)(health)
-    add_routes(app, gateway, config)   # POST /v1/logs, /v1/metrics: OpenTelemetry OTLP/HTTP (ingest/otlp*.py)
+    add_routes(app, gateway, config)   # POST /v1/logs, /v1/metrics: OpenTelemetry OTLP/HTTP (ingest/gateway/otlp/)
     return app
 
 
@@ -219,7 +220,3 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="config file (default: $EVENTIDE_CONFIG or ./eventide.toml)")
     args = parser.parse_args(argv)
     return serve(load_config_or_exit(args.config))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

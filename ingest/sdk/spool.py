@@ -35,7 +35,7 @@ from eventide.durable import sync_directory
 SEGMENT_SUFFIX = ".spool"
 POSITION_SUFFIX = ".pos"
 
-log = logging.getLogger("ingest.spool")
+log = logging.getLogger("ingest.sdk.spool")
 
 # The disk, a quota or the file-size limit refused the write: the spool is full, whatever its own bound says.
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})

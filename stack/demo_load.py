@@ -4,6 +4,9 @@ Every device gets a fixed clock offset (most 0; ``demo.skewed_device_fraction`` 
 ``±demo.max_clock_skew_s``), so the job's clock correction has something to correct. A fraction of events is sent
 late (as if buffered offline: ``event_time`` in the past), a small fraction is malformed on purpose so the
 dead-letter path shows up on the dashboard, and another is sent twice (a client retrying), counted once.
+
+An app of the demo written with the SDK, like any user's app, so it lives with the launcher that starts it
+(``eventide load``, ``./run demo``) and not in ``ingest/``, which holds only what gets events in.
 """
 
 from __future__ import annotations

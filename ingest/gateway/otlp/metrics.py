@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from eventide.config import OtlpConfig
-from ingest.otlp import (
+from ingest.gateway.otlp.mapping import (
     Mapped,
     Source,
     Timing,
@@ -33,7 +33,7 @@ from ingest.otlp import (
     source_of,
     text,
 )
-from ingest.otlp_state import CumulativeSeries, SeriesGuard
+from ingest.gateway.otlp.state import CumulativeSeries, SeriesGuard
 
 DELTA: Final = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
 CUMULATIVE: Final = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE

@@ -2,7 +2,7 @@
 cumulative series (to turn the next one into a delta) and the live series of each app (the cardinality guard).
 
 All of it lives in one gateway process and is lost when it restarts (docs/ingest.md says what that means). Not
-thread-safe on its own: :class:`ingest.otlp.OtlpIngest` calls it under one lock.
+thread-safe on its own: :class:`ingest.gateway.otlp.routes.OtlpIngest` calls it under one lock.
 """
 
 from __future__ import annotations

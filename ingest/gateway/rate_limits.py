@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from eventide.config import GatewayToken
-from ingest.gateway_wire import Problem, RequestProblem
+from ingest.gateway.wire import Problem, RequestProblem
 
 
 class TokenBucket:

@@ -1,5 +1,5 @@
 """The gateway's wire models: its JSON answers, a request refused as a whole, and the v1 envelope's schema for the
-OpenAPI document (documentation only: events are validated by :mod:`ingest.validation`, not by these models)."""
+OpenAPI document (documentation only: events are validated by :mod:`ingest.gateway.validation`, not by these models)."""
 
 from __future__ import annotations
 

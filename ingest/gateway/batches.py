@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ingest.gateway_wire import Problem, Rejection, RequestProblem
-from ingest.validation import (
+from ingest.gateway.validation import (
     RecordDecoder,
     Refused,
     depth_reason,
@@ -21,6 +20,7 @@ from ingest.validation import (
     validation_error,
     without_deep_elements,
 )
+from ingest.gateway.wire import Problem, Rejection, RequestProblem
 
 NDJSON_TYPES: Final = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl",
                                  "application/x-jsonlines"})
@@ -45,7 +45,7 @@ def parse_batch(body: bytes, content_type: str, max_events: int, max_depth: int 
     that does not parse is refused whole (400): a syntax error means a broken client or a truncated body, and
     refusing all of it keeps a retry simple. Raises :class:`RequestProblem`.
 
-    A record that parses but cannot be taken is a :class:`~ingest.validation.Refused` in the list (rejected with
+    A record that parses but cannot be taken is a :class:`~ingest.gateway.validation.Refused` in the list (rejected with
     its reason): one nested deeper than ``max_depth`` (found by a linear scan of the bytes and never given to the
     parser, whose recursion it would exhaust) or holding an object with a duplicate key (ambiguous: the
     stream job's parser and this one need not keep the same value).
@@ -121,7 +121,7 @@ def prepare_batch(events: Sequence[object], received_time: int, max_record_bytes
     The stamp goes on before validation and measuring, so the size checked is the size written, and a
     client's own ``received_time`` (whatever its type) is replaced rather than judged. ``apps``: the apps the
     request's token may write (None: any). ``check_unicode=False`` skips the lone-surrogate check, for a body
-    known to hold none (:func:`~ingest.validation.may_hold_surrogates`).
+    known to hold none (:func:`~ingest.gateway.validation.may_hold_surrogates`).
     """
     records: list[tuple[bytes, bytes]] = []
     rejected: list[Rejection] = []

@@ -1,6 +1,6 @@
-"""What the gateway's routes share, ``POST /v1/events`` (:mod:`ingest.gateway`) and OTLP/HTTP
-(:mod:`ingest.otlp_http`) alike: the bearer tokens with their app scopes and rate limits, the request body read
-within its size and time limits, and the Kafka producer pool and broker probe behind one ``write``."""
+"""What the gateway's routes share, ``POST /v1/events`` (:mod:`ingest.gateway.app`) and OTLP/HTTP
+(:mod:`ingest.gateway.otlp.routes`) alike: the bearer tokens with their app scopes and rate limits, the request
+body read within its size and time limits, and the Kafka producer pool and broker probe behind one ``write``."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from eventide.config import Config, ConfigError, GatewayToken
-from ingest.gateway_batches import PreparedBatch, parse_batch, prepare_batch
-from ingest.gateway_kafka import (
+from ingest.gateway.batches import PreparedBatch, parse_batch, prepare_batch
+from ingest.gateway.kafka import (
     RETRY_AFTER_BUSY_S,
     RETRY_AFTER_UNREACHABLE_S,
     BrokerProbe,
     KafkaUnavailable,
     TransactionalProducers,
 )
-from ingest.gateway_rate_limits import TokenBucket, rate_limited
-from ingest.gateway_wire import Health, Problem, RequestProblem
-from ingest.validation import may_hold_surrogates
+from ingest.gateway.rate_limits import TokenBucket, rate_limited
+from ingest.gateway.validation import may_hold_surrogates
+from ingest.gateway.wire import Health, Problem, RequestProblem
 
 
 class Gateway:

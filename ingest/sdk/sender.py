@@ -1,6 +1,6 @@
 """The SDK's background sender: buffer → v1 envelopes → Kafka, or the offline spool while Kafka is unreachable.
 
-One thread per client. Each round it takes a batch from the :class:`~ingest.buffer.EventBuffer`, encodes it and
+One thread per client. Each round it takes a batch from the :class:`~ingest.sdk.buffer.EventBuffer`, encodes it and
 hands it to confluent-kafka's producer (``acks=all``, idempotent, compressed). ``sent_time`` is stamped right
 there, at hand-off to the transport, so an event replayed from the spool hours later carries its real send time
 and the stream job's clock correction (``received_time − sent_time``) stays right.
@@ -29,10 +29,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from eventide.config import Config
 from eventide.envelope import ENVELOPE_VERSION
-from ingest.buffer import EventBuffer
-from ingest.spool import Spool
+from ingest.sdk.buffer import EventBuffer
+from ingest.sdk.spool import Spool
 
-log = logging.getLogger("ingest.sender")
+log = logging.getLogger("ingest.sdk.sender")
 
 # Buffer items are tuples (code, head, payload, event_time_ms, user, tags); see ``ingest.sdk``.
 METRIC: Final = 0

@@ -1,10 +1,10 @@
 """The gateway's OTLP/HTTP routes: ``POST /v1/logs`` and ``POST /v1/metrics`` (and ``GET /v1/otlp/stats``).
 
 Same bearer tokens, app scopes, rate limits, body limit and Kafka write path as ``POST /v1/events``
-(:mod:`ingest.gateway`): one transaction per request, answered only after Kafka acknowledged its commit. What
-differs is the wire (:mod:`ingest.otlp`): answers are ``Export*ServiceResponse`` / ``google.rpc.Status`` messages
-in the request's encoding, rejected records are counted in ``partial_success`` (200), and only 429 and 503 (with
-``Retry-After``) tell an OTLP client to retry.
+(:mod:`ingest.gateway.app`): one transaction per request, answered only after Kafka acknowledged its commit. What
+differs is the wire (:mod:`ingest.gateway.otlp.wire`): answers are ``Export*ServiceResponse`` /
+``google.rpc.Status`` messages in the request's encoding, rejected records are counted in ``partial_success``
+(200), and only 429 and 503 (with ``Retry-After``) tell an OTLP client to retry.
 """
 
 from __future__ import annotations
@@ -27,28 +27,25 @@ from starlette.responses import Response
 
 from eventide.config import Config
 from eventide.envelope import now_ms
-from ingest.gateway_batches import prepare_batch
-from ingest.gateway_kafka import KafkaUnavailable
-from ingest.gateway_service import BEARER, Gateway, read_body
-from ingest.gateway_wire import RequestProblem
-from ingest.otlp import (
-    Mapped,
+from ingest.gateway.batches import prepare_batch
+from ingest.gateway.kafka import KafkaUnavailable
+from ingest.gateway.otlp.logs import count_log_records, latest_log_times, map_logs
+from ingest.gateway.otlp.mapping import Mapped, Timing
+from ingest.gateway.otlp.metrics import MetricState, count_points, latest_point_times, map_metrics, metrics_cost_bound
+from ingest.gateway.otlp.state import ClockOffsets
+from ingest.gateway.otlp.wire import (
     Media,
     OtlpRefused,
     Signal,
-    Timing,
-    count_log_records,
     decompress,
     encode,
     export_response,
-    latest_log_times,
-    map_logs,
     media_of,
     parse_request,
     status_body,
 )
-from ingest.otlp_metrics import MetricState, count_points, latest_point_times, map_metrics, metrics_cost_bound
-from ingest.otlp_state import ClockOffsets
+from ingest.gateway.service import BEARER, Gateway, read_body
+from ingest.gateway.wire import RequestProblem
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class Parsed:
     records: int
     """OTLP records (log records or data points) in the request."""
     cost_bound: int
-    """At most what mapping it costs, in rate-limit units (:meth:`ingest.otlp.Mapped.cost`), at least the
+    """At most what mapping it costs, in rate-limit units (:meth:`Mapped.cost`), at least the
     minimum a request costs: what the token is charged before the mapping starts."""
 
 

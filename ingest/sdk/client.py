@@ -1,16 +1,13 @@
-"""The ingest SDK: instrument an app in three lines.
+"""The SDK's client: one app on one device, its instruments, log events, health and lifecycle.
 
-    from ingest.sdk import Client
-    events = Client(app="checkout")
-    events.counter("orders").inc(user="u-42")
-
-Instruments: ``counter(name).inc()``, ``gauge(name).set()``, ``histogram(name).observe()``, ``timer(name)`` (a
-context manager and a decorator that observes milliseconds), ``log(level, message, **tags)`` and
-:class:`EventHandler` for Python's ``logging``. Every call takes an optional ``user=`` and tags.
+Instruments (:mod:`ingest.sdk.instruments`): ``counter(name).inc()``, ``gauge(name).set()``,
+``histogram(name).observe()``, ``timer(name)`` (a context manager and a decorator that observes milliseconds);
+then ``log(level, message, **tags)`` and :class:`EventHandler` for Python's ``logging``. Every call takes an
+optional ``user=`` and tags.
 
 A call only stamps ``event_time`` from the device clock and appends a tuple to a bounded in-memory buffer; a
-background thread (:mod:`ingest.sender`) encodes, stamps ``sent_time`` and hands events to Kafka, or to the
-on-disk spool (:mod:`ingest.spool`) while Kafka is unreachable. When the buffer is full the configured overflow
+background thread (:mod:`ingest.sdk.sender`) encodes, stamps ``sent_time`` and hands events to Kafka, or to the
+on-disk spool (:mod:`ingest.sdk.spool`) while Kafka is unreachable. When the buffer is full the configured overflow
 policy applies (``sdk.overflow_policy``: block, drop_oldest, drop_newest) and drops are counted exactly
 (:meth:`Client.stats`, and the SDK's own ``eventide.sdk.*`` health metrics).
 
@@ -22,118 +19,25 @@ reach Kafka or the spool.
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import os
 import socket
-import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
 from math import isfinite
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from eventide.config import Config, load_config
 from eventide.envelope import LEVELS, now_ms
-from ingest.buffer import EventBuffer
-from ingest.sender import HEALTH_PREFIX, LOG, METRIC, RAW, SdkStats, Sender, envelope_head
-from ingest.spool import Spool, spool_directory
-
-P = ParamSpec("P")
-R = TypeVar("R")
+from ingest.sdk.buffer import EventBuffer
+from ingest.sdk.instruments import Counter, Gauge, Histogram, Instrument, Timer
+from ingest.sdk.sender import HEALTH_PREFIX, LOG, METRIC, RAW, SdkStats, Sender, envelope_head
+from ingest.sdk.spool import Spool, spool_directory
 
 _open_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 _orphaned_producers: list[Any] = []   # parents' producers inherited by a fork child: never destroyed
-
-
-def _merge_tags(fixed: Mapping[str, str] | None, call: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    if not call:
-        return fixed
-    return {**fixed, **call} if fixed else call
-
-
-class _Instrument:
-    __slots__ = ("_capacity", "_head", "_items", "_now", "_put_full", "_tags", "name")
-
-    def __init__(self, client: Client, name: str, tags: Mapping[str, str] | None) -> None:
-        self.name = name
-        self._head = envelope_head("metric", client.app, client.device, name)
-        self._tags = dict(tags) if tags else None
-        # EventBuffer.put inlined (one Python call less per event); the deque survives fork (emptied in place).
-        self._items, self._capacity, self._put_full = client._buffer.items, client._buffer.capacity, \
-            client._buffer.put_full
-        self._now = client._now
-
-    def _record(self, value: float, user: str | None, tags: Mapping[str, Any]) -> None:
-        # The hot path: a check, a clock read, one tuple, one deque append.
-        if not isfinite(value):
-            raise ValueError(f"{self.name}: value must be finite, not {value!r}")
-        item = (METRIC, self._head, value, self._now(), user, _merge_tags(self._tags, tags) if tags else self._tags)
-        if len(self._items) < self._capacity:
-            self._items.append(item)
-        else:
-            self._put_full(item)
-
-
-class Counter(_Instrument):
-    """Counts things. Each ``inc`` is one metric event whose value is the increment."""
-
-    __slots__ = ()
-
-    def inc(self, amount: float = 1.0, *, user: str | None = None, **tags: str) -> None:
-        if amount < 0:
-            raise ValueError(f"{self.name}: a counter only goes up; use a gauge for {amount!r}")
-        self._record(amount, user, tags)
-
-
-class Gauge(_Instrument):
-    """A current level (queue length, temperature). Each ``set`` is one metric event."""
-
-    __slots__ = ()
-
-    def set(self, value: float, *, user: str | None = None, **tags: str) -> None:
-        self._record(value, user, tags)
-
-
-class Histogram(_Instrument):
-    """A distribution (latency, size). Each ``observe`` is one metric event; windows keep its quantiles."""
-
-    __slots__ = ()
-
-    def observe(self, value: float, *, user: str | None = None, **tags: str) -> None:
-        self._record(value, user, tags)
-
-
-class Timer(_Instrument):
-    """Observes elapsed wall time in milliseconds: ``with timer:`` or ``@timer`` on a function."""
-
-    __slots__ = ("_starts",)
-
-    def __init__(self, client: Client, name: str, tags: Mapping[str, str] | None) -> None:
-        super().__init__(client, name, tags)
-        self._starts = threading.local()   # a stack per thread: one timer may be entered in many threads
-
-    def observe_ms(self, elapsed_ms: float, *, user: str | None = None, **tags: str) -> None:
-        self._record(elapsed_ms, user, tags)
-
-    def __enter__(self) -> Timer:
-        stack = self._starts.__dict__.setdefault("stack", [])
-        stack.append(time.perf_counter_ns())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._record((time.perf_counter_ns() - self._starts.stack.pop()) / 1e6, None, {})
-
-    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        @functools.wraps(fn)
-        def timed(*args: P.args, **kwargs: P.kwargs) -> R:
-            start = time.perf_counter_ns()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._record((time.perf_counter_ns() - start) / 1e6, None, {})
-        return timed
 
 
 class Client:
@@ -167,11 +71,12 @@ class Client:
                               self._health_events if sdk.health_interval_s > 0 else None, self._units_per_ms)
 
     # Instruments -----------------------------------------------------------------------------------------
-    def _instrument(self, cls: type[_Instrument], name: str, tags: Mapping[str, str] | None) -> Any:
+    def _instrument(self, cls: type[Instrument], name: str, tags: Mapping[str, str] | None) -> Any:
         key = (cls, name, tuple(sorted((tags or {}).items())))
         instrument = self._instruments.get(key)
         if instrument is None:
-            instrument = self._instruments.setdefault(key, cls(self, name, tags))
+            head = envelope_head("metric", self.app, self.device, name)
+            instrument = self._instruments.setdefault(key, cls(self._buffer, self._now, head, name, tags))
         return instrument
 
     def counter(self, name: str, *, tags: Mapping[str, str] | None = None) -> Counter:

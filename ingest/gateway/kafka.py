@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 from fastapi.responses import JSONResponse
 
 from eventide.config import Config
-from ingest.gateway_wire import BrokerHealth, Unavailable
+from ingest.gateway.wire import BrokerHealth, Unavailable
 
 log = logging.getLogger("eventide.gateway")
 
