@@ -7,25 +7,24 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
-from clickhouse_connect.driver.client import Client
 
+from dashboard.data.reader import Reader
 from dashboard.log_search import naive_utc
 from eventide.config import Config, ConfigError, load_config
 from eventide.redaction import scrub_url, url_origin
-from store.client import StoreUnavailable, connect
-from store.pipeline import last_batches
+from store.client import StoreUnavailable
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def config_or_stop() -> Config:
@@ -37,24 +36,12 @@ def config_or_stop() -> Config:
         raise
 
 
-@contextmanager
-def store(config: Config) -> Iterator[Client]:
-    """A read-only store client (the dashboard never writes); an unreachable store becomes an error naming the URL
-    tried, and the page stops."""
+def page_data(config: Config, data: Callable[Concatenate[Reader, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``data(reader, *args, **kwargs)``: a page's data function (``dashboard.data``) reading the store as the
+    dashboard's reader (it never writes); an unreachable store becomes an error naming the URL tried, and the page
+    stops."""
     try:
-        with connect(config, role="reader") as client:
-            yield client
-    except StoreUnavailable as exc:
-        _unreachable(config, exc)
-
-
-def fetch(config: Config, **calls: Callable[[Client], Any]) -> dict[str, Any]:
-    """The page's independent queries run side by side (``queries.concurrently``), results by keyword; an
-    unreachable store becomes an error naming the URL tried, and the page stops."""
-    from dashboard.queries import concurrently
-
-    try:
-        return concurrently(config, calls)
+        return data(Reader(config), *args, **kwargs)
     except StoreUnavailable as exc:
         _unreachable(config, exc)
         raise
@@ -341,22 +328,14 @@ def stale_after_s(config: Config) -> float:
     return config.stream.trigger_interval_s * config.dashboard.stale_after_triggers
 
 
-def show_freshness(config: Config, *queries: str) -> None:
+def show_freshness(config: Config, batches: Mapping[str, datetime], *queries: str) -> None:
     """The page's freshness line (:func:`freshness`) for the stream ``queries`` it reads (names as in
-    ``store.pipeline``); call it first in the page's refreshing fragment, so it updates in place."""
-    batches = fetch(config, batches=last_batches)["batches"]
+    ``store.pipeline``), from the ``batches`` its data function read (``store.pipeline.last_batches``); draw it
+    first in the page's refreshing fragment, so it updates in place."""
     line = freshness(datetime.now(UTC), batches, queries, stale_after_s(config),
                      st.session_state.get(REFRESH_STATE, config.dashboard.refresh_s))
     show = {"fresh": st.caption, "stale": st.warning, "none": st.info}[line.level]
     show(line.text)
-
-
-def bucket_seconds(client: Client, minutes: int) -> tuple[list[int], int]:
-    """(stored tumbling lengths in ms, the chart bucket in s for a range of ``minutes``)."""
-    from dashboard.queries import overview_resolution_s, window_lengths_ms
-
-    lengths = window_lengths_ms(client)
-    return lengths, overview_resolution_s(lengths, minutes)
 
 
 def last(minutes: int) -> tuple[datetime, datetime]:

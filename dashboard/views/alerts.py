@@ -10,7 +10,8 @@ import plotly.express as px
 import streamlit as st
 
 from alerting.rules import AlertRule, load_rules
-from dashboard import common, log_search, queries
+from dashboard import common, log_search
+from dashboard.data.alerts import alerts_data
 from eventide.config import ConfigError
 from eventide.redaction import scrub_url
 from store import pipeline
@@ -28,12 +29,10 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        common.show_freshness(config, pipeline.WINDOWS_QUERY)     # the evaluator reads its windows
         since, until = common.last(minutes)
-        data = common.fetch(config, states=queries.alert_states,
-                            history=lambda c: queries.alert_history(c, since, until),
-                            failures=lambda c: queries.failed_deliveries(c, since, until))
-        states, history, failures = data["states"], data["history"], data["failures"]
+        data = common.page_data(config, alerts_data, since, until)
+        common.show_freshness(config, data.batches, pipeline.WINDOWS_QUERY)     # the evaluator reads its windows
+        states, history, failures = data.states, data.history, data.failures
         firing = states[states["state"] == "firing"] if not states.empty else states
         left, middle, right = st.columns(3)
         left.metric("firing", len(firing))

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import common, queries
+from dashboard.data.explorer import explorer_catalog, explorer_data
 from store import pipeline
 from store.range_query import SeriesKey
 
@@ -34,19 +35,21 @@ def _param(series: SeriesKey) -> str:
 def page() -> None:
     st.title("Metric explorer")
     config = common.config_or_stop()
-    with common.store(config) as client:
-        catalog = queries.series_catalog(client)
+    picked = common.page_data(config, explorer_catalog)
+    catalog = picked.catalog
     series, lengths = catalog.series, catalog.lengths_ms
     if series:
         chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
         hopping = catalog.hopping.get(chosen, [])
     if not series:
-        common.show_freshness(config, pipeline.WINDOWS_QUERY)
+        common.show_freshness(config, picked.batches or {}, pipeline.WINDOWS_QUERY)
         st.info(f"No windows yet in {common.store_origin(config)}. Start the job and send events (`./run demo`); "
                 "the first windows appear once a micro-batch has run.")
         return
     kinds = ["tumbling", *(["hopping"] if hopping else []), "sliding"]
     kind = common.url_select("Window kind", "kind", kinds)
+    resolution_s: int | None = None
+    spec: tuple[int, int] | None = None
     if kind == "tumbling":
         resolution_s = common.url_select("Resolution", "resolution", queries.resolutions_s(lengths),
                                          lambda n: f"{n} s")
@@ -58,15 +61,12 @@ def page() -> None:
 
     @common.refreshing(config)
     def charts() -> None:
-        common.show_freshness(config, pipeline.KEYED_WINDOWS_QUERY if kind == "sliding" else pipeline.WINDOWS_QUERY)
         since, until = span = common.last(minutes)
-        with common.store(config) as client:
-            if kind == "tumbling":
-                df = queries.series_buckets(client, chosen, resolution_s, since, until, lengths)
-            elif kind == "hopping":
-                df = queries.hopping_windows(client, chosen, *spec, since, until)
-            else:
-                df = queries.sliding_windows(client, chosen, since, until)
+        data = common.page_data(config, explorer_data, chosen, kind, since, until, lengths_ms=lengths,
+                                resolution_s=resolution_s, hopping=spec)
+        common.show_freshness(config, data.batches,
+                              pipeline.KEYED_WINDOWS_QUERY if kind == "sliding" else pipeline.WINDOWS_QUERY)
+        df = data.windows
         if df.empty:
             st.info(f"No {kind} windows for this series in the chosen range.")
             return

@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, log_search, queries
+from dashboard import common, log_search
+from dashboard.data.logs import logs_charts_data, logs_dead_letters, logs_lines, logs_patterns, logs_pickers
 from dashboard.log_search import LogQuery
 from eventide.envelope import LEVELS
 from store import pipeline
@@ -27,8 +28,6 @@ SEVERE = ("error", "critical")
 # The URL keys of the search; a drill-down replaces them all. (Comments, not docstrings: a page script writes
 # its bare strings onto the page.)
 FILTER_KEYS = ("app", "level", "name", "q", "tag", "from", "to")
-PATTERNS_SHOWN = 20
-DEAD_LETTERS_SHOWN = 200
 VIEWS = {"lines": "Lines", "patterns": "Patterns", "dead": "Dead-lettered log records"}
 MAX_TEXT = 500     # longest search text: query parameters travel in the URL, which the store bounds
 
@@ -41,19 +40,12 @@ def page() -> None:
     def span() -> tuple[datetime, datetime]:
         return window or common.last(minutes)
 
-    range_minutes = max(1, round((window[1] - window[0]).total_seconds() / 60)) if window else minutes
-
     @common.refreshing(config)
     def live() -> None:
-        common.show_freshness(config, *pipeline.QUERIES)      # lines (accept), their windows and sliding windows
         since, until = span()
-        with common.store(config) as client:
-            lengths, resolution = common.bucket_seconds(client, range_minutes)
-        data = common.fetch(
-            config,
-            levels=lambda c: queries.log_levels(c, since, until, resolution, min(lengths)) if lengths else None,
-            peaks=lambda c: queries.error_burst_peaks(c, since, until, resolution))
-        levels, peaks = data["levels"], data["peaks"]
+        data = common.page_data(config, logs_charts_data, since, until)
+        common.show_freshness(config, data.batches, *pipeline.QUERIES)   # lines (accept), their windows, sliding
+        resolution, levels, peaks = data.resolution_s, data.levels, data.peaks
         if levels is None or levels.empty:
             st.info("No log windows in the chosen range yet.")
             return
@@ -94,9 +86,8 @@ def _search(config: Any, span: Callable[[], tuple[datetime, datetime]], absolute
         top = st.columns([4, 1])
         top[0].caption(f"Lines of {_fmt(since)} – {_fmt(until)} UTC (the last minutes as of this search).")
         top[1].button("Refresh lines", key="logs_refresh")
-    with common.store(config) as client:
-        apps = log_search.distinct_values(client, since, until, "app")
-        names = log_search.distinct_values(client, since, until, "name")
+    pickers = common.page_data(config, logs_pickers, since, until)
+    apps, names = pickers.apps, pickers.names
     cols = st.columns(3)
     chosen_apps = common.url_multiselect("App", "app", apps, cols[0])
     chosen_levels = common.url_multiselect("Level", "level", list(LEVELS), cols[1])
@@ -132,17 +123,14 @@ def _tags(container: Any) -> tuple[tuple[str, str], ...]:
 
 def _lines(config: Any, query: LogQuery) -> None:
     per_page, most = config.dashboard.log_lines_per_page, config.dashboard.log_lines_max
-    counted = max(config.dashboard.log_count_max, most)   # past it the page says "N+": a count stops reading there
     # "Load more" grows the page of this search only: any change of the filters starts again at one page.
     filters = repr((query.apps, query.levels, query.names, query.text, query.tags, st.query_params.get("from"),
                     st.query_params.get("to")))
     if st.session_state.get("logs_filters") != filters:
         st.session_state["logs_filters"], st.session_state["logs_shown"] = filters, per_page
     shown = min(st.session_state.get("logs_shown", per_page), most)
-    data = common.fetch(config, lines=lambda c: log_search.search_lines(c, query, shown),
-                        total=lambda c: log_search.count_lines(c, query, cap=counted))
-    lines: pd.DataFrame = data["lines"]
-    total: int = data["total"]
+    found = common.page_data(config, logs_lines, query, shown)
+    lines, total, counted = found.lines, found.total, found.counted
     if lines.empty:
         st.info("No line matches in this range. Widen the time range, or remove a filter.")
         return
@@ -173,8 +161,7 @@ def _lines(config: Any, query: LogQuery) -> None:
 
 def _patterns(config: Any, query: LogQuery) -> None:
     budget = config.dashboard.log_pattern_lines
-    data = common.fetch(config, patterns=lambda c: log_search.message_patterns(c, query, PATTERNS_SHOWN, budget))
-    patterns: pd.DataFrame = data["patterns"]
+    patterns = common.page_data(config, logs_patterns, query)
     if patterns.empty:
         st.info("No line matches in this range, so no patterns.")
         return
@@ -201,9 +188,7 @@ def _fixed_words(pattern: str) -> list[str]:
 
 
 def _dead_letters(config: Any, query: LogQuery) -> None:
-    data = common.fetch(config, dead=lambda c: log_search.dead_lettered_logs(c, query.since, query.until,
-                                                                          DEAD_LETTERS_SHOWN, query.apps))
-    dead: pd.DataFrame = data["dead"]
+    dead = common.page_data(config, logs_dead_letters, query)
     st.caption("Log records the job refused (dead letters) that reached Kafka in the range, with the reason; "
                "app filter applies, the other filters do not (a refused record may lack them). All dead letters: "
                "the Overview's dead-letter rate.")

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pandas as pd
 import streamlit as st
-from clickhouse_connect.driver.client import Client
 
 from dashboard import common, log_search, queries
+from dashboard.data.overview import overview_data
 from store import pipeline
 
 
@@ -21,28 +20,12 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        common.show_freshness(config, *pipeline.QUERIES)     # windows, and accept's dead letters and duplicates
         since, until = common.last(minutes)
-        with common.store(config) as client:
-            lengths, resolution = common.bucket_seconds(client, minutes)
-
-        def lag_or_error(client: Client) -> tuple[dict[int, int], str]:
-            try:
-                return pipeline.consumer_lag(config, client), ""
-            except Exception as exc:  # the broker may be down while the store is up: say so, keep the page
-                return {}, str(exc)
-
-        data = common.fetch(
-            config,
-            rates=lambda c: queries.app_rates(c, since, until, resolution, min(lengths)) if lengths else pd.DataFrame(),
-            dropped=lambda c: queries.dropped_stragglers(c, since, until, resolution),
-            dead=lambda c: queries.dead_letter_rate(c, since, until, resolution),
-            duplicates=lambda c: queries.duplicates_per_app(c, since, until),
-            loss=lambda c: queries.kafka_data_loss(c, since, until),
-            marks=pipeline.watermarks, states=queries.alert_states, lag=lag_or_error)
-        rates, dropped, dead, duplicates = data["rates"], data["dropped"], data["dead"], data["duplicates"]
-        marks, states, (lag, lag_error) = data["marks"], data["states"], data["lag"]
-        loss: queries.DataLoss = data["loss"]
+        data = common.page_data(config, overview_data, since, until)
+        # windows, and accept's dead letters and duplicates
+        common.show_freshness(config, data.batches, *pipeline.QUERIES)
+        resolution, rates, dropped, dead = data.resolution_s, data.rates, data.dropped, data.dead
+        duplicates, marks, states, lag, loss = data.duplicates, data.watermarks, data.alert_states, data.lag, data.loss
         now = datetime.now(UTC)
         cols = st.columns(5)
         mark = marks.get(pipeline.WINDOWS_QUERY)
@@ -90,8 +73,8 @@ def page() -> None:
                                   "records", span, "app", "bar", queries.DUPLICATE_BUCKET_S), width="stretch")
         if lag:
             st.plotly_chart(common.partition_chart(lag), width="stretch")
-        elif lag_error:
-            st.warning(f"Consumer lag unknown: Kafka at {config.kafka.bootstrap} did not answer ({lag_error}).")
+        elif data.lag_error:
+            st.warning(f"Consumer lag unknown: Kafka at {config.kafka.bootstrap} did not answer ({data.lag_error}).")
         firing = states[states["state"] == "firing"] if not states.empty else states
         if not firing.empty:
             st.subheader("Alerts firing")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import common, queries
+from dashboard.data.sessions import sessions_data
 from store import pipeline
 
 
@@ -13,13 +14,10 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        common.show_freshness(config, pipeline.KEYED_WINDOWS_QUERY)
         since, until = common.last(minutes)
-        with common.store(config) as client:
-            _, resolution = common.bucket_seconds(client, minutes)
-        data = common.fetch(config, per_app=lambda c: queries.sessions_per_app(c, since, until, resolution),
-                            shapes=lambda c: queries.session_shapes(c, since, until))
-        per_app, shapes = data["per_app"], data["shapes"]
+        data = common.page_data(config, sessions_data, since, until)
+        common.show_freshness(config, data.batches, pipeline.KEYED_WINDOWS_QUERY)
+        resolution, per_app, shapes = data.resolution_s, data.per_app, data.shapes
         if per_app.empty:
             st.info("No sessions ended in the chosen range yet (a session ends once the watermark passes its "
                     f"last event + {config.stream.session_gap_s} s).")

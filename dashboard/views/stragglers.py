@@ -10,7 +10,8 @@ from __future__ import annotations
 import plotly.express as px
 import streamlit as st
 
-from dashboard import common, queries
+from dashboard import common
+from dashboard.data.stragglers import stragglers_data
 from store import pipeline
 
 
@@ -20,19 +21,12 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        common.show_freshness(config, *pipeline.QUERIES)     # stragglers of every window kind, accept's clocks
         since, until = common.last(minutes)
-        with common.store(config) as client:
-            _, resolution = common.bucket_seconds(client, minutes)
-        data = common.fetch(
-            config,
-            dropped=lambda c: queries.dropped_stragglers(c, since, until, resolution),
-            lateness=lambda c: queries.straggler_lateness(c, since, until),
-            worst_windows=lambda c: queries.straggler_windows(c, since, until),
-            clocks=lambda c: queries.device_clock_offsets(c, since, until),
-            corrected=lambda c: queries.corrections_published(c, since, until, resolution))
-        dropped, lateness, worst_windows = data["dropped"], data["lateness"], data["worst_windows"]
-        clocks, corrected = data["clocks"], data["corrected"]
+        data = common.page_data(config, stragglers_data, since, until)
+        # stragglers of every window kind, accept's clocks
+        common.show_freshness(config, data.batches, *pipeline.QUERIES)
+        resolution, dropped, lateness = data.resolution_s, data.dropped, data.lateness
+        worst_windows, clocks, corrected = data.worst_windows, data.clocks, data.corrected
         st.subheader("Dropped stragglers")
         if dropped.empty:
             st.info("No stragglers dropped in the chosen range.")
