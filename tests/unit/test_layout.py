@@ -221,3 +221,17 @@ def test_the_store_client_path_loads_no_engine():
              f"print(sorted(m for m in ('chdb', 'uvicorn', '{STORE_SERVER}') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert loaded.stdout.strip() == "[]", f"the store's client path loads {loaded.stdout.strip()}"
+
+
+def test_ingest_and_analytics_meet_only_through_the_envelope_and_the_sdk_needs_no_gateway():
+    """Kafka is the seam between the first two stages: ``ingest`` and ``analytics`` never import each other (the v1
+    envelope they share is ``eventide.envelope``). Within ``ingest``, an app's SDK imports nothing of the gateway
+    (a server: FastAPI, protobuf), so ``ingest.sdk`` stays light."""
+    crossing = {module: imported for source, target in (("ingest", "analytics"), ("analytics", "ingest"))
+                for module, path in modules_under(source).items()
+                if (imported := sorted(m for m in every_import(path) if package_of(m) == target))}
+    assert not crossing, f"ingest and analytics import each other: {crossing}"
+    sdk_to_gateway = {module: imported for module, path in modules_under("ingest/sdk").items()
+                      if (imported := sorted(m for m in every_import(path)
+                                             if m == "ingest.gateway" or m.startswith("ingest.gateway.")))}
+    assert not sdk_to_gateway, f"the SDK imports the gateway: {sdk_to_gateway}"
