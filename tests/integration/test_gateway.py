@@ -218,6 +218,7 @@ def test_a_failed_transaction_is_aborted_and_nothing_is_visible(kafka: Config) -
     assert sorted(json.loads(r.value())["id"] for r in committed(config)) == sorted(e["id"] for e in small)
 
 
+@pytest.mark.serial   # a wall-clock bound (answers within 10 s): run alone (./run test)
 def test_broker_down_gateway_starts_health_and_requests_say_503(kafka: Config) -> None:
     config = gateway_config(kafka, "gateway_down", create_topics=False,
                             kafka_settings={"bootstrap_servers": f"127.0.0.1:{free_port()}"})

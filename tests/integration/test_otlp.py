@@ -613,9 +613,10 @@ def test_a_gateway_restart_loses_one_interval_of_a_cumulative_counter_and_counts
     assert [e["value"] for e in written if e["name"] == "refunds"] == [4.0, 0.0]
 
 
-def test_a_device_clock_an_hour_ahead_is_corrected(kafka: Config) -> None:
-    """A device whose clock reads an hour ahead: its envelopes' corrected time (event_time + received - sent, what
-    the stream job computes) is the true time, within the delivery delay."""
+def test_a_device_clock_an_hour_ahead_gets_envelopes_whose_corrected_time_is_the_true_time(kafka: Config) -> None:
+    """A device whose clock reads an hour ahead: the gateway keeps its device time and stamps a sent_time such that
+    the corrected time the stream job computes from the envelope (event_time + received - sent) is the true time,
+    within the delivery delay. The job applying it: test_tumbling_windows.py's device clock one hour off."""
     config = gateway_config(kafka, "otlp_skew")
     hour = 3_600_000
     true_time = now_ms() - 200
