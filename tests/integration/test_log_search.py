@@ -121,12 +121,33 @@ def test_count_and_pickers_see_the_range(searched):
         assert log_search.distinct_values(client, *RANGE, "name") == ["app.db", "app.http", "app.server"]
 
 
-def test_a_word_search_reads_only_granules_the_token_index_keeps(searched):
-    with connect(searched, role="reader") as client:
-        where = log_search._where(LogQuery(*RANGE, text='refused "connection refused"'))
+GRANULE_ROWS = 8192
+"""Rows per granule of ``logs`` (ClickHouse's default ``index_granularity``: the table does not set it)."""
+
+
+def token_index_granules(plan: str) -> tuple[int, int]:
+    """(granules kept, granules before) of the ``message_tokens`` skip index, from ``EXPLAIN indexes = 1``."""
+    lines = [line.strip() for line in plan.splitlines()]
+    start = lines.index("Name: message_tokens")
+    granules = next(line for line in lines[start:] if line.startswith("Granules: "))
+    kept, total = granules.removeprefix("Granules: ").split("/")
+    return int(kept), int(total)
+
+
+def test_a_word_search_reads_only_granules_the_token_index_keeps(store):
+    # Four granules of one app, level and hour; the searched words are in one line of the newest granule only.
+    lines = [log_line(NOW - timedelta(milliseconds=100 * k), "request served", offset=k)
+             for k in range(1, 4 * GRANULE_ROWS)]
+    lines.append(log_line(NOW, "upstream connection refused", offset=0))
+    insert(store, "logs", lines)
+    query = LogQuery(*RANGE, text='refused "connection refused"')
+    where = log_search._where(query)
+    with connect(store, role="reader") as client:
         plan = "\n".join(r[0] for r in client.query(f"EXPLAIN indexes = 1 SELECT count() FROM logs WHERE {where.sql}",
                                                     parameters=where.parameters).result_rows)
-    assert "message_tokens" in plan, plan
+        assert log_search.count_lines(client, query) == 1
+    kept, total = token_index_granules(plan)
+    assert total >= 4 and kept == 1, plan
 
 
 def test_pages_of_lines_follow_each_other_newest_first(store):
