@@ -235,3 +235,13 @@ def test_ingest_and_analytics_meet_only_through_the_envelope_and_the_sdk_needs_n
                       if (imported := sorted(m for m in every_import(path)
                                              if m == "ingest.gateway" or m.startswith("ingest.gateway.")))}
     assert not sdk_to_gateway, f"the SDK imports the gateway: {sdk_to_gateway}"
+
+
+def test_the_dashboard_data_modules_import_no_streamlit():
+    """A page's data (``dashboard/data/``) is read without drawing it: the benchmark loads it without Streamlit."""
+    modules = sorted(m for m in modules_under("dashboard") if m.startswith("dashboard.data"))
+    first = subprocess.run([sys.executable, "-c", "import importlib, sys\nfor m in sys.argv[1:]:\n"
+                            "    importlib.import_module(m)\n    if 'streamlit' in sys.modules:\n"
+                            "        print(m)\n        break", *modules],
+                           capture_output=True, text=True, check=True, cwd=ROOT)
+    assert len(modules) >= 7 and first.stdout.strip() == "", f"{first.stdout.strip()} pulls in streamlit"
