@@ -35,6 +35,7 @@ OPENERS = (connect, queries.concurrently, Reader)
 ALLOWED = {("common.py", "Reader")}
 """``common.page_data`` hands a page's data function its reader."""
 _CLIENT = re.compile(r"\bClient\b")
+_missing = object()
 
 
 def _bound(tree: ast.AST) -> dict[str, Any]:
@@ -83,9 +84,6 @@ def named(source: str) -> dict[str, Any]:
         else:
             found[".".join(parts)] = obj
     return found
-
-
-_missing = object()
 
 
 def reaches_store(obj: Any) -> bool:
