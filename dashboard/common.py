@@ -115,6 +115,18 @@ def url_text(label: str, key: str, container: Any = None, max_chars: int | None 
     return text
 
 
+def url_toggle(label: str, key: str, container: Any = None, help: str | None = None) -> bool:
+    """A toggle whose state lives in the URL as ``?key=1`` (absent when off)."""
+    state = f"url_{key}"
+    box = container or st.sidebar
+    if state in st.session_state:
+        on = box.toggle(label, key=state, help=help)
+    else:
+        on = box.toggle(label, value=st.query_params.get(key) == "1", key=state, help=help)
+    set_url_list(key, ["1"] if on else [])
+    return on
+
+
 def set_url_list(key: str, values: Sequence[str]) -> None:
     """``?key=`` repeated once per value; removed when there is none."""
     if values:
@@ -274,8 +286,19 @@ def refreshing(config: Config) -> Callable[[Callable[[], None]], Callable[[], No
     """Decorator: the page part that re-runs in place (a Streamlit fragment) at the interval of the sidebar's
     "Refresh every" (drawn here), never when it is off. Changing it re-runs the page, which registers the fragment
     again with the new interval (the browser drops the old timer on a full run)."""
-    interval = refresh_interval(config)
-    return st.fragment(run_every=timedelta(seconds=interval) if interval is not None else None)
+    return refreshing_every(refresh_interval(config))
+
+
+def refreshing_every(interval_s: float | None) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """Decorator: a page part that re-runs in place every ``interval_s`` seconds, never when None. A page's second
+    refreshing part takes the interval its first one's picker chose (:func:`chosen_refresh_interval`): the picker
+    is drawn once per page."""
+    return st.fragment(run_every=timedelta(seconds=interval_s) if interval_s is not None else None)
+
+
+def chosen_refresh_interval() -> float | None:
+    """The interval the sidebar's "Refresh every" holds for this session (None: off, or not drawn yet)."""
+    return st.session_state.get(REFRESH_STATE)
 
 
 @dataclass(frozen=True)

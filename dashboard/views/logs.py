@@ -10,6 +10,7 @@ on the Overview's error chart or on a firing ``error_ratio`` alert opens the lin
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -81,11 +82,19 @@ def page() -> None:
 def _search(config: Any, span: Callable[[], tuple[datetime, datetime]], absolute: bool) -> None:
     st.subheader("Find a line")
     since, until = span()
+    follow = False
     if not absolute:
-        # A relative range ends at this run: the lines stay put until the page is used or refreshed.
-        top = st.columns([4, 1])
-        top[0].caption(f"Lines of {_fmt(since)} – {_fmt(until)} UTC (the last minutes as of this search).")
-        top[1].button("Refresh lines", key="logs_refresh")
+        # A relative range ends at this run: the lines stay put until the page is used or refreshed, unless the
+        # user follows new lines (then they refresh with the charts, and the table may move while being read).
+        top = st.columns([3, 1, 1])
+        follow = common.url_toggle("Follow new lines", "follow", top[1],
+                                   help="List new matching lines as they are stored, at the sidebar's "
+                                        "\"Refresh every\" (the list moves while you read it)")
+        if follow:
+            top[0].caption("Lines of the last minutes, followed: new matching lines appear as they are stored.")
+        else:
+            top[0].caption(f"Lines of {_fmt(since)} – {_fmt(until)} UTC (the last minutes as of this search).")
+            top[2].button("Refresh lines", key="logs_refresh")
     pickers = common.page_data(config, logs_pickers, since, until)
     apps, names = pickers.apps, pickers.names
     cols = st.columns(3)
@@ -106,6 +115,13 @@ def _search(config: Any, span: Callable[[], tuple[datetime, datetime]], absolute
         _patterns(config, query)
     elif view == "dead":
         _dead_letters(config, query)
+    elif follow:
+        @common.refreshing_every(common.chosen_refresh_interval())
+        def followed() -> None:
+            since, until = span()
+            _lines(config, replace(query, since=since, until=until))
+
+        followed()
     else:
         _lines(config, query)
 

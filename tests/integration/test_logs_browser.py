@@ -62,11 +62,15 @@ def lines() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Iterator[str]:
+def logs_store(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Config:
     root = tmp_path_factory.mktemp("logs-browser")
-    config: Config = load_config(environ={}, root=str(root),
-                                 store={"url": store_url, "database": own_database("logs_browser")},
-                                 dashboard={"refresh_s": 3600})
+    return load_config(environ={}, root=str(root), store={"url": store_url, "database": own_database("logs_browser")},
+                       dashboard={"refresh_s": 3600})
+
+
+@pytest.fixture(scope="module")
+def dashboard(logs_store: Config) -> Iterator[str]:
+    config, root = logs_store, logs_store.root
     apply_migrations(config)
     populate(config)
     with connect(config) as client:
@@ -120,6 +124,41 @@ def test_a_typed_search_lists_exactly_the_matching_lines_newest_first(browser: B
         assert grid_texts(page).count("late") == 1, shot          # the last line's event was a dropped straggler
         assert parse_qs(urlparse(page.url).query)["q"] == ['"payment gateway" timeout']   # the link keeps it
         assert texts(page, '[data-testid="stException"]') == [], shot
+
+
+def test_a_followed_search_lists_a_new_line_by_itself_and_an_unfollowed_one_stays_put(
+        browser: BrowserContext, dashboard: str, logs_store: Config):
+    # Given two searches for words no stored line has yet, one followed (refreshing every second), one not,
+    followed = f"{dashboard}/logs?minutes=30&refresh=1&follow=1&q=arrivedwhilewatching"
+    still = f"{dashboard}/logs?minutes=30&refresh=1&q=arrivedwhilereading"
+    page, unfollowed = browser.new_page(), browser.new_page()
+    try:
+        for tab, url in ((page, followed), (unfollowed, still)):
+            # Not settle(): a page that re-runs a part every second never holds still for it.
+            tab.goto(url)
+            tab.get_by_text("No line matches in this range").wait_for(timeout=30_000)
+        # when a line with each word is stored while both pages are open and untouched,
+        now = datetime.now(UTC).replace(tzinfo=None)
+        with connect(logs_store) as client:
+            data.insert_rows(client, "logs", [log_line(now, "payment arrivedwhilewatching"),
+                                              log_line(now, "payment arrivedwhilereading")])
+        # then the followed search lists its line within a few refreshes, in place (the URL keeps following),
+        page.get_by_text("lines match · newest").wait_for(timeout=15_000)
+        shot = page.url   # no screenshot: it grows the viewport, and the page keeps re-running
+        grid = page.locator('[data-testid="stDataFrame"]')
+        grid.scroll_into_view_if_needed()   # the grid's accessible cells exist for the rows in view
+        page.wait_for_function("""() => [...document.querySelectorAll('[data-testid="stDataFrame"] [role="gridcell"]')]
+                                  .some(c => c.innerText.includes("payment arrivedwhilewatching"))""", timeout=10_000)
+        assert parse_qs(urlparse(page.url).query)["follow"] == ["1"], shot
+        # and the unfollowed one, refreshed as often, keeps the lines of its search until asked.
+        unfollowed.wait_for_timeout(4_000)
+        assert unfollowed.get_by_text("No line matches in this range").count() == 1, unfollowed.url
+        unfollowed.get_by_role("button", name="Refresh lines").click()
+        unfollowed.get_by_text("lines match · newest").wait_for(timeout=15_000)
+        assert texts(page, '[data-testid="stException"]') == [], shot
+    finally:
+        page.close()
+        unfollowed.close()
 
 
 def test_a_firing_error_ratio_alert_links_to_its_error_lines(browser: BrowserContext, dashboard: str):

@@ -1,0 +1,141 @@
+"""How long after an app logs a line a user sees it on the dashboard (issue 50's "on the page" figure).
+
+Starts the whole local stack as ``./run demo`` does (broker, store, stream job, demo load, alerting, gateway,
+dashboard) on free ports and a new data directory, waits until the job has stored its first batches, then every
+``--every`` seconds logs one line through the SDK with a word never sent before, and measures, in a headless
+Chromium tab on the Logs page searching that word, the seconds from the SDK's ``log()`` call until the page lists
+the line (the search following new lines, refreshing every second). Kafka's acknowledgement of each line (the SDK's
+``flush``) is reported too: what the pipeline adds is the rest.
+
+    .venv/bin/python -m bench.page_freshness --probes 30 --every 10
+
+Prints JSON: each probe's seconds (acknowledged, shown), and p50 / p95 / max of both. A probe not shown within
+``--timeout`` seconds counts as missing (reported, never as a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.harness import REPO
+from eventide.config import Config, load_config, to_environ
+from ingest.sdk import Client
+from stack import cli
+from stack.services import free_port
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+PROBE_APP = "freshness-probe"
+
+
+def demo_config() -> Config:
+    """A new data directory and free ports for every service, also in this process's environment: the services
+    the launcher starts read their configuration from it."""
+    data = Path(tempfile.mkdtemp(prefix="eventide-page-freshness-"))
+    config = load_config(environ={}, root=str(REPO), paths={"data_dir": str(data), "cache_dir": str(REPO / ".cache")},
+                         kafka={"port": free_port(), "controller_port": free_port()}, store={"port": free_port()},
+                         dashboard={"port": free_port()}, gateway={"port": free_port()}, otlp={"port": free_port()})
+    os.environ.update(to_environ(config))
+    return config
+
+
+def _stored_batches(config: Config) -> int:
+    from store.client import connect
+
+    with connect(config) as client:
+        return int(client.query("SELECT count() FROM pipeline_progress").result_rows[0][0])
+
+
+def _wait_for_job(config: Config, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if _stored_batches(config) >= 3:
+                return
+        except Exception:   # the store or its tables not there yet
+            pass
+        time.sleep(2)
+    raise SystemExit(f"the job stored no batches within {timeout_s:.0f} s")
+
+
+def _percentiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"n": len(ordered), "p50": round(statistics.median(ordered), 2),
+            "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2), "max": round(ordered[-1], 2)}
+
+
+def measure(config: Config, probes: int, every_s: float, timeout_s: float) -> dict[str, Any]:
+    """Log ``probes`` distinct lines ``every_s`` apart and time each until the Logs page shows it."""
+    from playwright.sync_api import sync_playwright
+
+    url = cli.dashboard_url(config)
+    results: list[dict[str, Any]] = []
+    client = Client(PROBE_APP, "probe-device", config=config)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        for i in range(probes):
+            word = f"probe{uuid.uuid4().hex[:12]}"
+            page.goto(f"{url}/logs?minutes=15&refresh=1&follow=1&q={word}")
+            page.wait_for_selector('[data-testid="stSidebar"]', timeout=30_000)
+            sent = time.monotonic()
+            client.log("info", f"freshness probe {i} {word}")
+            client.flush(timeout_s=30)
+            acknowledged = time.monotonic() - sent
+            shown = None
+            deadline = sent + timeout_s
+            while time.monotonic() < deadline:
+                # The search follows new lines, refreshing every second; the table is drawn on a canvas, and its
+                # caption says how many lines match the word: none until the line is stored.
+                if page.get_by_text("lines match · newest", exact=False).count():
+                    shown = time.monotonic() - sent
+                    break
+                page.wait_for_timeout(100)
+            results.append({"probe": i, "acknowledged_s": round(acknowledged, 2),
+                            "shown_s": None if shown is None else round(shown, 2)})
+            print(json.dumps(results[-1]), flush=True)
+            time.sleep(max(0.0, every_s - (time.monotonic() - sent)))
+        browser.close()
+    client.close()
+    shown_s = [r["shown_s"] for r in results if r["shown_s"] is not None]
+    return {"probes": results, "acknowledged": _percentiles([r["acknowledged_s"] for r in results]),
+            "shown": _percentiles(shown_s), "missing": sum(r["shown_s"] is None for r in results),
+            "trigger_interval_s": config.stream.trigger_interval_s, "refresh_s": 1}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--probes", type=int, default=30)
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between probes")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a probe may take before it is missing")
+    parser.add_argument("--warmup", type=float, default=60.0, help="seconds of demo load before the first probe")
+    args = parser.parse_args()
+    config = demo_config()
+    try:
+        cli.demo(config)
+        _wait_for_job(config, timeout_s=300)
+        time.sleep(args.warmup)
+        with urllib.request.urlopen(f"{cli.dashboard_url(config)}/_stcore/health", timeout=5):
+            pass
+        summary = measure(config, args.probes, args.every, args.timeout)
+    finally:
+        cli.stack_down(config)
+        shutil.rmtree(config.data_dir, ignore_errors=True)
+    print(json.dumps({k: v for k, v in summary.items() if k != "probes"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
