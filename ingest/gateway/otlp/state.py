@@ -106,8 +106,10 @@ class CumulativeSeries(Generic[T, D]):
         - first point of a series: the whole value when the series started (``start_server_ms``, its start time on
           the server's clock) after ``horizon_ms``, i.e. nothing of it can have been counted before; else a
           baseline (None): an earlier gateway process, or one before an eviction, may have counted it;
-        - the same point again (same time: a client re-sending a request whose answer it lost, or one Kafka
-          refused): the same delta as the first time, so its event has the same id and content;
+        - the same point again (same time and value: a client re-sending a request whose answer it lost, or one
+          Kafka refused): the same delta as the first time, so its event has the same id and content;
+        - another value at the same time: None (a series cannot have two values at one instant, and the first
+          one's delta, sized by that point, must not stand for this one);
         - an older point than the last one: None (its increase is in the newer point's delta);
         - a new start time, or a value that cannot follow the last: a reset, the whole value;
         - otherwise the difference.
@@ -124,7 +126,8 @@ class CumulativeSeries(Generic[T, D]):
             return emitted
         self._series.move_to_end(key)
         if time_ns == last.time_ns:
-            return last.emitted
+            # repr: NaN (a sum may be one) equals itself, so a re-sent point with one is still the same point.
+            return last.emitted if start_ns == last.start_ns and repr(value) == repr(last.value) else None
         if time_ns < last.time_ns:
             return None
         difference = self._subtract(value, last.value) if start_ns == last.start_ns else None
