@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 from eventide.config import Config
 
 # The stream job's queries, named as analytics.vocabulary names them (the store sits below the job, so it cannot
-# import them; tests/unit/test_freshness.py checks the two lists agree).
+# import them; tests/unit/dashboard/test_freshness.py checks the two lists agree).
 ACCEPT_QUERY = "accept"
 """Reads Kafka: writes ``logs``, dead letters, duplicates, device clocks and records lost to retention."""
 WINDOWS_QUERY = "windows"

@@ -9,9 +9,9 @@ The rows arrive sorted by key, so the same frames come out of slicing each batch
 :func:`load_stream` does that and yields exactly what PySpark's loader yields, key by key and chunk by chunk
 (the same rows, the same split at ``maxRecordsPerBatch`` / ``maxBytesPerBatch``), except that a frame's columns
 keep their Arrow-derived dtypes (e.g. ``int8``) where PySpark re-infers them from Python objects (``int64``).
-``tests/unit/test_tws_input.py`` checks it against PySpark's own loader. :func:`install` puts it in place of PySpark's
-in the worker daemon (``analytics.spark.python_daemon``), only for the PySpark versions it was checked against:
-another version keeps its own loader, and results are the same either way.
+``tests/unit/analytics/spark/test_tws_input.py`` checks it against PySpark's own loader. :func:`install` puts it in
+place of PySpark's in the worker daemon (``analytics.spark.python_daemon``), only for the PySpark versions it was
+checked against: another version keeps its own loader, and results are the same either way.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pyspark
 from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer, TransformWithStateInPandasSerializer
 from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasFuncMode
 
-# The PySpark versions whose loader this one reproduces (tests/unit/test_tws_input.py compares them).
+# The PySpark versions whose loader this one reproduces (tests/unit/analytics/spark/test_tws_input.py compares them).
 CHECKED_VERSIONS = ("4.1.",)
 _NO_BYTES_LIMIT = 2**31 - 1   # PySpark's value for "no maxBytesPerBatch"
 

@@ -1,12 +1,12 @@
 """The gateway's pure-Python envelope validator gives the same reasons as the stream job's Spark validator
-(``analytics.accept.validation``), on every case of tests/unit/test_validation.py."""
+(``analytics.accept.validation``), on every case of tests/unit/ingest/test_gateway_validator.py."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from tests.unit.test_validation import BAD, RAW_TEXT, VALID
+from tests.unit.ingest.test_gateway_validator import BAD, RAW_TEXT, VALID
 
 
 def test_same_reasons_as_the_stream_job(spark: Any) -> None:

@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 
 from analytics.vocabulary import assign_windows
 from analytics.windows.query import window_assignments
-from tests.unit.test_window_assignment import SPECS, T0_MS
+from tests.unit.analytics.windows.test_windows_of_an_event import SPECS, T0_MS
 
 
 def test_the_driver_assigns_the_same_windows_as_the_aggregation(spark) -> None:

@@ -245,3 +245,48 @@ def test_the_dashboard_data_modules_import_no_streamlit():
                             "        print(m)\n        break", *modules],
                            capture_output=True, text=True, check=True, cwd=ROOT)
     assert len(modules) >= 7 and first.stdout.strip() == "", f"{first.stdout.strip()} pulls in streamlit"
+
+
+# Floors and the test tree ---------------------------------------------------------------------------------------
+FLOORS = {"eventide": 0, "ingest": 1, "store": 1, "analytics": 2, "alerting": 2, "dashboard": 3, LAUNCHER: 4}
+"""The house by floors: a part imports only parts on lower floors. The ground floor is what all share; ingest (the
+SDK and gateway) and the store's client path stand on it; the job and the alert evaluator write and read through the
+store; the dashboard reads the store and alerting's rules; the launcher starts everything. (The data walks ingest ->
+Kafka -> analytics -> store -> dashboard; the imports follow who calls whom, which is why the store's client sits
+below the job.)"""
+
+
+def part_imports() -> dict[str, dict[str, list[str]]]:
+    """Per part of the house, the other parts it imports and from which of its modules."""
+    found: dict[str, dict[str, list[str]]] = {part: {} for part in FLOORS}
+    for part in FLOORS:
+        for module, path in modules_under(part).items():
+            for imported in every_import(path):
+                other = package_of(imported)
+                if other in FLOORS and other != part:
+                    found[part].setdefault(other, []).append(module)
+    return found
+
+
+def test_every_part_of_the_house_imports_only_parts_on_lower_floors():
+    upward = {f"{part} -> {other}": sorted(set(modules))
+              for part, imported in part_imports().items() for other, modules in imported.items()
+              if FLOORS[other] >= FLOORS[part]}
+    assert not upward, f"imports that do not go down a floor: {upward}"
+
+
+def test_the_whole_house_has_no_import_circle():
+    modules = {module: path for part in FLOORS for module, path in modules_under(part).items()}
+    assert_no_circle({module: {m for m in every_import(path) if m in modules and m != module}
+                      for module, path in modules.items()})
+
+
+def test_the_unit_tests_mirror_the_tree():
+    """A folder of tests/unit per part of the house (and per sub-package, where the part has them), so a part's
+    pure tests sit where its code does; only this file, which checks the whole house, sits at the top."""
+    unit = Path(__file__).resolve().parent
+    folders = [p.relative_to(unit) for p in unit.rglob("*") if p.is_dir() and p.name != "__pycache__"]
+    astray = [str(f) for f in folders if not (ROOT / f).is_dir() or f.parts[0] not in FLOORS]
+    assert not astray, f"tests/unit folders that are no part of the house: {astray}"
+    flat = sorted(p.name for p in unit.glob("test_*.py") if p.name != Path(__file__).name)
+    assert not flat, f"unit tests outside their part's folder: {flat}"

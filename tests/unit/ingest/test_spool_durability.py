@@ -24,7 +24,7 @@ from eventide.config import load_config
 from ingest.sdk.spool import Spool
 from tests.support.fault_injection import size_limited_directory
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 _BODY = b'{"v":1,"id":"%036d","kind":"metric","app":"a","device":"d","name":"seq","value":%d.0,' \
