@@ -56,6 +56,19 @@ its stream-execution thread's CPU per batch (docs/performance.md#the-drivers-wor
 constraints only to add or drop filters implied by others (``InferFiltersFromConstraints``, ``PruneFilters``); the
 job's plans have no joins for the added filters to help, and the results are the same without them."""
 
+FILE_LISTING: dict[str, str] = {
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": str(2**31 - 1),
+}
+"""How the readers list the accepted-events log: in the driver, never as a Spark job.
+
+A reader's file source lists the whole log (recursively) at every poll once it has read everything listed, and past
+32 directories (the default threshold) Spark lists them with a Spark job, a task per directory. The log holds a
+directory per ``accept`` batch for ``stream.accepted_retention_s`` (an hour of 5-s batches: 720), so each poll became
+a job of hundreds of tasks, a few seconds of the 2 cores', growing for the first hour of a run: the readers fell
+further behind minute by minute. Listed in the driver, a local or NFS directory of that size takes about a tenth of
+a second (docs/performance.md#the-readers-listing-of-the-accepted-log). The log must be on a POSIX path
+anyway; the job reads no other directory."""
+
 STATE: dict[str, str] = {
     "spark.sql.streaming.stateStore.providerClass":
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -80,8 +93,8 @@ SESSION: dict[str, str] = {
 }
 """No web UI or console progress bar (the job reports its progress to the store); timestamps in UTC."""
 
-JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_HAND_OVER, **PLANNING, **STATE,
-                                **AGGREGATION, **SESSION}
+JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_HAND_OVER, **PLANNING,
+                                **FILE_LISTING, **STATE, **AGGREGATION, **SESSION}
 """Every setting above, for the session builder and ``spark-submit`` alike."""
 
 LOG4J_PROPERTIES = Path(__file__).resolve().parent / "log4j2.properties"
