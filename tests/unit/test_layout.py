@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 ANALYTICS = Path(__file__).resolve().parents[2] / "analytics"
+ROOT = ANALYTICS.parent
 STAGES = ("accept", "windows", "keyed")
 RULES = (
     "analytics.vocabulary", "analytics.spark.checkpoint", "analytics.accepted_log", "analytics.accept.dedup",
@@ -34,16 +35,30 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def is_module(name: str) -> bool:
+    """Whether the dotted ``name`` is a module or a package of this tree."""
+    path = ROOT / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def imported_by(node: ast.ImportFrom) -> set[str]:
+    """What ``from M import a, b`` names: ``M.a`` where that is a module or package of the tree, else ``M``."""
+    return {f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}") else str(node.module)
+            for alias in node.names}
+
+
+def within(module: str, package: str) -> bool:
+    """Whether ``module`` is ``package`` or inside it."""
+    return module == package or module.startswith(f"{package}.")
+
+
 def imports(path: Path) -> set[str]:
     """The analytics modules ``path`` imports when it is loaded: its top-level imports, not those inside functions
     (loaded where they are used) or under ``TYPE_CHECKING`` (annotations only)."""
     found: set[str] = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("analytics"):
-            for alias in node.names:
-                submodule = f"{node.module}.{alias.name}"
-                found.add(submodule if (ANALYTICS.parent / (submodule.replace(".", "/") + ".py")).exists()
-                          else node.module)
+            found |= imported_by(node)
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("analytics")}
     return found - {"analytics"}
@@ -138,7 +153,6 @@ def test_every_engine_patch_is_behind_the_spark_fence():
 # ``eventide/`` is the ground floor (configuration, jars, durable files, HTTP deadlines, redaction) that every
 # component stands on; ``stack/`` is the launcher that starts them all. Imports anywhere in a file count here, also
 # those inside functions: a lazy import is still a dependency.
-ROOT = ANALYTICS.parent
 COMPONENTS = ("ingest", "analytics", "store", "alerting", "dashboard")
 LAUNCHER = "stack"
 
@@ -148,9 +162,7 @@ def every_import(path: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                submodule = f"{node.module}.{alias.name}"
-                found.add(submodule if (ROOT / (submodule.replace(".", "/") + ".py")).exists() else node.module)
+            found |= imported_by(node)
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
     return found
@@ -192,26 +204,13 @@ STORE_CLIENT_PATH = ("store.client", "store.credentials", "store.migrations", "s
 """What the job, the dashboard and the evaluator use to reach the store: over HTTP, never the server's code."""
 
 
-def names_the_store_server(path: Path) -> bool:
-    """Whether ``path`` imports anything of ``store/server/`` (``from store import server`` included)."""
-    for node in ast.walk(ast.parse(path.read_text())):
-        named: list[str] = []
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            named = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-        elif isinstance(node, ast.Import):
-            named = [alias.name for alias in node.names]
-        if any(name == STORE_SERVER or name.startswith(f"{STORE_SERVER}.") for name in named):
-            return True
-    return False
-
-
 def test_only_the_launcher_starts_the_store_server():
     """The embedded server is a process of its own: the launcher (and the tests and benches) start it; every other
     component, and the store's own client path, reaches it over HTTP and imports nothing of ``store/server/``."""
     offenders = sorted(module for package in ("eventide", *COMPONENTS)
                        for module, path in modules_under(package).items()
-                       if not (module == STORE_SERVER or module.startswith(f"{STORE_SERVER}."))
-                       and names_the_store_server(path))
+                       if not within(module, STORE_SERVER)
+                       and any(within(imported, STORE_SERVER) for imported in every_import(path)))
     assert not offenders, f"outside store/server/, these import the store's server: {offenders}"
 
 
@@ -232,8 +231,7 @@ def test_ingest_and_analytics_meet_only_through_the_envelope_and_the_sdk_needs_n
                 if (imported := sorted(m for m in every_import(path) if package_of(m) == target))}
     assert not crossing, f"ingest and analytics import each other: {crossing}"
     sdk_to_gateway = {module: imported for module, path in modules_under("ingest/sdk").items()
-                      if (imported := sorted(m for m in every_import(path)
-                                             if m == "ingest.gateway" or m.startswith("ingest.gateway.")))}
+                      if (imported := sorted(m for m in every_import(path) if within(m, "ingest.gateway")))}
     assert not sdk_to_gateway, f"the SDK imports the gateway: {sdk_to_gateway}"
 
 
