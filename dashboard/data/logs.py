@@ -9,9 +9,8 @@ from datetime import datetime
 import pandas as pd
 
 from dashboard import log_search, queries
-from dashboard.data.reader import Reader, bucket_seconds
+from dashboard.data.reader import Reader, batches_and_buckets
 from dashboard.log_search import LogQuery
-from store import pipeline
 
 PATTERNS_SHOWN = 20
 """Message patterns the page lists (the most frequent)."""
@@ -34,12 +33,11 @@ class LogChartsData:
 def logs_charts_data(reader: Reader, since: datetime, until: datetime) -> LogChartsData:
     """The charts' queries over ``[since, until)``: the freshness batches beside the window lengths (which set the
     bucket), then levels and peaks side by side."""
-    first = reader.together(batches=pipeline.last_batches, lengths=lambda c: bucket_seconds(c, since, until))
-    lengths, resolution = first["lengths"]
+    batches, lengths, resolution = batches_and_buckets(reader, since, until)
     data = reader.together(
         levels=lambda c: queries.log_levels(c, since, until, resolution, min(lengths)) if lengths else None,
         peaks=lambda c: queries.error_burst_peaks(c, since, until, resolution))
-    return LogChartsData(first["batches"], resolution, data["levels"], data["peaks"])
+    return LogChartsData(batches, resolution, data["levels"], data["peaks"])
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pandas as pd
 from clickhouse_connect.driver.client import Client
 
 from dashboard import queries
-from dashboard.data.reader import Reader, bucket_seconds
+from dashboard.data.reader import Reader, batches_and_buckets
 from dashboard.queries import DataLoss
 from eventide.config import Config
 from store import pipeline
@@ -47,8 +47,7 @@ def overview_data(reader: Reader, since: datetime, until: datetime,
     bucket), then the rest side by side. ``consumer_lag``: the store's processed offsets against the broker's end
     offsets (the benchmark, which runs no broker, passes the store half alone)."""
     config = reader.config
-    first = reader.together(batches=pipeline.last_batches, lengths=lambda c: bucket_seconds(c, since, until))
-    lengths, resolution = first["lengths"]
+    batches, lengths, resolution = batches_and_buckets(reader, since, until)
 
     def lag_or_error(client: Client) -> tuple[dict[int, int], str]:
         try:
@@ -64,5 +63,5 @@ def overview_data(reader: Reader, since: datetime, until: datetime,
         loss=lambda c: queries.kafka_data_loss(c, since, until),
         marks=pipeline.watermarks, states=queries.alert_states, lag=lag_or_error)
     lag, lag_error = data["lag"]
-    return OverviewData(first["batches"], resolution, data["rates"], data["dropped"], data["dead"],
+    return OverviewData(batches, resolution, data["rates"], data["dropped"], data["dead"],
                         data["duplicates"], data["loss"], data["marks"], data["states"], lag, lag_error)

@@ -12,6 +12,7 @@ from clickhouse_connect.driver.client import Client
 
 from dashboard.queries import concurrently, overview_resolution_s, window_lengths_ms
 from eventide.config import Config
+from store import pipeline
 from store.client import connect
 
 T = TypeVar("T")
@@ -53,3 +54,11 @@ def bucket_seconds(client: Client, since: datetime, until: datetime) -> tuple[li
     """(stored tumbling lengths in ms, the chart bucket in s for the range ``[since, until)``)."""
     lengths = window_lengths_ms(client)
     return lengths, overview_resolution_s(lengths, span_minutes(since, until))
+
+
+def batches_and_buckets(reader: Reader, since: datetime, until: datetime) -> tuple[dict[str, datetime], list[int], int]:
+    """A charted page's first step: when each stream query's last batch was stored (the freshness line), beside the
+    stored tumbling lengths in ms and the charts' bucket in s for ``[since, until)``, which its other queries need."""
+    first = reader.together(batches=pipeline.last_batches, lengths=lambda c: bucket_seconds(c, since, until))
+    lengths, resolution = first["lengths"]
+    return first["batches"], lengths, resolution

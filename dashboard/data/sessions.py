@@ -8,8 +8,7 @@ from datetime import datetime
 import pandas as pd
 
 from dashboard import queries
-from dashboard.data.reader import Reader, bucket_seconds
-from store import pipeline
+from dashboard.data.reader import Reader, batches_and_buckets
 
 
 @dataclass(frozen=True)
@@ -27,8 +26,7 @@ class SessionsData:
 def sessions_data(reader: Reader, since: datetime, until: datetime) -> SessionsData:
     """The page's queries over ``[since, until)``: the freshness batches beside the window lengths (which set the
     bucket), then sessions per app and their shapes side by side."""
-    first = reader.together(batches=pipeline.last_batches, lengths=lambda c: bucket_seconds(c, since, until))
-    _, resolution = first["lengths"]
+    batches, _, resolution = batches_and_buckets(reader, since, until)
     data = reader.together(per_app=lambda c: queries.sessions_per_app(c, since, until, resolution),
                            shapes=lambda c: queries.session_shapes(c, since, until))
-    return SessionsData(first["batches"], resolution, data["per_app"], data["shapes"])
+    return SessionsData(batches, resolution, data["per_app"], data["shapes"])

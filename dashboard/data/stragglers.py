@@ -9,8 +9,7 @@ from datetime import datetime
 import pandas as pd
 
 from dashboard import queries
-from dashboard.data.reader import Reader, bucket_seconds
-from store import pipeline
+from dashboard.data.reader import Reader, batches_and_buckets
 
 
 @dataclass(frozen=True)
@@ -34,13 +33,12 @@ class StragglersData:
 def stragglers_data(reader: Reader, since: datetime, until: datetime) -> StragglersData:
     """The page's queries over ``[since, until)``: the freshness batches beside the window lengths (which set the
     bucket), then the five tables side by side."""
-    first = reader.together(batches=pipeline.last_batches, lengths=lambda c: bucket_seconds(c, since, until))
-    _, resolution = first["lengths"]
+    batches, _, resolution = batches_and_buckets(reader, since, until)
     data = reader.together(
         dropped=lambda c: queries.dropped_stragglers(c, since, until, resolution),
         lateness=lambda c: queries.straggler_lateness(c, since, until),
         worst_windows=lambda c: queries.straggler_windows(c, since, until),
         clocks=lambda c: queries.device_clock_offsets(c, since, until),
         corrected=lambda c: queries.corrections_published(c, since, until, resolution))
-    return StragglersData(first["batches"], resolution, data["dropped"], data["lateness"], data["worst_windows"],
+    return StragglersData(batches, resolution, data["dropped"], data["lateness"], data["worst_windows"],
                           data["clocks"], data["corrected"])
