@@ -22,20 +22,17 @@ import shutil
 import statistics
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO
+from bench.process_counts import CHROMIUM, CHROMIUM_ARGS
 from eventide.config import Config, load_config, to_environ
 from ingest.sdk import Client
 from stack import cli
 from stack.services import free_port
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 PROBE_APP = "freshness-probe"
 
 
@@ -128,8 +125,6 @@ def main() -> None:
         cli.demo(config)
         _wait_for_job(config, timeout_s=300)
         time.sleep(args.warmup)
-        with urllib.request.urlopen(f"{cli.dashboard_url(config)}/_stcore/health", timeout=5):
-            pass
         summary = measure(config, args.probes, args.every, args.timeout)
     finally:
         cli.stack_down(config)
