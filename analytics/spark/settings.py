@@ -62,12 +62,11 @@ FILE_LISTING: dict[str, str] = {
 """How the readers list the accepted-events log: in the driver, never as a Spark job.
 
 A reader's file source lists the whole log (recursively) at every poll once it has read everything listed, and past
-32 directories (the default threshold) Spark lists them with a Spark job, a task per directory. The log holds a
-directory per ``accept`` batch for ``stream.accepted_retention_s`` (an hour of 5-s batches: 720), so each poll became
-a job of hundreds of tasks, a few seconds of the 2 cores', growing for the first hour of a run: the readers fell
-further behind minute by minute. Listed in the driver, a local or NFS directory of that size takes about a tenth of
-a second (docs/performance.md#the-readers-listing-of-the-accepted-log). The log must be on a POSIX path
-anyway; the job reads no other directory."""
+32 directories (Spark's default threshold) Spark lists them with a Spark job, a task per directory. The log holds a
+directory per ``accept`` batch for ``stream.accepted_retention_s``, so each idle poll became a job of hundreds of
+tasks, and the readers fell further behind as the log grew (docs/performance.md#the-readers-listing-of-the-accepted-log
+has the figures). A local or NFS directory is listed faster in the driver; the log must be on a POSIX path anyway,
+and the job reads no other directory."""
 
 STATE: dict[str, str] = {
     "spark.sql.streaming.stateStore.providerClass":
