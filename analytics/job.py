@@ -32,6 +32,7 @@ from analytics.data_loss import count_data_loss
 from analytics.disk_full import failure_message, reports_disk_full, stop_on_disk_full
 from analytics.keyed import rows as keyed_rows
 from analytics.keyed import runs as session_runs
+from analytics.keyed.layout import session_layout
 from analytics.keyed.query import keyed_windows
 from analytics.keyed.writer import keyed_windows_writer
 from analytics.sinks import BatchWriter
@@ -44,7 +45,7 @@ from analytics.windows import partials as window_partials
 from analytics.windows.query import aggregate
 from analytics.windows.writer import window_writer
 from eventide import jars
-from eventide.config import Config, load_config
+from eventide.config import Config, ConfigError, load_config
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
          accept_writer(config)),
         (WINDOWS_QUERY, lambda: aggregate(accepted_log.read_partials_stream(
             spark, config, from_arrow_schema(window_partials.SCHEMA)), config), "update", window_writer(config)),
-        (KEYED_WINDOWS_QUERY, lambda: keyed_windows(accepted_events(spark, config), config), "append",
+        (KEYED_WINDOWS_QUERY, lambda: keyed_windows(accepted_events(spark, config), config, session_layout(
+            config.checkpoint_dir / KEYED_WINDOWS_QUERY, config.stream.session_buckets)), "append",
          keyed_windows_writer(config)),
     ]
     queries = []
@@ -239,11 +241,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # logs every callback from the JVM at INFO
-    config = load_config(args.config)
-    if args.until_idle:
-        run_until_idle(spark_session(config), config)
-    else:
-        run(config)
+    try:
+        config = load_config(args.config)
+        if args.until_idle:
+            run_until_idle(spark_session(config), config)
+        else:
+            run(config)
+    except ConfigError as exc:   # e.g. a setting the checkpoints cannot take: one line naming it, no trace
+        raise SystemExit(f"configuration error: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -243,7 +243,8 @@ class StreamConfig(_Section):
     session_gap_s: int = Field(300, gt=0)
     """G: a session is a run of events of one (app, user) each less than G after the previous."""
     session_buckets: int = Field(64, ge=1)
-    """Session keys are spread over this many state rows (each with one timer) of the stateful query."""
+    """Session keys (of every app) are spread over this many state rows (each with one timer) of the stateful query;
+    fixed when its checkpoint is created (``analytics.keyed.layout``)."""
     session_memory_s: int = Field(86_400, ge=0)
     """How long an emitted session is remembered, so a late event that would join it is attributed to it."""
     series_tag_keys: list[str] = Field(default_factory=list)

@@ -167,11 +167,11 @@ class KeyedWindowsLogic:
             self._save_sessions(bucket)
             self._move_timer(registered, self._sessions_due(bucket))
             if len(dropped_at):
-                kinds, names = self._session_keys(dropped_keys.tolist())
+                apps, kinds, names = _session_keys(key, dropped_keys.tolist())
                 # The head's Kafka partition and the run's size let the writer find the run's events within
                 # that partition when it was formed there (analytics.keyed.runs.events_of_runs).
                 yield _output(len(dropped_at), {
-                    **self._key_columns(key, DROPPED_RUN, watermark), "kind": kinds, "name": names,
+                    **self._key_columns(key, DROPPED_RUN, watermark), "app": apps, "kind": kinds, "name": names,
                     "window_start_ms": start, "window_end_ms": end, "event_time_ms": first[dropped_at],
                     RUN_LAST: last[dropped_at], "source_partition": frame["partition"].to_numpy(np.int32)[dropped_at],
                     "event_count": frame[RUN_EVENTS].to_numpy(np.int64)[dropped_at]})
@@ -206,20 +206,15 @@ class KeyedWindowsLogic:
             self._move_timer(None, self._sessions_due(bucket))
             if parts:
                 emitted = {c: np.concatenate([e[c] for _, e in parts]) for c in parts[0][1]}
-                kinds, names = self._session_keys([k for k, e in parts for _ in range(len(e["session_start"]))])
+                apps, kinds, names = _session_keys(key, [k for k, e in parts for _ in range(len(e["session_start"]))])
                 yield _output(len(kinds), {
-                    **self._key_columns(key, "window", watermark), **emitted, "kind": kinds, "name": names,
+                    **self._key_columns(key, "window", watermark), **emitted, "app": apps, "kind": kinds,
+                    "name": names,
                     "window_start_ms": emitted["session_start"],
                     "window_end_ms": emitted["last_event_time"] + self.session_gap_ms,
                     "event_time_ms": emitted["last_event_time"]})
 
     # Output rows ---------------------------------------------------------------------------------------------
-    @staticmethod
-    def _session_keys(joined: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(key kinds, keys) of sessions in the output's ``kind`` and ``name`` columns."""
-        split = [k.split(SESSION_KEY, 1) for k in joined]
-        return np.array([k for k, _ in split], dtype=object), np.array([n for _, n in split], dtype=object)
-
     @staticmethod
     def _key_columns(key: Any, row_type: str, watermark: int) -> dict[str, Any]:
         family, app, kind, name, tags = key
@@ -238,6 +233,16 @@ def _run_counts(frame: pd.DataFrame) -> np.ndarray:
     """A session row's counts (``sessions.COUNT_COLUMNS``) from its run columns."""
     return sessions.run_counts(frame[RUN_EVENTS].to_numpy(np.int64),
                                np.column_stack([frame[c].to_numpy(np.int64) for c in RUN_LEVELS]))
+
+
+def _session_keys(key: tuple[str, ...], joined: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(apps, key kinds, keys) of a bucket's sessions, for the output's ``app``, ``kind`` and ``name`` columns. A
+    bucket of the per-app layout has its app in the operator key and "<kind>\x1e<key>" session keys; a shared one
+    (empty app) has JSON [app, kind, key] session keys (``analytics.keyed.layout``)."""
+    app = key[1]
+    split = [[app, *k.split(SESSION_KEY, 1)] for k in joined] if app else [json.loads(k) for k in joined]
+    apps, kinds, names = (np.array([s[i] for s in split], dtype=object) for i in range(3))
+    return apps, kinds, names
 
 
 def _unpack_key(key: tuple[str]) -> tuple[str, str, str, str, str]:

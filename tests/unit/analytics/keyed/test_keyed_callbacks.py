@@ -95,3 +95,23 @@ def test_each_session_of_a_bucket_closes_once_on_the_bucket_s_timer():
     sessions = _windows(out).sort_values(["name", "window_start_ms"])
     assert sessions[["name", "window_start_ms", "window_end_ms", "event_count"]].values.tolist() == [
         ["ann", 30_000, 150_000, 3], ["ann", 190_000, 310_000, 3], ["bob", 30_000, 90_000, 1]]
+
+
+def test_a_shared_bucket_holds_sessions_of_several_apps_and_each_session_keeps_its_app():
+    # Given a bucket of the shared layout (no app in the operator key; each session key is [app, kind, key]),
+    # where the same user name is active in two apps, and a run of the shop's ann that arrives too late,
+    spark, out = InMemoryKeyedState(), []
+    logic = _logic(spark)
+    bucket = json.dumps([SESSION, "", "", "3", ""])
+    shop_ann, blog_ann = json.dumps(["shop", "user", "ann"]), json.dumps(["blog", "user", "ann"])
+    out += spark.batch(logic, {bucket: _rows([30_000, 40_000], 0, [shop_ann, blog_ann])}, watermark=0)
+    out += spark.batch(logic, {bucket: _rows([1_000], 2, [shop_ann])}, watermark=200_000)
+
+    # then the two apps' sessions close apart, each under its own app,
+    sessions = _windows(out).sort_values("app")
+    assert sessions[["app", "kind", "name", "window_start_ms", "event_count"]].values.tolist() == [
+        ["blog", "user", "ann", 40_000, 1], ["shop", "user", "ann", 30_000, 1]]
+    # and the late run is dropped, attributed to the shop's ann.
+    out = pd.concat(out, ignore_index=True)
+    dropped = out[out["row_type"] == "dropped_run"]
+    assert dropped[["app", "kind", "name"]].values.tolist() == [["shop", "user", "ann"]]
