@@ -5,11 +5,12 @@ dashboard) on free ports and a new data directory, waits until the job has store
 ``--every`` seconds logs one line through the SDK with a word never sent before, and measures, in a headless
 Chromium tab on the Logs page searching that word, the seconds from the SDK's ``log()`` call until the page lists
 the line (the search following new lines, refreshing every second). Kafka's acknowledgement of each line (the SDK's
-``flush``) is reported too: what the pipeline adds is the rest.
+``flush``) is reported too, and when a query of the store first finds the line (polled between the page's checks):
+the pipeline's part is until stored, the dashboard's (its refresh, queries and drawing) the rest.
 
     .venv/bin/python -m bench.page_freshness --probes 30 --every 10
 
-Prints JSON: each probe's seconds (acknowledged, shown), and p50 / p95 / max of both. A probe not shown within
+Prints JSON: each probe's seconds (acknowledged, stored, shown), and p50 / p95 / max of each. A probe not shown within
 ``--timeout`` seconds counts as missing (reported, never as a figure).
 """
 
@@ -54,6 +55,15 @@ def _stored_batches(config: Config) -> int:
         return int(client.query("SELECT count() FROM pipeline_progress").result_rows[0][0])
 
 
+def _stored(config: Config, word: str) -> bool:
+    """Whether the store's ``logs`` table has the probe's line (the query a user's search would run, simplified)."""
+    from store.client import connect
+
+    with connect(config) as client:
+        return bool(client.query("SELECT count() FROM logs WHERE app = {app:String} AND hasToken(message, {w:String})",
+                                 parameters={"app": PROBE_APP, "w": word}).result_rows[0][0])
+
+
 def _wait_for_job(config: Config, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -92,9 +102,11 @@ def measure(config: Config, probes: int, every_s: float, timeout_s: float) -> di
             client.log("info", f"freshness probe {i} {word}")
             client.flush(timeout_s=30)
             acknowledged = time.monotonic() - sent
-            shown = None
+            shown = stored = None
             deadline = sent + timeout_s
             while time.monotonic() < deadline:
+                if stored is None and _stored(config, word):
+                    stored = time.monotonic() - sent
                 # The search follows new lines, refreshing every second; the table is drawn on a canvas, and its
                 # caption says how many lines match the word: none until the line is stored.
                 if page.get_by_text("lines match · newest", exact=False).count():
@@ -102,6 +114,7 @@ def measure(config: Config, probes: int, every_s: float, timeout_s: float) -> di
                     break
                 page.wait_for_timeout(100)
             results.append({"probe": i, "acknowledged_s": round(acknowledged, 2),
+                            "stored_s": None if stored is None else round(stored, 2),
                             "shown_s": None if shown is None else round(shown, 2)})
             print(json.dumps(results[-1]), flush=True)
             time.sleep(max(0.0, every_s - (time.monotonic() - sent)))
@@ -109,6 +122,7 @@ def measure(config: Config, probes: int, every_s: float, timeout_s: float) -> di
     client.close()
     shown_s = [r["shown_s"] for r in results if r["shown_s"] is not None]
     return {"probes": results, "acknowledged": _percentiles([r["acknowledged_s"] for r in results]),
+            "stored": _percentiles([r["stored_s"] for r in results if r["stored_s"] is not None]),
             "shown": _percentiles(shown_s), "missing": sum(r["shown_s"] is None for r in results),
             "trigger_interval_s": config.stream.trigger_interval_s, "refresh_s": 1}
 
