@@ -17,6 +17,7 @@ no ``series``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tomllib
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eventide.config import ConfigError, SeriesSelector
+from eventide.config import Config, ConfigError, SeriesSelector
 
 SERIES_STATISTICS = ("count", "rate", "sum", "mean", "min", "max", "distinct_users", "distinct_devices",
                      "error_ratio", "dropped_stragglers")
@@ -124,10 +125,50 @@ def parse_rules(text: str, source: str = "<string>") -> AlertRules:
     try:
         return AlertRules.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, data, source)) from None
+        raise _InvalidRules(_describe(exc, data, source), data) from None
 
 
 def load_rules(path: Path) -> AlertRules:
     if not path.exists():
         raise ConfigError(f"alert rules file {path} does not exist (alerting.rules_file)")
     return parse_rules(path.read_text(), str(path))
+
+
+def mismatches(rules: AlertRules, config: Config) -> list[str]:
+    """What in valid ``rules`` the job's settings cannot give, one line each: a series statistic is read from the
+    stored tumbling windows of length ``window_s``, so any other length would never have a value (never fire)."""
+    lengths = config.stream.tumbling_windows_s
+    return [f"rule {rule.name!r}, field window_s: {rule.window_s} is not a tumbling window length the job computes "
+            f"(stream.tumbling_windows_s = {lengths}), so the rule would never have a value"
+            for rule in rules.rule if rule.series is not None and rule.window_s not in lengths]
+
+
+def rules_for(config: Config, path: Path | None = None) -> AlertRules:
+    """The rules of ``path`` (default ``alerting.rules_file``), valid and evaluable with ``config``; raises
+    :class:`ConfigError` naming the rule and field of every problem."""
+    path = config.alert_rules_file if path is None else path
+    try:
+        rules, lines = load_rules(path), []
+    except _InvalidRules as invalid:
+        # Every problem at once: the rules valid on their own are still checked against the configuration.
+        rules, lines = _valid_alone(invalid.data), invalid.lines
+    lines += [f"  {m}" for m in mismatches(rules, config)]
+    if lines:
+        raise ConfigError("\n".join([f"invalid alert rules ({path}):", *lines]))
+    return rules
+
+
+class _InvalidRules(ConfigError):
+    def __init__(self, message: str, data: dict[str, object]) -> None:
+        super().__init__(message)
+        self.lines = message.splitlines()[1:]
+        self.data = data
+
+
+def _valid_alone(data: dict[str, object]) -> AlertRules:
+    """The rules of ``data`` that are valid each on its own (the file as a whole is not)."""
+    valid = []
+    for raw in data.get("rule") if isinstance(data.get("rule"), list) else []:   # type: ignore[union-attr]
+        with contextlib.suppress(ValidationError):
+            valid.append(AlertRule.model_validate(raw))
+    return AlertRules.model_construct(rule=valid)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from alerting.delivery import Delivery, deliver
 from alerting.evaluator import evaluate
 from alerting.notify import Channel, channels
-from alerting.rules import load_rules
+from alerting.rules import rules_for
 from eventide.config import Config, ConfigError, load_config
 from store.migrations import apply_migrations
 
@@ -30,7 +30,7 @@ def run(config: Config, once: bool = False, stop: threading.Event | None = None,
     return). Invalid rules stop startup with a message naming them. ``on_tick(started, seconds)`` is called after
     each evaluation with its monotonic start and duration (for monitoring and tests); ``targets``: the channels
     (default: the configured ones, :func:`alerting.notify.channels`)."""
-    rules = load_rules(config.alert_rules_file)
+    rules = rules_for(config)
     apply_migrations(config)          # idempotent: the alert tables exist before the first pass
     log.info("alerting: %d rules from %s, every %ss", len(rules.rule), config.alert_rules_file,
              config.alerting.evaluation_interval_s)

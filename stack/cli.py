@@ -140,9 +140,9 @@ def _wait_http(url: str, timeout_s: float) -> bool:
 
 def demo(config: Config) -> None:
     stack_up(config)
-    from alerting.rules import load_rules
+    from alerting.rules import rules_for
 
-    load_rules(config.alert_rules_file)   # invalid rules stop the demo here, naming the rule and field
+    rules_for(config)   # invalid rules stop the demo here, naming the rule and field
     for name, argv in ((JOB, _python_module("analytics.job")),
                        (LOAD, _python_module("stack.demo_load")),
                        (ALERTS, _python_module("alerting.service")),
@@ -208,12 +208,31 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--duration", type=float)
     sub.add_parser("dashboard", help="run the dashboard (foreground)")
     sub.add_parser("gateway", help="run the HTTP gateway (foreground)")
-    alerts = sub.add_parser("alerts", help="run the alert evaluator (foreground)")
+    alerts = sub.add_parser("alerts", help="run the alert evaluator (foreground); `alerts check [FILE]` checks rules")
     alerts.add_argument("--once", action="store_true")
+    alerts.add_argument("action", nargs="?", choices=("check",),
+                        help="check: validate FILE's rules against this configuration, one line per problem "
+                             "(exit 1 if any), like `promtool check rules`")
+    alerts.add_argument("file", nargs="?", type=Path, help="the rules file to check (default: alerting.rules_file)")
     on_cluster = sub.add_parser("cluster", help="Spark standalone + Kafka cluster on this machine, and the job on it")
     on_cluster.add_argument("action", choices=("up", "down", "status", "submit", "env"))
     on_cluster.add_argument("--until-idle", action="store_true", help="submit: drain Kafka, then exit")
     return parser
+
+
+def check_alert_rules(config: Config, path: Path | None = None) -> int:
+    """``eventide alerts check [FILE]``: print every problem of the rules, one per line, and return 1; or say how many
+    rules are valid and return 0."""
+    from alerting.rules import rules_for
+
+    path = config.alert_rules_file if path is None else path
+    try:
+        rules = rules_for(config, path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"{path}: {len(rules.rule)} rules, no problems")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             from ingest.gateway import app as gateway
 
             return gateway.serve(config)
+        elif args.command == "alerts" and args.action == "check":
+            return check_alert_rules(config, args.file)
         elif args.command == "alerts":
             from alerting import service
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from alerting.rules import AlertRule, parse_rules, quantile_of
+from alerting.rules import AlertRule, parse_rules, quantile_of, rules_for
 from alerting.state import AlertState, run
-from eventide.config import ConfigError
+from eventide.config import ConfigError, load_config
+from stack import cli
+from tests.support.stack import REPO
 
 P99_RULE = """
 [[rule]]
@@ -101,3 +103,31 @@ def test_re_evaluating_the_same_windows_after_a_restart_changes_nothing() -> Non
     later, more = run(rule, state, windows(300, 300, 300, 100))
     assert [t.to for t in more] == ["resolved"] and later.state == "ok"
     assert len({t.key for t in first + more}) == 3
+
+
+def test_a_rule_on_a_window_length_the_job_does_not_compute_is_refused_naming_it(tmp_path) -> None:
+    # Given a job computing 10-s and 60-s tumbling windows and a rule on 30-s windows (it could never have a value),
+    config = load_config(environ={}, root=str(REPO), stream={"tumbling_windows_s": [10, 60]})
+    rules = tmp_path / "alerts.toml"
+    rules.write_text(P99_RULE.replace("window_s = 60", "window_s = 30"))
+    # then the evaluator refuses the file, naming the rule and the field.
+    with pytest.raises(ConfigError, match=r"rule 'checkout p99 latency', field window_s: 30 is not a tumbling window"):
+        rules_for(config, rules)
+    rules.write_text(P99_RULE)
+    assert [r.name for r in rules_for(config, rules).rule] == ["checkout p99 latency"]
+
+
+def test_alerts_check_prints_every_problem_of_a_file_one_per_line_and_fails(tmp_path, capsys) -> None:
+    # Given a file with an unknown statistic in one rule and a window length the job lacks in another,
+    rules = tmp_path / "alerts.toml"
+    rules.write_text(P99_RULE.replace("window_s = 60", "window_s = 30")
+                     + P99_RULE.replace("checkout p99 latency", "other").replace('"p99"', '"p101"'))
+    # then `eventide alerts check FILE` names both, one line each, and exits 1;
+    assert cli.main(["alerts", "check", str(rules)]) == 1
+    problems = capsys.readouterr().err.splitlines()[1:]
+    assert len(problems) == 2
+    assert problems[0].startswith("  rule 'other' (rule #2), field statistic: unknown statistic 'p101'")
+    assert problems[1].startswith("  rule 'checkout p99 latency', field window_s: 30")
+    # and the project's own rules file passes.
+    assert cli.main(["alerts", "check", str(REPO / "alerts.toml")]) == 0
+    assert capsys.readouterr().out.endswith("alerts.toml: 5 rules, no problems\n")
