@@ -64,7 +64,7 @@ def _stored(config: Config, word: str) -> bool:
                                  parameters={"app": PROBE_APP, "w": word}).result_rows[0][0])
 
 
-def _wait_for_job(config: Config, timeout_s: float) -> None:
+def wait_for_job(config: Config, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -137,7 +137,7 @@ def main() -> None:
     config = demo_config()
     try:
         cli.demo(config)
-        _wait_for_job(config, timeout_s=300)
+        wait_for_job(config, timeout_s=300)
         time.sleep(args.warmup)
         summary = measure(config, args.probes, args.every, args.timeout)
     finally:
