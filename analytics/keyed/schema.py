@@ -7,7 +7,8 @@ from __future__ import annotations
 from analytics.vocabulary import LEVEL_COLUMNS, LEVEL_FIELDS
 
 SLIDING, SESSION = "sliding", "session"
-# The grouping key is one column, a JSON array [family, app, kind, name, series_tags], and the payload is as
+# The grouping key is one column, a JSON array [family, app, kind, name, series_tags] (a session bucket's: its number
+# as the name, and its app empty when the buckets are shared by the apps, analytics.keyed.layout), and the payload is as
 # narrow as the logic allows: every column crosses into Python row by row in PySpark's transformWithStateInPandas
 # serializer, so every column is paid per row (docs/performance.md#the-python-stateful-operator).
 KEY = "key"
