@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard.data.reader import Reader
+from dashboard.figure_cache import reused
 from dashboard.log_search import naive_utc
 from eventide.config import Config, ConfigError, load_config
 from eventide.redaction import scrub_url, url_origin
@@ -415,25 +416,30 @@ def time_axis(fig: go.Figure, span: tuple[datetime, datetime], title: str = "UTC
     return fig
 
 
+@reused
 def time_chart(df: pd.DataFrame, y: str, title: str, unit: str, span: tuple[datetime, datetime],
                colour: str | None = None, kind: str = "line", bucket_s: int | None = None,
-               height: int = 300) -> go.Figure:
-    """A line (or bar) chart over the ``t`` column (bucket starts), one trace per value of ``colour``, across
-    ``span``. Bars are ``bucket_s`` wide from their bucket's start, so one bucket is as wide as it lasts."""
+               height: int = 300, colours: Mapping[str, str] | None = None) -> go.Figure:
+    """A line (or bar) chart over the ``t`` column (bucket starts), one trace per value of ``colour`` (drawn in
+    ``colours[value]`` when given), across ``span``. Bars are ``bucket_s`` wide from their bucket's start, so one
+    bucket is as wide as it lasts."""
     draw = px.bar if kind == "bar" else px.line
-    fig = draw(plot_texts(df, colour), x="t", y=y, color=colour, title=title)
+    fig = draw(plot_texts(df, colour), x="t", y=y, color=colour, title=title,
+               color_discrete_map=dict(colours or {}))
     if kind == "bar" and bucket_s:
         fig.update_traces(width=bucket_s * 1000, offset=0)
     fig.update_yaxes(title_text=unit, rangemode="nonnegative")     # counts and rates: never below 0
     return time_axis(chart_layout(fig, height), span)
 
 
+@reused
 def histogram(df: pd.DataFrame, x: str, title: str, colour: str | None = None, log_y: bool = True) -> go.Figure:
     fig = px.histogram(plot_texts(df, colour), x=x, color=colour, title=title, log_y=log_y, nbins=60)
     fig.update_layout(bargap=0.05)
     return chart_layout(fig)
 
 
+@reused
 def partition_chart(records_behind: dict[int, int]) -> go.Figure:
     """Consumer lag per Kafka partition: partitions are names, not numbers (a numeric axis drew ``0.5`` ticks)."""
     fig = px.bar(x=[str(p) for p in records_behind], y=list(records_behind.values()),

@@ -56,6 +56,12 @@ def bucket_seconds(client: Client, since: datetime, until: datetime) -> tuple[li
     return lengths, overview_resolution_s(lengths, span_minutes(since, until))
 
 
+def last_batches(reader: Reader) -> dict[str, datetime]:
+    """When each stream query stored its newest batch: what a refreshing page part asks at every refresh (its
+    freshness line, and whether its charts have anything new to read, ``dashboard.live``)."""
+    return reader.one("batches", pipeline.last_batches)
+
+
 def batches_and_buckets(reader: Reader, since: datetime, until: datetime) -> tuple[dict[str, datetime], list[int], int]:
     """A charted page's first step: when each stream query's last batch was stored (the freshness line), beside the
     stored tumbling lengths in ms and the charts' bucket in s for ``[since, until)``, which its other queries need."""

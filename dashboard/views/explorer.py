@@ -14,10 +14,13 @@ import streamlit as st
 
 from dashboard import common, queries
 from dashboard.data.explorer import explorer_catalog, explorer_data
+from dashboard.figure_cache import reused
+from dashboard.live import read_when_new
 from store import pipeline
 from store.range_query import SeriesKey
 
 
+@reused
 def line_chart(df: pd.DataFrame, columns: list[str], title: str, unit: str, span: tuple[datetime, datetime],
                x_title: str = "window start (UTC)") -> go.Figure:
     """One line per column over ``window_start``, across the chosen range ``span``."""
@@ -61,11 +64,13 @@ def page() -> None:
 
     @common.refreshing(config)
     def charts() -> None:
-        since, until = span = common.last(minutes)
-        data = common.page_data(config, explorer_data, chosen, kind, since, until, lengths_ms=lengths,
-                                resolution_s=resolution_s, hopping=spec)
-        common.show_freshness(config, data.batches,
-                              pipeline.KEYED_WINDOWS_QUERY if kind == "sliding" else pipeline.WINDOWS_QUERY)
+        query = pipeline.KEYED_WINDOWS_QUERY if kind == "sliding" else pipeline.WINDOWS_QUERY
+        batches, (span, data) = read_when_new(
+            config, "explorer", query, (chosen, kind, minutes, lengths, resolution_s, spec),
+            lambda: (span := common.last(minutes), common.page_data(
+                config, explorer_data, chosen, kind, *span, lengths_ms=lengths, resolution_s=resolution_s,
+                hopping=spec)))
+        common.show_freshness(config, batches, query)
         df = data.windows
         if df.empty:
             st.info(f"No {kind} windows for this series in the chosen range.")

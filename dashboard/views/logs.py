@@ -18,7 +18,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common, log_search
-from dashboard.data.logs import logs_charts_data, logs_dead_letters, logs_lines, logs_patterns, logs_pickers
+from dashboard.data.logs import LogLines, logs_charts_data, logs_dead_letters, logs_lines, logs_patterns, logs_pickers
+from dashboard.live import read_when_new
 from dashboard.log_search import LogQuery
 from eventide.envelope import LEVELS
 from store import pipeline
@@ -43,9 +44,10 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        since, until = span()
-        data = common.page_data(config, logs_charts_data, since, until)
-        common.show_freshness(config, data.batches, *pipeline.QUERIES)   # lines (accept), their windows, sliding
+        batches, ((since, until), data) = read_when_new(
+            config, "logs_charts", pipeline.WINDOWS_QUERY, (window, minutes),
+            lambda: (chosen := span(), common.page_data(config, logs_charts_data, *chosen)))
+        common.show_freshness(config, batches, *pipeline.QUERIES)   # lines (accept), their windows, sliding
         resolution, levels, peaks = data.resolution_s, data.levels, data.peaks
         if levels is None or levels.empty:
             st.info("No log windows in the chosen range yet.")
@@ -53,8 +55,7 @@ def page() -> None:
         by_level = levels.groupby(["t", "level"], as_index=False)["lines"].sum()
         chart_span = (since, until)
         fig = common.time_chart(by_level, "lines", f"Log lines per {resolution} s by level", "lines", chart_span,
-                                "level", kind="bar", bucket_s=resolution)
-        fig.for_each_trace(lambda trace: trace.update(marker_color=LEVEL_COLOURS.get(trace.name)))
+                                "level", kind="bar", bucket_s=resolution, colours=LEVEL_COLOURS)
         _drill_chart(st, fig, "chart_levels", resolution,
                      lambda name, t: ((), (name,), t, t + timedelta(seconds=resolution)))
         severe = levels[levels["level"].isin(SEVERE)]
@@ -118,8 +119,7 @@ def _search(config: Any, span: Callable[[], tuple[datetime, datetime]], absolute
     elif follow:
         @common.refreshing_every(common.chosen_refresh_interval())
         def followed() -> None:
-            since, until = span()
-            _lines(config, replace(query, since=since, until=until))
+            _lines(config, query, span)
 
         followed()
     else:
@@ -137,7 +137,9 @@ def _tags(container: Any) -> tuple[tuple[str, str], ...]:
     return tuple(dict.fromkeys(p for p in pairs.values() if p is not None))
 
 
-def _lines(config: Any, query: LogQuery) -> None:
+def _lines(config: Any, query: LogQuery, followed: Callable[[], tuple[datetime, datetime]] | None = None) -> None:
+    """The newest lines matching ``query``; ``followed``: the range of each refresh of a followed search, which
+    reads again whenever ``accept`` stored new lines."""
     per_page, most = config.dashboard.log_lines_per_page, config.dashboard.log_lines_max
     # "Load more" grows the page of this search only: any change of the filters starts again at one page.
     filters = repr((query.apps, query.levels, query.names, query.text, query.tags, st.query_params.get("from"),
@@ -145,7 +147,15 @@ def _lines(config: Any, query: LogQuery) -> None:
     if st.session_state.get("logs_filters") != filters:
         st.session_state["logs_filters"], st.session_state["logs_shown"] = filters, per_page
     shown = min(st.session_state.get("logs_shown", per_page), most)
-    found = common.page_data(config, logs_lines, query, shown)
+    if followed is None:
+        found = common.page_data(config, logs_lines, query, shown)
+    else:
+        def read() -> LogLines:
+            since, until = followed()
+            return common.page_data(config, logs_lines, replace(query, since=since, until=until), shown)
+
+        _, found = read_when_new(config, "logs_lines", pipeline.ACCEPT_QUERY,
+                                      (filters, shown, query.until - query.since), read)
     lines, total, counted = found.lines, found.total, found.counted
     if lines.empty:
         st.info("No line matches in this range. Widen the time range, or remove a filter.")

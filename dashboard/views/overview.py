@@ -12,6 +12,7 @@ import streamlit as st
 
 from dashboard import common, log_search, queries
 from dashboard.data.overview import overview_data
+from dashboard.live import read_when_new
 from store import pipeline
 
 
@@ -20,10 +21,11 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        since, until = common.last(minutes)
-        data = common.page_data(config, overview_data, since, until)
+        batches, ((since, until), data) = read_when_new(
+            config, "overview", pipeline.WINDOWS_QUERY, minutes,
+            lambda: (span := common.last(minutes), common.page_data(config, overview_data, *span)))
         # windows, and accept's dead letters and duplicates
-        common.show_freshness(config, data.batches, *pipeline.QUERIES)
+        common.show_freshness(config, batches, *pipeline.QUERIES)
         resolution, rates, dropped, dead = data.resolution_s, data.rates, data.dropped, data.dead
         duplicates, marks, states, lag, loss = data.duplicates, data.watermarks, data.alert_states, data.lag, data.loss
         now = datetime.now(UTC)

@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard import common, queries
 from dashboard.data.sessions import sessions_data
+from dashboard.live import read_when_new
 from store import pipeline
 
 
@@ -14,9 +15,10 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        since, until = common.last(minutes)
-        data = common.page_data(config, sessions_data, since, until)
-        common.show_freshness(config, data.batches, pipeline.KEYED_WINDOWS_QUERY)
+        batches, ((since, until), data) = read_when_new(
+            config, "sessions", pipeline.KEYED_WINDOWS_QUERY, minutes,
+            lambda: (span := common.last(minutes), common.page_data(config, sessions_data, *span)))
+        common.show_freshness(config, batches, pipeline.KEYED_WINDOWS_QUERY)
         resolution, per_app, shapes = data.resolution_s, data.per_app, data.shapes
         if per_app.empty:
             st.info("No sessions ended in the chosen range yet (a session ends once the watermark passes its "

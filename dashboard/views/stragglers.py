@@ -7,12 +7,25 @@ Device clock offsets are ``received_time − sent_time`` per device (positive: t
 
 from __future__ import annotations
 
+import pandas as pd
 import plotly.express as px
+import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import common
 from dashboard.data.stragglers import stragglers_data
+from dashboard.figure_cache import reused
+from dashboard.live import read_when_new
 from store import pipeline
+
+
+@reused
+def worst_clocks_chart(worst: pd.DataFrame) -> go.Figure:
+    """The devices whose clocks are most off, one bar each."""
+    fig = px.bar(worst, x="offset_s", y=(worst["app"] + " · " + worst["device"]).map(common.plot_text),
+                 orientation="h", title="Worst device clocks (s off)", labels={"y": "device", "offset_s": "offset (s)"})
+    fig.update_yaxes(type="category")     # device names, whatever they look like
+    return common.chart_layout(fig)
 
 
 def page() -> None:
@@ -21,10 +34,11 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        since, until = common.last(minutes)
-        data = common.page_data(config, stragglers_data, since, until)
+        batches, ((since, until), data) = read_when_new(
+            config, "stragglers", pipeline.WINDOWS_QUERY, minutes,
+            lambda: (span := common.last(minutes), common.page_data(config, stragglers_data, *span)))
         # stragglers of every window kind, accept's clocks
-        common.show_freshness(config, data.batches, *pipeline.QUERIES)
+        common.show_freshness(config, batches, *pipeline.QUERIES)
         resolution, dropped, lateness = data.resolution_s, data.dropped, data.lateness
         worst_windows, clocks, corrected = data.worst_windows, data.clocks, data.corrected
         st.subheader("Dropped stragglers")
@@ -53,12 +67,7 @@ def page() -> None:
         left, right = st.columns(2)
         left.plotly_chart(common.histogram(clocks, "offset_s", "Clock offset per device (s)", "app", log_y=False),
                           width="stretch")
-        worst = clocks.head(15).iloc[::-1]
-        fig = px.bar(worst, x="offset_s", y=(worst["app"] + " · " + worst["device"]).map(common.plot_text),
-                     orientation="h",
-                     title="Worst device clocks (s off)", labels={"y": "device", "offset_s": "offset (s)"})
-        fig.update_yaxes(type="category")     # device names, whatever they look like
-        right.plotly_chart(common.chart_layout(fig), width="stretch")
+        right.plotly_chart(worst_clocks_chart(clocks.head(15).iloc[::-1]), width="stretch")
 
     live()
 

@@ -28,7 +28,8 @@ from store.client import connect
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "dashboard"
 VIEWS = sorted((DASHBOARD / "views").glob("*.py"))
-DRAWING = [*VIEWS, *(DASHBOARD / name for name in ("common.py", "app.py", "sign_in.py", "auth_secrets.py"))]
+DRAWING = [*VIEWS, *(DASHBOARD / name for name in ("common.py", "live.py", "app.py", "sign_in.py",
+                                                    "auth_secrets.py"))]
 """The dashboard's drawing side: everything but its query layer (``queries``, ``log_search``, ``data/``)."""
 BENCHES = [ROOT / "bench" / "dashboard_pages.py", ROOT / "bench" / "log_search.py"]
 OPENERS = (connect, queries.concurrently, Reader)

@@ -1,0 +1,66 @@
+"""When a refreshing page part reads the store again: only when there is something new to show.
+
+Every refresh asks the store one small question, when each stream query stored its newest batch, which the
+freshness line needs anyway. The part's own queries run, and its charts are built again, only when the query the
+part follows stored a batch since its last read, when its filters changed, or when the pipeline is not keeping up
+(no batch yet, or the newest older than the stale threshold): then every refresh reads, so lag and alerts keep
+moving while the job is stopped. Between batches the part draws the data of its last read, over the same range:
+the same charts, which the browser does not draw again. Redrawing every chart at every refresh, only for the
+time axis to move a second, cost an open tab more CPU than the job's own queries (docs/dashboard.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Generic, TypeVar
+
+import streamlit as st
+
+from dashboard import common
+from dashboard.data.reader import last_batches
+from eventide.config import Config
+
+T = TypeVar("T")
+
+LIVE_STATE = "live_reads"
+"""Session state: each refreshing part's last read, by part name."""
+
+
+@dataclass(frozen=True)
+class LastRead(Generic[T]):
+    """What a refreshing part read, and what it was reading for."""
+
+    key: object
+    """Everything the read depends on besides time (the part's filters and range length)."""
+    newest: datetime | None
+    """The followed query's newest batch as the read began (None: it had stored none)."""
+    data: T
+
+
+def still_current(last: LastRead[object] | None, key: object, newest: datetime | None, now: datetime,
+                  stale_after_s: float) -> bool:
+    """Whether ``last`` still shows what a read at ``now`` would: same ``key``, no batch of the followed query since
+    (its ``newest`` unchanged), and that batch fresh (at most ``stale_after_s`` old)."""
+    return (last is not None and last.key == key and newest is not None and last.newest == newest
+            and (now - newest).total_seconds() <= stale_after_s)
+
+
+def read_when_new(config: Config, part: str, follows: str, key: object,
+                  read: Callable[[], T]) -> tuple[Mapping[str, datetime], T]:
+    """(when each stream query stored its newest batch, ``read()`` or the part's last result of it).
+
+    ``part``: a name unique on its page; ``follows``: the stream query (``store.pipeline``) whose new batches are
+    worth a new read; ``key``: everything ``read`` depends on besides time, compared with ``==``; ``read``: the
+    part's queries, returning everything it draws, the time range it chose included (a range ending now would
+    move the axis at every refresh)."""
+    batches = common.page_data(config, last_batches)
+    newest = batches.get(follows)
+    reads: dict[str, LastRead[object]] = st.session_state.setdefault(LIVE_STATE, {})
+    last = reads.get(part)
+    if last is not None and still_current(last, key, newest, datetime.now(UTC), common.stale_after_s(config)):
+        return batches, last.data   # type: ignore[return-value]
+    data = read()
+    reads[part] = LastRead(key, newest, data)
+    return batches, data
