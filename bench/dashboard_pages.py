@@ -30,9 +30,9 @@ from bench.dashboard_store import percentile, temporary_store
 from dashboard import queries
 from dashboard.data.alerts import alerts_data
 from dashboard.data.explorer import WindowKind, explorer_catalog, explorer_data
-from dashboard.data.logs import logs_charts_data, logs_dead_letters
+from dashboard.data.logs import logs_charts_data, logs_dead_letters, stored_lines
 from dashboard.data.overview import overview_data
-from dashboard.data.reader import Reader, span_minutes
+from dashboard.data.reader import Reader, last_batches, span_minutes
 from dashboard.data.sessions import sessions_data
 from dashboard.data.stragglers import stragglers_data
 from dashboard.log_search import LogQuery
@@ -99,6 +99,12 @@ def dead_lettered_logs(reader: Reader, since: datetime, until: datetime) -> obje
     return logs_dead_letters(reader, LogQuery(since, until))
 
 
+def refresh_with_nothing_new(reader: Reader, since: datetime, until: datetime) -> object:
+    """What a refreshing page part asks at every refresh before deciding it has nothing new to read
+    (``dashboard.live``): the stream queries' newest batches, or a followed search's stored line count."""
+    return last_batches(reader), stored_lines(reader)
+
+
 def run(config: Config, load: Load, data: Path, repeat: int) -> None:
     """Fill the store, then render every page ``repeat`` times and print the timings."""
     t = time.perf_counter()
@@ -122,7 +128,8 @@ def run(config: Config, load: Load, data: Path, repeat: int) -> None:
         *([("explorer hopping", explorer("hopping"))] if load.hopping else []),
         ("explorer sliding (log series)", explorer("sliding")),
         ("logs (charts)", logs_charts_data), ("logs (dead-lettered records)", dead_lettered_logs),
-        ("sessions", sessions_data), ("stragglers", stragglers_data), ("alerts", alerts_data)]
+        ("sessions", sessions_data), ("stragglers", stragglers_data), ("alerts", alerts_data),
+        ("a refresh with nothing new", refresh_with_nothing_new)]
     minutes = span_minutes(since, until)
     print(f"\nrange: last {minutes} min, page resolution {queries.overview_resolution_s(lengths, minutes)} s; "
           f"{repeat} renders per page (each: its page's data function, its store clients and queries)")

@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 import streamlit as st
 
 from dashboard import common
-from dashboard.data.reader import last_batches
+from dashboard.data.reader import Reader, last_batches
 from eventide.config import Config
 
 T = TypeVar("T")
@@ -34,17 +34,32 @@ class LastRead(Generic[T]):
 
     key: object
     """Everything the read depends on besides time (the part's filters and range length)."""
-    newest: datetime | None
-    """The followed query's newest batch as the read began (None: it had stored none)."""
+    version: object
+    """What the store's side looked like as the read began: the followed query's newest batch, or the part's own
+    version of its data (None: nothing stored yet)."""
     data: T
 
 
-def still_current(last: LastRead[object] | None, key: object, newest: datetime | None, now: datetime,
-                  stale_after_s: float) -> bool:
-    """Whether ``last`` still shows what a read at ``now`` would: same ``key``, no batch of the followed query since
-    (its ``newest`` unchanged), and that batch fresh (at most ``stale_after_s`` old)."""
-    return (last is not None and last.key == key and newest is not None and last.newest == newest
-            and (now - newest).total_seconds() <= stale_after_s)
+def still_current(last: LastRead[object] | None, key: object, version: object, trusted: bool) -> bool:
+    """Whether ``last`` still shows what a read now would: same ``key``, same ``version``, and that version
+    ``trusted`` to move when the data does (a batch time is not, once the pipeline is stale)."""
+    return last is not None and trusted and version is not None and last.key == key and last.version == version
+
+
+def batch_is_fresh(newest: datetime | None, now: datetime, stale_after_s: float) -> bool:
+    """Whether a query's ``newest`` batch is recent enough that the next one will come: at most ``stale_after_s``
+    old at ``now``."""
+    return newest is not None and (now - newest).total_seconds() <= stale_after_s
+
+
+def _kept_or_read(part: str, key: object, version: object, trusted: bool, read: Callable[[], T]) -> T:
+    reads: dict[str, LastRead[object]] = st.session_state.setdefault(LIVE_STATE, {})
+    last = reads.get(part)
+    if last is not None and still_current(last, key, version, trusted):
+        return last.data   # type: ignore[return-value]
+    data = read()
+    reads[part] = LastRead(key, version, data)
+    return data
 
 
 def read_when_new(config: Config, part: str, follows: str, key: object,
@@ -57,10 +72,14 @@ def read_when_new(config: Config, part: str, follows: str, key: object,
     move the axis at every refresh)."""
     batches = common.page_data(config, last_batches)
     newest = batches.get(follows)
-    reads: dict[str, LastRead[object]] = st.session_state.setdefault(LIVE_STATE, {})
-    last = reads.get(part)
-    if last is not None and still_current(last, key, newest, datetime.now(UTC), common.stale_after_s(config)):
-        return batches, last.data   # type: ignore[return-value]
-    data = read()
-    reads[part] = LastRead(key, newest, data)
-    return batches, data
+    fresh = batch_is_fresh(newest, datetime.now(UTC), common.stale_after_s(config))
+    return batches, _kept_or_read(part, key, newest, fresh, read)
+
+
+def read_when_changed(config: Config, part: str, version: Callable[[Reader], object], key: object,
+                      read: Callable[[], T]) -> T:
+    """``read()``, or the part's last result of it while ``version`` (a data function asking the store something
+    cheap that changes whenever the part's data may have, e.g. a table's row count) gives what it gave then.
+    For a part that must show new rows as soon as they are stored: a stream query's batch is recorded after all
+    its writes, seconds after its first ones."""
+    return _kept_or_read(part, key, common.page_data(config, version), True, read)

@@ -66,6 +66,12 @@ class LogLines:
     """Past this count the page says "more than": the count stops reading there."""
 
 
+def stored_lines(reader: Reader) -> int:
+    """How many lines the store holds: what a followed search asks at every refresh, to read again only when lines
+    were stored (``dashboard.live``)."""
+    return reader.one("stored_lines", log_search.stored_line_count)
+
+
 def logs_lines(reader: Reader, query: LogQuery, shown: int) -> LogLines:
     """The newest ``shown`` lines matching ``query`` beside the count of all of them, capped at the larger of
     ``dashboard.log_count_max`` and ``dashboard.log_lines_max``."""

@@ -18,8 +18,16 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common, log_search
-from dashboard.data.logs import LogLines, logs_charts_data, logs_dead_letters, logs_lines, logs_patterns, logs_pickers
-from dashboard.live import read_when_new
+from dashboard.data.logs import (
+    LogLines,
+    logs_charts_data,
+    logs_dead_letters,
+    logs_lines,
+    logs_patterns,
+    logs_pickers,
+    stored_lines,
+)
+from dashboard.live import read_when_changed, read_when_new
 from dashboard.log_search import LogQuery
 from eventide.envelope import LEVELS
 from store import pipeline
@@ -154,8 +162,8 @@ def _lines(config: Any, query: LogQuery, followed: Callable[[], tuple[datetime, 
             since, until = followed()
             return common.page_data(config, logs_lines, replace(query, since=since, until=until), shown)
 
-        _, found = read_when_new(config, "logs_lines", pipeline.ACCEPT_QUERY,
-                                      (filters, shown, query.until - query.since), read)
+        found = read_when_changed(config, "logs_lines", stored_lines, (filters, shown, query.until - query.since),
+                                  read)
     lines, total, counted = found.lines, found.total, found.counted
     if lines.empty:
         st.info("No line matches in this range. Widen the time range, or remove a filter.")

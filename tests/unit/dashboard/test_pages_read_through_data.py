@@ -33,8 +33,9 @@ DRAWING = [*VIEWS, *(DASHBOARD / name for name in ("common.py", "live.py", "app.
 """The dashboard's drawing side: everything but its query layer (``queries``, ``log_search``, ``data/``)."""
 BENCHES = [ROOT / "bench" / "dashboard_pages.py", ROOT / "bench" / "log_search.py"]
 OPENERS = (connect, queries.concurrently, Reader)
-ALLOWED = {("common.py", "Reader")}
-"""``common.page_data`` hands a page's data function its reader."""
+ALLOWED = {("common.py", "Reader"), ("live.py", "Reader")}
+"""``common.page_data`` hands a page's data function its reader; ``live.read_when_changed`` takes a data function,
+typed by the reader it is given."""
 _CLIENT = re.compile(r"\bClient\b")
 _missing = object()
 
