@@ -158,19 +158,20 @@ def pipeline_samples(config: Config, client: Client, rule: AlertRule, start_ms: 
 
 # Evaluation ------------------------------------------------------------------------------------------------
 def load_states(client: Client) -> dict[tuple[str, str], AlertState]:
-    rows = client.query("SELECT rule, series, state, breaches, evaluated_until, since, value "
+    rows = client.query("SELECT rule, series, state, breaches, calm, evaluated_until, since, value "
                         "FROM alert_states FINAL").result_rows
-    return {(r[0], r[1]): AlertState(r[0], r[1], r[2], r[3], _ms(r[4]), _ms(r[5]), r[6]) for r in rows}
+    return {(r[0], r[1]): AlertState(r[0], r[1], r[2], breaches=r[3], calm=r[4], evaluated_until_ms=_ms(r[5]),
+                                     since_ms=_ms(r[6]), value=r[7]) for r in rows}
 
 
 def _save(client: Client, rule: AlertRule, states: Iterable[AlertState], transitions: list[Transition]) -> None:
     now = datetime.now(UTC)
-    state_rows = [[s.rule, s.series, s.state, s.breaches, _dt(s.evaluated_until_ms), _dt(s.since_ms), s.value,
-                   rule.threshold, rule.severity, now] for s in states]
+    state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, _dt(s.evaluated_until_ms), _dt(s.since_ms),
+                   s.value, rule.threshold, rule.severity, now] for s in states]
     if state_rows:
         client.insert("alert_states", state_rows, column_names=[
-            "rule", "series", "state", "breaches", "evaluated_until", "since", "value", "threshold", "severity",
-            "updated_at"])
+            "rule", "series", "state", "breaches", "calm", "evaluated_until", "since", "value", "threshold",
+            "severity", "updated_at"])
     if transitions:
         client.insert("alert_transitions", [
             [t.key, t.rule, t.series, t.to, _dt(t.window_end_ms), t.value, t.threshold, t.severity, int(t.notify),

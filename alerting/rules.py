@@ -8,6 +8,7 @@
     comparator = ">"
     threshold = 250
     for = 3                    # consecutive finished windows before firing
+    keep_firing_for = 2        # once firing, stay firing this many calm windows after the last breach
     severity = "warning"       # info | warning | critical
     week_over_week = false     # true: compare value / value of the same window a week earlier
 
@@ -55,6 +56,10 @@ class AlertRule(BaseModel):
     threshold: float
     for_windows: int = Field(1, ge=1, alias="for")
     """Consecutive finished windows that must breach before the alert fires (``for`` in the file)."""
+    keep_firing_for: int = Field(0, ge=0)
+    """Finished windows a firing alert stays firing after its last breach (Prometheus' ``keep_firing_for``): it
+    resolves at the first calm window past them, and a breach among them starts the count again. Against
+    flapping: an alert whose value dips under the threshold for a window is not resolved and fired again."""
     severity: Literal["info", "warning", "critical"] = "warning"
     week_over_week: bool = False
     """Compare the ratio value / value of the same window one week earlier (a missing or zero base: no breach)."""

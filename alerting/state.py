@@ -5,9 +5,9 @@ or ``firing``. Each finished window is evaluated once, oldest first; a window at
 is ignored, so re-running the evaluator over the same windows (a restart) changes nothing and emits nothing.
 
 Transitions: ``pending`` (first breach of a rule with ``for`` > 1), ``firing``, ``resolved`` (a firing alert's
-first non-breaching window) and ``ok`` (a pending alert that stopped breaching). Only ``firing`` and ``resolved``
-are notified. Every transition has a stable ``key``, so a notifier that records the keys it delivered never
-notifies one transition twice.
+first non-breaching window past its rule's ``keep_firing_for`` calm windows) and ``ok`` (a pending alert that
+stopped breaching). Only ``firing`` and ``resolved`` are notified. Every transition has a stable ``key``, so a
+notifier that records the keys it delivered never notifies one transition twice.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ class AlertState:
     since_ms: int = 0
     """End of the window that entered the current state."""
     value: float | None = None
+    calm: int = 0
+    """While firing: consecutive non-breaching finished windows since the last breach (``keep_firing_for``)."""
 
 
 @dataclass(frozen=True)
@@ -75,20 +77,22 @@ def step(rule: AlertRule, current: AlertState, window_end_ms: int,
 
     def to(state: State, transition: Literal["pending", "firing", "resolved", "ok"],
            count: int) -> tuple[AlertState, Transition]:
-        return (replace(evaluated, state=state, breaches=count, since_ms=window_end_ms),
+        return (replace(evaluated, state=state, breaches=count, calm=0, since_ms=window_end_ms),
                 Transition(rule.name, current.series, transition, window_end_ms, value, rule.threshold,
                            rule.severity))
 
     if breaches(rule, value):
         count = current.breaches + 1
         if current.state == "firing":
-            return replace(evaluated, breaches=count), None
+            return replace(evaluated, breaches=count, calm=0), None
         if count >= rule.for_windows:
             return to("firing", "firing", count)
         if current.state == "ok":
             return to("pending", "pending", count)
         return replace(evaluated, breaches=count), None
     if current.state == "firing":
+        if current.calm < rule.keep_firing_for:
+            return replace(evaluated, breaches=0, calm=current.calm + 1), None
         return to("ok", "resolved", 0)
     if current.state == "pending":
         return to("ok", "ok", 0)

@@ -127,6 +127,15 @@ def test_p99_over_threshold_for_two_finished_windows_fires_then_resolves(store: 
     assert state == "ok" and value is not None and value < 500
 
 
+def test_keep_firing_for_rides_out_a_dip_and_its_count_is_stored_between_evaluations(store: Config) -> None:
+    # Given a rule kept firing one window past its last breach, evaluated once a minute (state read from the store),
+    fast, slow = [10.0] * 100, [900.0] * 100
+    insert(store, [minute_of(store, m, lat) for m, lat in enumerate([fast, slow, slow, fast, slow, fast, fast, fast])])
+    # one calm window (minute 3) is ridden out, and the second calm window in a row (minute 6) resolves it.
+    assert evaluate_minutes(store, P99_FOR_2 + "keep_firing_for = 1\n", range(1, 9)) == [
+        ("pending", 2), ("firing", 3), ("resolved", 7)]
+
+
 def test_a_single_breach_with_for_two_never_fires(store: Config) -> None:
     fast, slow = [10.0] * 100, [900.0] * 100
     insert(store, [minute_of(store, m, lat) for m, lat in enumerate([fast, slow, fast, slow, fast])])

@@ -48,6 +48,7 @@ def test_a_valid_file_gives_typed_rules() -> None:
     ('statistic = "median"', "field statistic: unknown statistic 'median'"),
     ('comparator = "=>"', "field comparator: Input should be '>', '>=', '<', '<=', '==' or '!='"),
     ("for = 0", "field for: Input should be greater than or equal to 1"),
+    ("keep_firing_for = -1", "field keep_firing_for: Input should be greater than or equal to 0"),
     ('severity = "page"', "field severity"),
     ('threshold = "high"', "field threshold"),
     ("colour = 1", "field colour: Extra inputs are not permitted"),
@@ -93,6 +94,26 @@ def test_a_broken_streak_starts_over_and_a_firing_alert_resolves_on_its_first_go
 def test_for_one_fires_at_once_and_missing_windows_never_breach() -> None:
     _, transitions = run(p99_rule(for_windows=1), AlertState("r", "s"), windows(None, 251, None))
     assert [(t.to, t.value) for t in transitions] == [("firing", 251), ("resolved", None)]
+
+
+def test_keep_firing_for_two_rides_out_two_calm_windows_and_resolves_at_the_third() -> None:
+    # Given a rule firing at once, kept firing 2 windows past its last breach,
+    rule = p99_rule(for_windows=1, keep_firing_for=2)
+    # when the value dips for one window, then two, then three,
+    state, transitions = run(rule, AlertState("r", "s"), windows(300, 100, 300, 100, 100, 300, 100, 100, 100))
+    # then only the third calm window in a row resolves it: a dip is not notified as resolved and fired again.
+    assert [(t.to, t.window_end_ms // MINUTE - 100) for t in transitions] == [("firing", 1), ("resolved", 9)]
+    assert (state.state, state.calm) == ("ok", 0)
+
+
+def test_keep_firing_for_counts_calm_windows_across_a_restart_and_a_rule_without_it_resolves_at_once() -> None:
+    rule = p99_rule(for_windows=1, keep_firing_for=2)
+    state, _ = run(rule, AlertState("r", "s"), windows(300, 100))
+    assert (state.state, state.calm) == ("firing", 1)
+    _, transitions = run(rule, state, windows(300, 100, 100, 100))   # the same two windows again, then two more
+    assert [(t.to, t.window_end_ms // MINUTE - 100) for t in transitions] == [("resolved", 4)]
+    _, at_once = run(p99_rule(for_windows=1), AlertState("r", "s"), windows(300, 100))
+    assert [t.to for t in at_once] == ["firing", "resolved"]
 
 
 def test_re_evaluating_the_same_windows_after_a_restart_changes_nothing() -> None:
