@@ -12,6 +12,7 @@
     eventide dashboard       run the Streamlit dashboard in the foreground
     eventide gateway         run the HTTP gateway (POST /v1/events) in the foreground
     eventide alerts          run the alert evaluator in the foreground (--once: one pass)
+    eventide alerts check [FILE]   validate alert rules; eventide alerts test FILE: run rule tests
     eventide cluster up      a Spark standalone master + workers and a 3-broker KRaft Kafka cluster on loopback
     eventide cluster submit  spark-submit the stream job to that cluster (foreground; --until-idle: drain, exit)
     eventide cluster env     the EVENTIDE_* settings that point other components at the cluster's brokers
@@ -208,12 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--duration", type=float)
     sub.add_parser("dashboard", help="run the dashboard (foreground)")
     sub.add_parser("gateway", help="run the HTTP gateway (foreground)")
-    alerts = sub.add_parser("alerts", help="run the alert evaluator (foreground); `alerts check [FILE]` checks rules")
+    alerts = sub.add_parser("alerts", help="run the alert evaluator (foreground); `alerts check [FILE]` checks rules, "
+                                           "`alerts test FILE` runs rule tests")
     alerts.add_argument("--once", action="store_true")
-    alerts.add_argument("action", nargs="?", choices=("check",),
+    alerts.add_argument("action", nargs="?", choices=("check", "test"),
                         help="check: validate FILE's rules against this configuration, one line per problem "
-                             "(exit 1 if any), like `promtool check rules`")
-    alerts.add_argument("file", nargs="?", type=Path, help="the rules file to check (default: alerting.rules_file)")
+                             "(exit 1 if any), like `promtool check rules`; test: run the rule tests of FILE "
+                             "(alerting/rule_tests.py), like `promtool test rules`")
+    alerts.add_argument("file", nargs="?", type=Path,
+                        help="check: the rules file (default: alerting.rules_file); test: the tests file")
     on_cluster = sub.add_parser("cluster", help="Spark standalone + Kafka cluster on this machine, and the job on it")
     on_cluster.add_argument("action", choices=("up", "down", "status", "submit", "env"))
     on_cluster.add_argument("--until-idle", action="store_true", help="submit: drain Kafka, then exit")
@@ -232,6 +236,27 @@ def check_alert_rules(config: Config, path: Path | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     print(f"{path}: {len(rules.rule)} rules, no problems")
+    return 0
+
+
+def test_alert_rules(config: Config, path: Path | None) -> int:
+    """``eventide alerts test FILE``: run the rule tests of FILE; print every failure, one per line, and return 1; or
+    say how many tests passed and return 0."""
+    from alerting.rule_tests import run_tests
+
+    if path is None:
+        print("alerts test: name the tests file, e.g. alerts.test.toml", file=sys.stderr)
+        return 2
+    try:
+        count, failed = run_tests(config, path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for line in failed:
+        print(f"{path}: {line}", file=sys.stderr)
+    if failed:
+        return 1
+    print(f"{path}: {count} tests, all pass")
     return 0
 
 
@@ -283,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             return gateway.serve(config)
         elif args.command == "alerts" and args.action == "check":
             return check_alert_rules(config, args.file)
+        elif args.command == "alerts" and args.action == "test":
+            return test_alert_rules(config, args.file)
         elif args.command == "alerts":
             from alerting import service
 
