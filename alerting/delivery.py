@@ -108,7 +108,7 @@ class ChannelDelivery:
             try:
                 body_of = payload(row)
                 body = encode(body_of)
-            except (EncodingError, KeyError, AttributeError) as exc:
+            except (EncodingError, ValueError, KeyError, AttributeError) as exc:   # ValueError: stored labels not JSON
                 self._fail_row(row, f"payload cannot be encoded: {exc}", 0, None)
                 continue
             self._seq += 1

@@ -15,6 +15,7 @@ window, so a restart re-evaluates nothing it already evaluated.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from alerting.labels import alert_annotations, alert_labels
 from alerting.rules import AlertRule, AlertRules, quantile_of
 from alerting.state import AlertState, Transition, run
 from eventide.config import Config
@@ -164,7 +166,18 @@ def load_states(client: Client) -> dict[tuple[str, str], AlertState]:
                                      since_ms=_ms(r[6]), value=r[7]) for r in rows}
 
 
-def _save(client: Client, rule: AlertRule, states: Iterable[AlertState], transitions: list[Transition]) -> None:
+def described(rule: AlertRule, transition: Transition, series: SeriesKey | None) -> tuple[str, str]:
+    """A transition's alert labels and annotations (``alerting.labels``), each as a JSON object of strings."""
+    labels = alert_labels(rule.name, rule.severity, series, rule.labels)
+    annotations = alert_annotations(
+        labels, rule.annotations, series=transition.series, statistic=rule.statistic, comparator=rule.comparator,
+        threshold=rule.threshold, value=transition.value, window_s=rule.window_s,
+        window_end_ms=transition.window_end_ms, status=transition.to)
+    return json.dumps(labels, ensure_ascii=False), json.dumps(annotations, ensure_ascii=False)
+
+
+def _save(client: Client, rule: AlertRule, states: Iterable[AlertState],
+          transitions: list[tuple[Transition, SeriesKey | None]]) -> None:
     now = datetime.now(UTC)
     state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, _dt(s.evaluated_until_ms), _dt(s.since_ms),
                    s.value, rule.threshold, rule.severity, now] for s in states]
@@ -175,9 +188,9 @@ def _save(client: Client, rule: AlertRule, states: Iterable[AlertState], transit
     if transitions:
         client.insert("alert_transitions", [
             [t.key, t.rule, t.series, t.to, _dt(t.window_end_ms), t.value, t.threshold, t.severity, int(t.notify),
-             now] for t in transitions], column_names=[
+             now, *described(rule, t, series)] for t, series in transitions], column_names=[
             "transition_key", "rule", "series", "to_state", "window_end", "value", "threshold", "severity",
-            "notify", "recorded_at"])
+            "notify", "recorded_at", "labels", "annotations"])
 
 
 def _with_week_over_week(rule: AlertRule, samples: list[Sample],
@@ -204,19 +217,19 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
         for rule in rules.rule:
             width = rule.window_s * 1000
             first_window = now - (rule.for_windows + 2) * width    # a new rule looks back a few windows only
-            keys: list[tuple[str, Callable[[int, int], list[Sample]]]]
+            keys: list[tuple[SeriesKey | None, Callable[[int, int], list[Sample]]]]
             if rule.series is None:
                 finished = now - round(config.stream.trigger_interval_s * 1000)   # the job's last writes are in
-                keys = [(PIPELINE_SERIES,
-                         lambda lo, hi, r=rule: pipeline_samples(config, client, r, lo, hi, now))]
+                keys = [(None, lambda lo, hi, r=rule: pipeline_samples(config, client, r, lo, hi, now))]
             else:
                 if mark is None:
                     continue
                 finished = mark
-                keys = [(series.label, lambda lo, hi, r=rule, s=series: series_samples(client, r, s, lo, hi))
+                keys = [(series, lambda lo, hi, r=rule, s=series: series_samples(client, r, s, lo, hi))
                         for series in matching_series(client, rule)]
             new_states, transitions = [], []
-            for label, samples_of in keys:
+            for series_key, samples_of in keys:
+                label = PIPELINE_SERIES if series_key is None else series_key.label
                 current = states.get((rule.name, label), AlertState(rule.name, label))
                 start = max(current.evaluated_until_ms, first_window // width * width)
                 end = finished // width * width
@@ -227,10 +240,10 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                                                    if start < s.window_end_ms <= end])
                 if state != current:
                     new_states.append(state)
-                transitions += moved
+                transitions += [(t, series_key) for t in moved]
             with connect(config) as writer:
                 _save(writer, rule, new_states, transitions)
-            found += transitions
+            found += [t for t, _ in transitions]
     for t in found:
         # %r: rule and series names may hold line breaks, which would forge log lines
         log.info("alert %r [%r] %s at %s (value %s, threshold %s)", t.rule, t.series, t.to,
@@ -242,7 +255,7 @@ def undelivered(client: Client, channel: str) -> list[dict[str, Any]]:
     """Transitions to notify that ``channel`` has neither delivered nor given up (``alert_delivery_failures``),
     oldest first."""
     result = client.query(
-        "SELECT transition_key, rule, series, to_state, window_end, value, threshold, severity "
+        "SELECT transition_key, rule, series, to_state, window_end, value, threshold, severity, labels, annotations "
         "FROM alert_transitions FINAL WHERE notify = 1 AND transition_key NOT IN "
         "(SELECT transition_key FROM alert_notifications FINAL WHERE channel = {c:String}) "
         "AND transition_key NOT IN "

@@ -94,12 +94,14 @@ def _finite(value: Any) -> Any:
 
 
 def payload(row: dict[str, Any]) -> dict[str, Any]:
-    """The JSON body of one notification (non-finite numbers become None: strict JSON has no NaN or Infinity)."""
+    """The JSON body of one notification (non-finite numbers become None: strict JSON has no NaN or Infinity), with
+    the alert's ``labels`` and ``annotations`` (``alerting.labels``; {} for transitions stored before them)."""
     return {
         "key": row["transition_key"], "rule": row["rule"], "series": row["series"],
         "status": row["to_state"], "severity": row["severity"],
         "window_end": row["window_end"].replace(tzinfo=UTC).isoformat(), "value": _finite(row["value"]),
         "threshold": _finite(row["threshold"]),
+        "labels": json.loads(row.get("labels") or "{}"), "annotations": json.loads(row.get("annotations") or "{}"),
     }
 
 

@@ -11,6 +11,8 @@
     keep_firing_for = 2        # once firing, stay firing this many calm windows after the last breach
     severity = "warning"       # info | warning | critical
     week_over_week = false     # true: compare value / value of the same window a week earlier
+    labels = { team = "payments" }                            # on every alert it raises (alerting.labels)
+    annotations = { summary = "checkout slow: p99 {value} ms" }  # templated text
 
 Series-free statistics (``dead_letters``, ``lag``, ``freshness``, ``skipped_offsets``) describe the pipeline and take
 no ``series``.
@@ -26,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from alerting.labels import LABEL_NAME, OWN_LABELS, PLACEHOLDERS, unknown_placeholders
 from eventide.config import Config, ConfigError, SeriesSelector
 
 SERIES_STATISTICS = ("count", "rate", "sum", "mean", "min", "max", "distinct_users", "distinct_devices",
@@ -63,6 +66,30 @@ class AlertRule(BaseModel):
     severity: Literal["info", "warning", "critical"] = "warning"
     week_over_week: bool = False
     """Compare the ratio value / value of the same window one week earlier (a missing or zero base: no breach)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """The rule's own labels on every alert it raises (``team = "payments"``), besides ``alertname``, ``severity``
+    and the series' ``app``, ``kind`` and ``name`` (``alerting.labels``)."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """``summary``, ``description`` or any other text, with ``{placeholders}`` (``alerting.labels.PLACEHOLDERS``)."""
+
+    @field_validator("labels")
+    @classmethod
+    def _label_names(cls, labels: dict[str, str]) -> dict[str, str]:
+        for name in labels:
+            if not LABEL_NAME.match(name):
+                raise ValueError(f"label {name!r}: a label name is letters, digits and _, not starting with a digit")
+            if name in OWN_LABELS:
+                raise ValueError(f"label {name!r} comes from the rule and its series; choose another name")
+        return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _known_placeholders(cls, annotations: dict[str, str]) -> dict[str, str]:
+        for key, text in annotations.items():
+            if unknown := unknown_placeholders(text):
+                raise ValueError(f"annotation {key!r}: unknown placeholder {{{unknown[0]}}}; known: "
+                                 f"{', '.join(PLACEHOLDERS)}")
+        return annotations
 
     @field_validator("statistic")
     @classmethod

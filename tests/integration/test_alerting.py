@@ -154,6 +154,10 @@ def test_notifications_reach_the_webhook_with_retries_and_kafka_once_across_rest
     assert [(b["status"], b["rule"], b["severity"]) for b in webhook.bodies] == [
         ("firing", "checkout p99", "critical"), ("resolved", "checkout p99", "critical")]
     assert webhook.requests == 4        # two failed attempts, then both delivered
+    assert webhook.bodies[0]["labels"] == {"alertname": "checkout p99", "severity": "critical", "app": "checkout",
+                                           "kind": "metric", "name": "latency_ms"}
+    assert webhook.bodies[1]["annotations"]["summary"] == "checkout p99: p99 > 500 on checkout · metric · latency_ms"
+    assert webhook.bodies[1]["annotations"]["description"].endswith("(fires when > 500); now resolved")
 
     # A restarted evaluator and notifier: the same windows again, nothing new, nothing sent twice.
     assert evaluate_minutes(store, P99_FOR_2, range(1, 4)) == []
