@@ -147,7 +147,7 @@ def _tags(container: Any) -> tuple[tuple[str, str], ...]:
 
 def _lines(config: Any, query: LogQuery, followed: Callable[[], tuple[datetime, datetime]] | None = None) -> None:
     """The newest lines matching ``query``; ``followed``: the range of each refresh of a followed search, which
-    reads again whenever ``accept`` stored new lines."""
+    reads again whenever the store's count of lines moved (``dashboard.live.read_when_changed``)."""
     per_page, most = config.dashboard.log_lines_per_page, config.dashboard.log_lines_max
     # "Load more" grows the page of this search only: any change of the filters starts again at one page.
     filters = repr((query.apps, query.levels, query.names, query.text, query.tags, st.query_params.get("from"),
