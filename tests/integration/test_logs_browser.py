@@ -100,6 +100,14 @@ def grid_texts(page: Page) -> list[str]:
     return texts(page, '[data-testid="stDataFrame"] [role="gridcell"]')
 
 
+def drawn_grid_texts(page: Page, timeout_ms: int = 15_000) -> list[str]:
+    """:func:`grid_texts` once a grid has drawn its first cell: a settled page may not have mounted its grid's
+    accessible table yet (a CI run read none while the screenshot after it showed the row)."""
+    page.wait_for_function("""() => document.querySelectorAll('[data-testid="stDataFrame"] [role="gridcell"]')
+                              .length > 0""", timeout=timeout_ms)
+    return grid_texts(page)
+
+
 def shown_messages(page: Page) -> list[str]:
     return [t for t in grid_texts(page) if re.search(r"timeout|ok for cart", t, re.IGNORECASE)]
 
@@ -227,13 +235,13 @@ def test_a_click_on_a_bar_of_the_logs_chart_searches_that_level_and_bucket(brows
 
 def test_the_patterns_and_dead_letter_views_render(browser: BrowserContext, dashboard: str):
     with opened(browser, f"{dashboard}/logs?minutes=30&view=patterns&q=timeout") as page:
+        cells = drawn_grid_texts(page)
         shot = screenshot(page, "logs-patterns")
-        cells = grid_texts(page)
         assert "payment gateway timeout after <*> s (in alert window <*>)" in cells, (cells, shot)
         page.goto(f"{dashboard}/logs?minutes=30&view=dead")
         settle(page)
+        cells = drawn_grid_texts(page)
         shot = screenshot(page, "logs-dead-letters")
-        cells = grid_texts(page)
         # The log record, with its reason; the fixture's other dead letters are no log records.
         assert "level: not one of debug, info, warning, error, critical" in cells and "fatal" in cells, (cells, shot)
         assert texts(page, '[data-testid="stException"]') == [], shot
