@@ -24,7 +24,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from alerting.labels import alert_annotations, alert_labels
+from alerting.labels import alert_annotations, alert_labels, series_label
 from alerting.rules import AlertRule, AlertRules, quantile_of
 from alerting.state import AlertState, Transition, run
 from eventide.config import Config
@@ -36,7 +36,6 @@ from store.range_query import SeriesKey, range_buckets
 log = logging.getLogger("eventide.alerting")
 
 WEEK_MS = 7 * 24 * 3600 * 1000
-PIPELINE_SERIES = "pipeline"
 
 
 @dataclass(frozen=True)
@@ -229,7 +228,7 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                         for series in matching_series(client, rule)]
             new_states, transitions = [], []
             for series_key, samples_of in keys:
-                label = PIPELINE_SERIES if series_key is None else series_key.label
+                label = series_label(series_key)
                 current = states.get((rule.name, label), AlertState(rule.name, label))
                 start = max(current.evaluated_until_ms, first_window // width * width)
                 end = finished // width * width

@@ -25,6 +25,13 @@ DEFAULT_SUMMARY = "{alertname}: {statistic} {comparator} {threshold} on {series}
 DEFAULT_DESCRIPTION = ("{statistic} of {series} was {value} in the {window_s}-s window ending {window_end} UTC "
                        "(fires when {comparator} {threshold}); now {status}")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+PIPELINE_SERIES = "pipeline"
+"""The series of an alert on a pipeline statistic, which has none."""
+
+
+def series_label(series: SeriesKey | None) -> str:
+    """An alert's series as states, transitions and the Alerts page name it (None: a pipeline statistic)."""
+    return PIPELINE_SERIES if series is None else series.label
 
 
 def unknown_placeholders(template: str) -> list[str]:

@@ -31,13 +31,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from alerting.labels import PIPELINE_SERIES, series_label
 from alerting.rules import AlertRule, rules_for
 from alerting.state import AlertState, run
 from eventide.config import Config, ConfigError, SeriesSelector
 from store.range_query import SeriesKey
 
-PIPELINE_SERIES = "pipeline"
-"""The series label of pipeline statistics (the evaluator's)."""
 NO_VALUE = "_"
 
 
@@ -72,9 +71,8 @@ class TestInput(_Strict):
 
     @property
     def label(self) -> str:
-        if self.series is None:
-            return PIPELINE_SERIES
-        return SeriesKey(self.series.app, self.series.kind, self.series.name).label
+        return series_label(None if self.series is None else
+                            SeriesKey(self.series.app, self.series.kind, self.series.name))
 
     def windows(self, statistic: str) -> list[tuple[int, float | None]]:
         """(window end in ms, value): window k (from 1) ends at k × ``window_s``."""
