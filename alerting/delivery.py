@@ -20,15 +20,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
+from clickhouse_connect.driver.client import Client
+
+from alerting.dispatch import undelivered_groups
 from alerting.evaluator import undelivered
-from alerting.notify import Channel, EncodingError, Outcome, encode, payload
+from alerting.notify import Channel, EncodingError, Outcome, WebhookChannel, encode, payload
+from alerting.rules import AlertRules
 from eventide.config import Config
 from store.client import connect
 
@@ -63,6 +67,53 @@ class _Notification:
         return self.row["rule"], self.row["series"]
 
 
+class Outbox(Protocol):
+    """Where a channel's notifications come from: rows with ``transition_key`` (the notification's key), ``rule``
+    and ``series`` (order is kept per pair), ``to_state`` and ``window_end`` (copied into a failure's row)."""
+
+    def pending(self, client: Client, channel: str) -> list[dict[str, Any]]:
+        """The notifications ``channel`` has neither delivered nor given up, oldest first."""
+        ...
+
+    def message(self, row: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """What the channel is handed for ``row``: its fields (``key`` identifies it, ``rule`` keys a Kafka message)
+        and the body; raises :class:`EncodingError` (or ValueError) for a row that cannot be sent."""
+        ...
+
+
+class Transitions:
+    """Every firing and resolved transition, one notification each (the webhook and Kafka channels)."""
+
+    def pending(self, client: Client, channel: str) -> list[dict[str, Any]]:
+        return undelivered(client, channel)
+
+    def message(self, row: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        body = payload(row)
+        return body, encode(body)
+
+
+@dataclass(frozen=True)
+class GroupNotifications:
+    """The group notifications of one receiver (``alerting.dispatch``), their body as stored."""
+
+    receiver: str
+
+    def pending(self, client: Client, channel: str) -> list[dict[str, Any]]:
+        return undelivered_groups(client, self.receiver, channel)
+
+    def message(self, row: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        return {"key": row["transition_key"], "rule": row["series"]}, row["body"].encode("utf-8")
+
+
+def receiver_deliveries(config: Config, rules: AlertRules) -> list[tuple[Channel, Outbox]]:
+    """A channel and its group notifications for each ``[[receiver]]`` of ``rules`` (with the delivery settings of
+    ``[alerting]``)."""
+    a = config.alerting
+    return [(WebhookChannel(r.webhook.url, a.webhook_attempts, a.webhook_backoff_s, a.webhook_timeout_s,
+                            a.delivery_deadline_s, name=r.channel), GroupNotifications(r.name))
+            for r in rules.receiver if r.webhook is not None]
+
+
 @dataclass
 class _Records:
     """Rows decided but not yet stored (kept and retried while the store is away)."""
@@ -81,8 +132,10 @@ class ChannelDelivery:
     """The pending notifications of one channel and their schedule. :meth:`drain` delivers what is pending now and
     returns; :meth:`run` keeps delivering until stopped (one thread per channel, see :class:`Delivery`)."""
 
-    def __init__(self, config: Config, channel: Channel, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: Config, channel: Channel, clock: Callable[[], float] = time.monotonic,
+                 outbox: Outbox | None = None) -> None:
         self.config, self.channel, self.policy, self.clock = config, channel, channel.policy, clock
+        self.outbox = outbox or Transitions()
         self.concurrency = config.alerting.delivery_concurrency
         self.delivered = 0
         self.failed = 0
@@ -96,9 +149,9 @@ class ChannelDelivery:
 
     # Store ------------------------------------------------------------------------------------------------------
     def refresh(self) -> int:
-        """Pick up the transitions this channel has neither delivered nor given up; returns how many are new."""
+        """Pick up the notifications this channel has neither delivered nor given up; returns how many are new."""
         with connect(self.config) as client:
-            rows = undelivered(client, self.channel.name)
+            rows = self.outbox.pending(client, self.channel.name)
         known = self._pending.keys() | self._records.keys()
         new = 0
         for row in rows:
@@ -106,8 +159,7 @@ class ChannelDelivery:
             if key in known:
                 continue
             try:
-                body_of = payload(row)
-                body = encode(body_of)
+                body_of, body = self.outbox.message(row)
             except (EncodingError, ValueError, KeyError, AttributeError) as exc:   # ValueError: stored labels not JSON
                 self._fail_row(row, f"payload cannot be encoded: {exc}", 0, None)
                 continue
@@ -271,9 +323,11 @@ class ChannelDelivery:
 class Delivery:
     """One delivery thread per channel beside the evaluation loop: :meth:`wake` after each evaluation."""
 
-    def __init__(self, config: Config, targets: list[Channel], refresh_every_s: float | None = None) -> None:
+    def __init__(self, config: Config, targets: list[Channel], refresh_every_s: float | None = None,
+                 receivers: Sequence[tuple[Channel, Outbox]] = ()) -> None:
         self.refresh_every_s = refresh_every_s or config.alerting.evaluation_interval_s
-        self.senders = [ChannelDelivery(config, channel) for channel in targets]
+        self.senders = [ChannelDelivery(config, channel) for channel in targets] + [
+            ChannelDelivery(config, channel, outbox=outbox) for channel, outbox in receivers]
         self._stop = threading.Event()
         self._wakes = [threading.Event() for _ in self.senders]
         self._threads = [threading.Thread(target=s.run, args=(self._stop, w, self.refresh_every_s), daemon=True,
@@ -301,12 +355,14 @@ class Delivery:
             sender.close()
 
 
-def deliver(config: Config, targets: list[Channel]) -> dict[str, int]:
-    """Send every pending firing/resolved transition on every channel, and return when each has been delivered or
-    recorded as failed; returns deliveries per channel (``eventide alerts --once`` and tests). The service runs the
-    same delivery continuously in threads of its own (:class:`Delivery`)."""
+def deliver(config: Config, targets: list[Channel], receivers: Sequence[tuple[Channel, Outbox]] = ()) -> dict[str, int]:
+    """Send every pending notification on every channel (each firing/resolved transition on ``targets``, each
+    receiver's group notifications), and return when each has been delivered or recorded as failed; returns
+    deliveries per channel (``eventide alerts --once`` and tests). The service runs the same delivery continuously
+    in threads of its own (:class:`Delivery`)."""
     delivered: dict[str, int] = {}
-    for channel in targets:
-        with ChannelDelivery(config, channel) as sender:
+    outboxes: list[tuple[Channel, Outbox | None]] = [(c, None) for c in targets] + list(receivers)
+    for channel, outbox in outboxes:
+        with ChannelDelivery(config, channel, outbox=outbox) as sender:
             delivered[channel.name] = sender.drain()
     return delivered

@@ -154,7 +154,8 @@ class WebhookChannel:
     name = "webhook"
 
     def __init__(self, url: str, attempts: int, backoff_s: float, timeout_s: float = 5.0,
-                 deadline_s: float = 120.0) -> None:
+                 deadline_s: float = 120.0, name: str = "webhook") -> None:
+        self.name = name
         self.url = url
         self.origin = url_origin(url)
         self.policy = RetryPolicy(attempts, backoff_s, timeout_s, deadline_s)

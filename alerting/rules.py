@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from alerting.labels import LABEL_NAME, OWN_LABELS, PLACEHOLDERS, unknown_placeholders
+from alerting.routes import Receiver, RootRoute, Route, RouteNode, receivers_named, resolve
 from eventide.config import Config, ConfigError, SeriesSelector
 
 SERIES_STATISTICS = ("count", "rate", "sum", "mean", "min", "max", "distinct_users", "distinct_devices",
@@ -114,9 +115,14 @@ class AlertRule(BaseModel):
 
 
 class AlertRules(BaseModel):
+    """A rules file: its rules and, optionally, where their alerts go (``alerting.routes``)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rule: list[AlertRule] = Field(default_factory=list)
+    routing: RootRoute | None = None
+    route: list[Route] = Field(default_factory=list)
+    receiver: list[Receiver] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique_names(self) -> AlertRules:
@@ -126,6 +132,23 @@ class AlertRules(BaseModel):
                 raise ValueError(f"two rules are named {rule.name!r}; names identify alert states")
             seen.add(rule.name)
         return self
+
+    @model_validator(mode="after")
+    def _routes_reach_receivers(self) -> AlertRules:
+        if (self.route or self.receiver) and self.routing is None:
+            raise ValueError("[[route]] and [[receiver]] need a [routing] table naming the default receiver")
+        names = [r.name for r in self.receiver]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"two receivers are named {twice[0]!r}")
+        for where, name in receivers_named(self.routing, self.route):
+            if name not in names:
+                raise ValueError(f"{where}: no [[receiver]] is named {name!r}")
+        return self
+
+    @property
+    def routing_tree(self) -> RouteNode | None:
+        """The resolved routing tree; None when the file routes nothing (notifications per transition only)."""
+        return resolve(self.routing, self.route) if self.routing is not None else None
 
 
 def _describe(error: ValidationError, data: dict[str, object], source: str) -> str:

@@ -14,11 +14,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from alerting.delivery import Delivery, deliver
+from alerting.delivery import Delivery, deliver, receiver_deliveries
+from alerting.dispatch import GroupNotifier
 from alerting.evaluator import evaluate
 from alerting.notify import Channel, channels
 from alerting.rules import rules_for
 from eventide.config import Config, ConfigError, load_config
+from eventide.envelope import now_ms
 from store.migrations import apply_migrations
 
 log = logging.getLogger("eventide.alerting")
@@ -35,26 +37,43 @@ def run(config: Config, once: bool = False, stop: threading.Event | None = None,
     log.info("alerting: %d rules from %s, every %ss", len(rules.rule), config.alert_rules_file,
              config.alerting.evaluation_interval_s)
     targets = channels(config) if targets is None else targets
+    receivers = receiver_deliveries(config, rules)
+    grouping = GroupNotifier(config, rules) if rules.routing is not None else None
     if once:
         try:
             evaluate(config, rules)
-            deliver(config, targets)
+            if grouping is not None:
+                grouping.flush(now_ms())
+            deliver(config, targets, receivers)
         except Exception:  # a store or broker hiccup: logged, as a long-running service would
             log.exception("alert evaluation failed")
         return 0
     stop = stop or threading.Event()
-    delivery = Delivery(config, targets).start()
+    delivery = Delivery(config, targets, receivers=receivers).start()
+    interval = config.alerting.evaluation_interval_s
+    next_evaluation = time.monotonic()
     try:
         while not stop.is_set():
-            started = time.monotonic()
-            try:
-                evaluate(config, rules)
-            except Exception:  # a store hiccup: log it, try again next interval
-                log.exception("alert evaluation failed; retrying next interval")
+            if time.monotonic() >= next_evaluation:
+                started = time.monotonic()
+                try:
+                    evaluate(config, rules)
+                except Exception:  # a store hiccup: log it, try again next interval
+                    log.exception("alert evaluation failed; retrying next interval")
+                next_evaluation = started + interval
+                if on_tick is not None:
+                    on_tick(started, time.monotonic() - started)
+            wait = next_evaluation - time.monotonic()
+            if grouping is not None:
+                try:
+                    grouping.flush(now_ms())
+                except Exception:
+                    log.exception("alert grouping failed; retrying")
+                due = grouping.dispatcher.next_flush_ms()
+                if due is not None:     # a group falls due before the next evaluation (group_wait, group_interval)
+                    wait = min(wait, (due - now_ms()) / 1000)
             delivery.wake()       # never waits for a delivery
-            if on_tick is not None:
-                on_tick(started, time.monotonic() - started)
-            stop.wait(max(0.0, config.alerting.evaluation_interval_s - (time.monotonic() - started)))
+            stop.wait(max(0.0, wait))
     finally:
         delivery.stop()
     return 0

@@ -235,7 +235,9 @@ def check_alert_rules(config: Config, path: Path | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"{path}: {len(rules.rule)} rules, no problems")
+    routed = (f", {len(rules.route)} routes below the root, {len(rules.receiver)} receivers"
+              if rules.routing is not None else "")
+    print(f"{path}: {len(rules.rule)} rules{routed}, no problems")
     return 0
 
 
