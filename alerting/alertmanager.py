@@ -99,3 +99,16 @@ def webhook_message(receiver: str, group_key: str, group_labels: dict[str, str],
         "groupKey": group_key,
         "truncatedAlerts": len(alerts) - len(sent),
     }
+
+
+def postable_alerts(alerts: Sequence[Alert], valid_until_ms: int) -> list[dict[str, Any]]:
+    """The body of ``POST /api/v2/alerts`` (Alertmanager's ``PostableAlerts``): a firing alert ends at
+    ``valid_until_ms`` unless sent again before (as Prometheus sends them), a resolved one at its own end."""
+    body = []
+    for a in alerts:
+        alert: dict[str, Any] = {"labels": a.labels, "annotations": a.annotations, "startsAt": go_time(a.starts_at_ms),
+                                 "endsAt": go_time(a.ends_at_ms if a.ends_at_ms is not None else valid_until_ms)}
+        if a.generator_url:
+            alert["generatorURL"] = a.generator_url
+        body.append(alert)
+    return body

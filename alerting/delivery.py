@@ -109,9 +109,9 @@ def receiver_deliveries(config: Config, rules: AlertRules) -> list[tuple[Channel
     """A channel and its group notifications for each ``[[receiver]]`` of ``rules`` (with the delivery settings of
     ``[alerting]``)."""
     a = config.alerting
-    return [(WebhookChannel(r.webhook.url, a.webhook_attempts, a.webhook_backoff_s, a.webhook_timeout_s,
+    return [(WebhookChannel(r.target_url, a.webhook_attempts, a.webhook_backoff_s, a.webhook_timeout_s,
                             a.delivery_deadline_s, name=r.channel), GroupNotifications(r.name))
-            for r in rules.receiver if r.webhook is not None]
+            for r in rules.receiver]
 
 
 @dataclass

@@ -8,17 +8,23 @@ The grouping itself is :mod:`alerting.grouping`, pure.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from alerting.alertmanager import Alert, webhook_message
-from alerting.grouping import Dispatcher, GroupNotification, KnownAlert, Sent
+from alerting.alertmanager import Alert, postable_alerts, webhook_message
+from alerting.grouping import Dispatcher, GroupNotification, KnownAlert, Sent, routed_to
 from alerting.rules import AlertRules
 from eventide.config import Config
 from store.client import connect
 
+PUSHED = "alertmanager"
+"""The group key of the rows that hold what an Alertmanager receiver was sent (its alerts are not grouped here)."""
+RESOLVED_RETENTION_MS = 15 * 60 * 1000
+"""How long a resolved alert is still sent to an Alertmanager (Prometheus' 15 minutes), so a lost request does not
+leave it firing there until its ``endsAt``."""
 COLUMNS = ["notification_key", "receiver", "group_key", "status", "firing", "resolved", "alerts", "body",
            "decided_at"]
 
@@ -65,26 +71,63 @@ def stored_rows(rules: AlertRules, decided: list[GroupNotification]) -> list[lis
     return rows
 
 
+@dataclass(frozen=True)
+class _Pushed:
+    at_ms: int
+    firing: frozenset[str]
+
+
 class GroupNotifier:
-    """The grouping of one rules file's routes, run once per evaluation pass (:meth:`flush`)."""
+    """The routes of one rules file, run once per evaluation pass and whenever something falls due
+    (:meth:`flush`): webhook receivers get group notifications (:mod:`alerting.grouping`); Alertmanager receivers
+    get their alerts, sent again every ``resend_interval`` and at once when one fires or resolves."""
 
     def __init__(self, config: Config, rules: AlertRules) -> None:
         tree = rules.routing_tree
         assert tree is not None, "a rules file without [routing] groups nothing"
-        self.config, self.rules = config, rules
+        self.config, self.rules, self.tree = config, rules, tree
         send_resolved = {r.name: r.send_resolved for r in rules.receiver}
-        self.dispatcher = Dispatcher(tree, lambda name: send_resolved.get(name, True))
+        self.alertmanagers = {r.name: r.alertmanager for r in rules.receiver if r.alertmanager is not None}
+        self.dispatcher = Dispatcher(tree, lambda name: send_resolved.get(name, True),
+                                     grouped=lambda name: name not in self.alertmanagers)
+        self._pushed: dict[str, _Pushed] = {}
 
-    def flush(self, now_ms: int) -> list[GroupNotification]:
-        """Flush the groups that are due; stores and returns the notifications decided (sent ones and
-        recorded-only ones)."""
+    def next_due_ms(self) -> int | None:
+        """When a group or an Alertmanager resend falls due (None: nothing waits)."""
+        due = [self.dispatcher.next_flush_ms(), *(
+            p.at_ms + round(self.alertmanagers[name].resend_interval * 1000) for name, p in self._pushed.items())]
+        return min((d for d in due if d is not None), default=None)
+
+    def flush(self, now_ms: int) -> int:
+        """Flush the groups and resends that are due; stores what each receiver is sent (and recorded-only
+        group notifications); returns how many rows."""
         with connect(self.config, role="reader") as client:
             alerts, sent = current_alerts(client), last_sent(client)
-        decided = self.dispatcher.flush(alerts, sent, now_ms)
-        if decided:
+        rows = stored_rows(self.rules, self.dispatcher.flush(alerts, sent, now_ms)) + self._pushes(alerts, now_ms)
+        if rows:
             with connect(self.config) as writer:
-                writer.insert("alert_group_notifications", stored_rows(self.rules, decided), column_names=COLUMNS)
-        return decided
+                writer.insert("alert_group_notifications", rows, column_names=COLUMNS)
+        return len(rows)
+
+    def _pushes(self, alerts: list[KnownAlert], now_ms: int) -> list[list[Any]]:
+        rows = []
+        for name, target in self.alertmanagers.items():
+            mine = [k.alert for k in routed_to(self.tree, name, alerts)
+                    if k.alert.status == "firing" or k.known_at_ms >= now_ms - RESOLVED_RETENTION_MS]
+            firing = frozenset(a.fingerprint for a in mine if a.status == "firing")
+            last = self._pushed.get(name)
+            resend_ms = round(target.resend_interval * 1000)
+            if not mine or (last is not None and last.firing == firing and now_ms < last.at_ms + resend_ms):
+                continue
+            # Valid for four resends, as Prometheus does: a few lost requests do not resolve it there.
+            valid_until = now_ms + 4 * max(resend_ms, round(self.config.alerting.evaluation_interval_s * 1000))
+            body = postable_alerts(mine, valid_until)
+            rows.append([f"{name}|{PUSHED}|{now_ms}", name, PUSHED, "firing" if firing else "resolved",
+                         sorted(firing), sorted(a.fingerprint for a in mine if a.status == "resolved"), len(mine),
+                         json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")),
+                         datetime.fromtimestamp(now_ms / 1000, UTC)])
+            self._pushed[name] = _Pushed(now_ms, firing)
+        return rows
 
 
 def undelivered_groups(client: Client, receiver: str, channel: str) -> list[dict[str, Any]]:
@@ -99,4 +142,7 @@ def undelivered_groups(client: Client, receiver: str, channel: str) -> list[dict
         "AND notification_key NOT IN "
         "(SELECT transition_key FROM alert_delivery_failures FINAL WHERE channel = {c:String}) "
         "ORDER BY decided_at, group_key", parameters={"r": receiver, "c": channel})
-    return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+    rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+    # An Alertmanager is sent the newest of its alerts only: an older request would set them back.
+    newest_push = [r for r in rows if r["series"] == PUSHED][-1:]
+    return [r for r in rows if r["series"] != PUSHED] + newest_push

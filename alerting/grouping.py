@@ -89,6 +89,11 @@ def needs_update(last: Sent | None, firing: frozenset[str], resolved: frozenset[
     return last.at_ms + repeat_interval_ms <= now_ms
 
 
+def routed_to(tree: RouteNode, receiver: str, alerts: Iterable[KnownAlert]) -> list[KnownAlert]:
+    """The alerts that end up on a route of ``receiver``."""
+    return [k for k in alerts if any(r.receiver == receiver for r in tree.routes_for(k.alert.labels))]
+
+
 @dataclass
 class _Group:
     route: RouteNode
@@ -99,9 +104,12 @@ class _Group:
 class Dispatcher:
     """The groups of one routing tree between flushes; :meth:`flush` once per pass."""
 
-    def __init__(self, tree: RouteNode, send_resolved: Callable[[str], bool]) -> None:
+    def __init__(self, tree: RouteNode, send_resolved: Callable[[str], bool],
+                 grouped: Callable[[str], bool] = lambda _receiver: True) -> None:
         self.tree = tree
         self.send_resolved = send_resolved
+        self.grouped = grouped
+        """Whether a receiver's alerts are grouped here (an Alertmanager receiver groups them itself)."""
         self._groups: dict[str, _Group] = {}
 
     def next_flush_ms(self) -> int | None:
@@ -120,6 +128,8 @@ class Dispatcher:
         members: dict[str, tuple[RouteNode, dict[str, str], list[KnownAlert]]] = {}
         for known in alerts:
             for route in self.tree.routes_for(known.alert.labels):
+                if not self.grouped(route.receiver):
+                    continue
                 labels = route.group_labels(known.alert.labels)
                 key = f"{route.key}:{label_set(labels)}"
                 members.setdefault(key, (route, labels, []))[2].append(known)

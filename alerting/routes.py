@@ -33,6 +33,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from alerting.labels import LABEL_NAME
+from eventide.config import http_url
 
 DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
 _DURATION_UNITS_S = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
@@ -163,26 +164,54 @@ class WebhookReceiver(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, url: str) -> str:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        if any(not (32 < ord(c) < 127) for c in url):
-            raise ValueError("must be printable ASCII without spaces (percent-encode other characters)")
-        return url
+        return http_url(url)
+
+
+class AlertmanagerReceiver(BaseModel):
+    """An existing Alertmanager: its alerts are POSTed to ``{url}/api/v2/alerts`` every ``resend_interval``, as
+    Prometheus does, and that Alertmanager groups, routes, silences and notifies them itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    """Its base URL, e.g. ``http://alertmanager:9093``."""
+    resend_interval: Duration = 60.0
+    """How often the alerts are sent again while nothing changes (Prometheus' ``--rules.alert.resend-delay``)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return http_url(url)
+
+    @property
+    def alerts_url(self) -> str:
+        return self.url.rstrip("/") + "/api/v2/alerts"
 
 
 class Receiver(BaseModel):
-    """A named destination of group notifications."""
+    """A named destination of alerts: a webhook (grouped here) or an Alertmanager (which groups them itself)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=200)
     webhook: WebhookReceiver | None = None
+    alertmanager: AlertmanagerReceiver | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> Receiver:
-        if self.webhook is None:
-            raise ValueError('a receiver needs webhook = { url = "..." }')
+        if (self.webhook is None) == (self.alertmanager is None):
+            raise ValueError('a receiver has one of webhook = { url = "..." } or alertmanager = { url = "..." }')
         return self
+
+    @property
+    def target_url(self) -> str:
+        """Where its requests are POSTed."""
+        return self.webhook.url if self.webhook is not None else self.alertmanager.alerts_url  # type: ignore[union-attr]
+
+    @property
+    def grouped(self) -> bool:
+        """Whether its alerts are grouped here (a webhook) rather than by the receiver (an Alertmanager)."""
+        return self.webhook is not None
 
     @property
     def send_resolved(self) -> bool:

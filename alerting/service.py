@@ -69,8 +69,8 @@ def run(config: Config, once: bool = False, stop: threading.Event | None = None,
                     grouping.flush(now_ms())
                 except Exception:
                     log.exception("alert grouping failed; retrying")
-                due = grouping.dispatcher.next_flush_ms()
-                if due is not None:     # a group falls due before the next evaluation (group_wait, group_interval)
+                due = grouping.next_due_ms()
+                if due is not None:     # a group or a resend falls due before the next evaluation
                     wait = min(wait, (due - now_ms()) / 1000)
             delivery.wake()       # never waits for a delivery
             stop.wait(max(0.0, wait))

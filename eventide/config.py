@@ -476,6 +476,16 @@ class OtlpConfig(_Section):
     takes the events it becomes, at least one."""
 
 
+def http_url(url: str) -> str:
+    """``url`` if a webhook may POST to it; raises ValueError saying why not."""
+    # The URL goes into the request line as it is: printable ASCII only, so no request can be malformed by it.
+    if not url.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    if any(not (32 < ord(c) < 127) for c in url):
+        raise ValueError("must be printable ASCII without spaces (percent-encode other characters)")
+    return url
+
+
 class AlertingConfig(_Section):
     """The alert evaluator: rules file, schedule and where notifications go."""
 
@@ -501,12 +511,7 @@ class AlertingConfig(_Section):
     @field_validator("webhook_url")
     @classmethod
     def _webhook_url(cls, url: str) -> str:
-        # The URL goes into the request line as it is: printable ASCII only, so no request can be malformed by it.
-        if url and not url.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        if any(not (32 < ord(c) < 127) for c in url):
-            raise ValueError("must be printable ASCII without spaces (percent-encode other characters)")
-        return url
+        return http_url(url) if url else url
 
 
 class DashboardConfig(_Section):

@@ -14,19 +14,14 @@ from typing import Any
 import pytest
 
 from alerting.alertmanager import fingerprint
-from alerting.delivery import deliver, receiver_deliveries
-from alerting.dispatch import GroupNotifier
-from alerting.evaluator import evaluate
 from alerting.rules import rules_for
 from eventide.config import Config
-from store.client import connect
-from store.range_query import SeriesKey
+from tests.support.alert_clock import MINUTE, AlertingOnTestClock, latency_minutes
 from tests.support.fault_injection import WebhookReceiver
 from tests.support.stack import fresh_stack
-from tests.support.window_rows import Event, insert, window_row
+from tests.support.window_rows import insert
 
 T0 = (datetime.now(UTC) - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
-MINUTE = timedelta(minutes=1)
 SLOW, FAST = [900.0] * 100, [10.0] * 100
 
 RULES = """
@@ -52,10 +47,6 @@ webhook = { url = "URL" }
 """
 
 
-def ms(ts: datetime) -> int:
-    return int(ts.timestamp() * 1000)
-
-
 @pytest.fixture
 def receiver() -> Iterator[WebhookReceiver]:
     with WebhookReceiver() as hook:
@@ -70,31 +61,13 @@ def store(kafka: Config, request: pytest.FixtureRequest, tmp_path: Path, receive
     return config.model_copy(update={"alerting": config.alerting.model_copy(update={"rules_file": rules_file})})
 
 
-def minutes(config: Config, app: str, latencies: list[list[float]]) -> list[dict[str, Any]]:
-    """The rows of ``app``'s latency windows, one per minute from T0."""
-    series = SeriesKey(app, "metric", "latency_ms")
-    return [window_row(config, series, T0 + m * MINUTE, MINUTE, [Event(T0 + m * MINUTE + timedelta(seconds=1), v)
-                                                                 for v in lat])
-            for m, lat in enumerate(latencies)]
-
-
 def run_service(config: Config, receiver: WebhookReceiver, until_s: int) -> list[tuple[int, dict[str, Any]]]:
-    """Evaluate, flush the groups and deliver every 30 s of test clock from T0 + 65 s, the job's watermark at the
-    last minute boundary; (seconds, body) of each notification ``receiver`` got."""
-    rules = rules_for(config)
-    grouping = GroupNotifier(config, rules)
-    receivers = receiver_deliveries(config, rules)
+    """A pass every 30 s of test clock from T0 + 65 s; (seconds, body) of each notification ``receiver`` got."""
+    service = AlertingOnTestClock(config, rules_for(config), T0)
     got: list[tuple[int, dict[str, Any]]] = []
     for t in range(65, until_s + 1, 30):
-        now, mark = T0 + timedelta(seconds=t), T0 + (t // 60) * MINUTE
-        with connect(config) as client:
-            client.insert("pipeline_progress", [["windows", "q", "r", t, mark, mark, mark]],
-                          column_names=["query_name", "query_id", "run_id", "batch_id", "batch_timestamp",
-                                        "watermark", "recorded_at"])
-        evaluate(config, rules, now=ms(now))
-        grouping.flush(ms(now))
         before = len(receiver.received)
-        deliver(config, [], receivers)
+        service.at(t)
         got += [(t, r.body) for r in receiver.received[before:] if r.body is not None]
     return got
 
@@ -102,8 +75,8 @@ def run_service(config: Config, receiver: WebhookReceiver, until_s: int) -> list
 def test_thirty_series_make_one_notification_a_late_one_one_more_and_the_all_clear_one_resolved(
         store: Config, receiver: WebhookReceiver) -> None:
     # Given 30 apps slow for minutes 0-9 and one more slow from minute 3, all fast in minute 10,
-    rows = [row for i in range(30) for row in minutes(store, f"app{i:02d}", [SLOW] * 10 + [FAST])]
-    insert(store, rows + minutes(store, "late", [FAST] * 3 + [SLOW] * 7 + [FAST]))
+    rows = [row for i in range(30) for row in latency_minutes(store, T0, f"app{i:02d}", [SLOW] * 10 + [FAST])]
+    insert(store, rows + latency_minutes(store, T0, "late", [FAST] * 3 + [SLOW] * 7 + [FAST]))
     got = run_service(store, receiver, 725)
 
     # the 30 fire at the first evaluation (65 s) and are sent together after group_wait (95 s);

@@ -123,7 +123,7 @@ webhook = { url = "http://127.0.0.1:9/b", send_resolved = false }
     ('[routing]\nreceiver = "nobody"', "routing.receiver: no [[receiver]] is named 'nobody'"),
     ('[routing]\nreceiver = "a"\n[[route]]\nreceiver = "b"\n[[receiver]]\nname = "a"\nwebhook = { url = "http://h/" }',
      "route[0].receiver: no [[receiver]] is named 'b'"),
-    ('[routing]\nreceiver = "a"\n[[receiver]]\nname = "a"', 'needs webhook'),
+    ('[routing]\nreceiver = "a"\n[[receiver]]\nname = "a"', 'has one of webhook'),
     ('[routing]\nreceiver = "a"\n[[receiver]]\nname = "a"\nwebhook = { url = "ftp://h/" }', "http://"),
 ])
 def test_routes_and_receivers_that_cannot_work_stop_startup_naming_the_problem(tables: str, problem: str) -> None:
