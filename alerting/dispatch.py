@@ -17,6 +17,8 @@ from clickhouse_connect.driver.client import Client
 from alerting.alertmanager import Alert, postable_alerts, webhook_message
 from alerting.grouping import Dispatcher, GroupNotification, KnownAlert, Sent, routed_to
 from alerting.rules import AlertRules
+from alerting.silences import load as silences_of
+from alerting.silences import muting
 from eventide.config import Config
 from store.client import connect
 
@@ -80,7 +82,8 @@ class _Pushed:
 class GroupNotifier:
     """The routes of one rules file, run once per evaluation pass and whenever something falls due
     (:meth:`flush`): webhook receivers get group notifications (:mod:`alerting.grouping`); Alertmanager receivers
-    get their alerts, sent again every ``resend_interval`` and at once when one fires or resolves."""
+    get their alerts, sent again every ``resend_interval`` and at once when one fires or resolves. Alerts an active
+    silence matches are left out (:mod:`alerting.silences`)."""
 
     def __init__(self, config: Config, rules: AlertRules) -> None:
         tree = rules.routing_tree
@@ -102,7 +105,9 @@ class GroupNotifier:
         """Flush the groups and resends that are due; stores what each receiver is sent (and recorded-only
         group notifications); returns how many rows."""
         with connect(self.config, role="reader") as client:
-            alerts, sent = current_alerts(client), last_sent(client)
+            alerts, sent, silences = current_alerts(client), last_sent(client), silences_of(client, now_ms)
+        # A silenced alert is left out, as Alertmanager's mute stage leaves it out: nothing about it is sent.
+        alerts = [k for k in alerts if not muting(silences, k.alert.labels, now_ms)]
         rows = stored_rows(self.rules, self.dispatcher.flush(alerts, sent, now_ms)) + self._pushes(alerts, now_ms)
         if rows:
             with connect(self.config) as writer:

@@ -176,8 +176,8 @@ def described(rule: AlertRule, transition: Transition, series: SeriesKey | None)
 
 
 def _save(client: Client, rule: AlertRule, states: Iterable[AlertState],
-          transitions: list[tuple[Transition, SeriesKey | None]]) -> None:
-    now = datetime.now(UTC)
+          transitions: list[tuple[Transition, SeriesKey | None]], now_ms: int) -> None:
+    now = _dt(now_ms)   # the evaluation's clock: when routes first knew of a transition (group_wait)
     state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, _dt(s.evaluated_until_ms), _dt(s.since_ms),
                    s.value, rule.threshold, rule.severity, now] for s in states]
     if state_rows:
@@ -241,7 +241,7 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                     new_states.append(state)
                 transitions += [(t, series_key) for t in moved]
             with connect(config) as writer:
-                _save(writer, rule, new_states, transitions)
+                _save(writer, rule, new_states, transitions, now)
             found += [t for t, _ in transitions]
     for t in found:
         # %r: rule and series names may hold line breaks, which would forge log lines

@@ -608,7 +608,8 @@ class RetentionConfig(_Section):
     of each query (``query_watermarks_kept``, one row per query) is kept whatever this says."""
     alerts_days: float = Field(90.0, gt=0, le=MAX_RETENTION_DAYS)
     """Alert states, transitions, notifications and failed deliveries (``alert_states``, ``alert_transitions``,
-    ``alert_notifications``, ``alert_delivery_failures``, ``alert_group_notifications``)."""
+    ``alert_notifications``, ``alert_delivery_failures``, ``alert_group_notifications``; silences counted from their
+    end, ``alert_silences``)."""
     clocks_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)
     """Device clock offsets (``device_clocks``, ``device_clocks_per_minute``)."""
     logs_days: float = Field(7.0, gt=0, le=MAX_RETENTION_DAYS)

@@ -13,6 +13,7 @@
     eventide gateway         run the HTTP gateway (POST /v1/events) in the foreground
     eventide alerts          run the alert evaluator in the foreground (--once: one pass)
     eventide alerts check [FILE]   validate alert rules; eventide alerts test FILE: run rule tests
+    eventide alerts silence add MATCHER... --comment WHY [--duration 2h] | expire ID... | list [--all]
     eventide cluster up      a Spark standalone master + workers and a 3-broker KRaft Kafka cluster on loopback
     eventide cluster submit  spark-submit the stream job to that cluster (foreground; --until-idle: drain, exit)
     eventide cluster env     the EVENTIDE_* settings that point other components at the cluster's brokers
@@ -210,14 +211,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("dashboard", help="run the dashboard (foreground)")
     sub.add_parser("gateway", help="run the HTTP gateway (foreground)")
     alerts = sub.add_parser("alerts", help="run the alert evaluator (foreground); `alerts check [FILE]` checks rules, "
-                                           "`alerts test FILE` runs rule tests")
+                                           "`alerts test FILE` runs rule tests, `alerts silence ...` mutes alerts")
     alerts.add_argument("--once", action="store_true")
-    alerts.add_argument("action", nargs="?", choices=("check", "test"),
-                        help="check: validate FILE's rules against this configuration, one line per problem "
-                             "(exit 1 if any), like `promtool check rules`; test: run the rule tests of FILE "
-                             "(alerting/rule_tests.py), like `promtool test rules`")
-    alerts.add_argument("file", nargs="?", type=Path,
-                        help="check: the rules file (default: alerting.rules_file); test: the tests file")
+    alert_actions = alerts.add_subparsers(dest="action")
+    check = alert_actions.add_parser("check", help="validate FILE's rules and routes against this configuration, one "
+                                                   "line per problem (exit 1 if any), like `promtool check rules`")
+    check.add_argument("file", nargs="?", type=Path, help="the rules file (default: alerting.rules_file)")
+    rule_test = alert_actions.add_parser("test", help="run the rule tests of FILE (alerting/rule_tests.py), like "
+                                                      "`promtool test rules`")
+    rule_test.add_argument("file", nargs="?", type=Path, help="the tests file")
+    silence = alert_actions.add_parser("silence", help="silences: add, expire, list (like amtool silence)")
+    silence_actions = silence.add_subparsers(dest="silence_action", required=True)
+    add = silence_actions.add_parser("add", help="mute the alerts that MATCHERS match, from now")
+    add.add_argument("matchers", nargs="+", help="Alertmanager matchers, e.g. 'app=\"checkout\"' 'severity=~warn.*'")
+    add.add_argument("--duration", default="2h", help="how long, e.g. 30m, 2h, 1d (default 2h)")
+    add.add_argument("--comment", required=True, help="why (shown with the silence)")
+    add.add_argument("--author", default=os.environ.get("USER", ""), help="who (default: $USER)")
+    expire = silence_actions.add_parser("expire", help="end silences now")
+    expire.add_argument("ids", nargs="+")
+    listing = silence_actions.add_parser("list", help="active and pending silences (--all: ended ones too)")
+    listing.add_argument("--all", action="store_true")
     on_cluster = sub.add_parser("cluster", help="Spark standalone + Kafka cluster on this machine, and the job on it")
     on_cluster.add_argument("action", choices=("up", "down", "status", "submit", "env"))
     on_cluster.add_argument("--until-idle", action="store_true", help="submit: drain Kafka, then exit")
@@ -259,6 +272,35 @@ def test_alert_rules(config: Config, path: Path | None) -> int:
     if failed:
         return 1
     print(f"{path}: {count} tests, all pass")
+    return 0
+
+
+def silence_command(config: Config, args: argparse.Namespace) -> int:
+    """``eventide alerts silence add|expire|list``: print the silence's id, or one line per silence."""
+    from alerting import silences
+    from alerting.routes import seconds_of
+    from eventide.envelope import now_ms
+    from store.migrations import apply_migrations
+
+    apply_migrations(config)             # idempotent: the silences table exists before the first one
+    now = now_ms()
+    if args.silence_action == "add":
+        try:
+            seconds = float(seconds_of(args.duration))   # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConfigError(f"silence --duration: {exc}") from None
+        silence = silences.new_silence(args.matchers, now, now + round(seconds * 1000), args.author, args.comment)
+        silences.save(config, silence)
+        print(silence.id)
+        return 0
+    if args.silence_action == "expire":
+        for silence_id in args.ids:
+            silences.expire(config, silence_id, now)
+        return 0
+    for s in silences.listed(config, now, ended=args.all):
+        ends = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.ends_at_ms / 1000))
+        print(f"{s.id}  {s.state(now):8} {' '.join(map(str, s.matchers))}  until {ends} UTC  "
+              f"by {s.created_by!r}: {s.comment!r}")
     return 0
 
 
@@ -312,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             return check_alert_rules(config, args.file)
         elif args.command == "alerts" and args.action == "test":
             return test_alert_rules(config, args.file)
+        elif args.command == "alerts" and args.action == "silence":
+            return silence_command(config, args)
         elif args.command == "alerts":
             from alerting import service
 

@@ -52,6 +52,7 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "alert_notifications": ("alerts", "delivered_at"),
     "alert_delivery_failures": ("alerts", "failed_at"),
     "alert_group_notifications": ("alerts", "decided_at"),
+    "alert_silences": ("alerts", "ends_at"),
     "device_clocks": ("clocks", "last_received"),
     "device_clocks_per_minute": ("clocks", "minute"),
     "logs": ("logs", "corrected_event_time"),
