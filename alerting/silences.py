@@ -32,6 +32,7 @@ def _dt(ms: int) -> datetime:
 
 
 def _ms(ts: datetime) -> int:
+    # pandas' Timestamp is a datetime: the dashboard hands its rows over as they come.
     return int((ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
@@ -89,8 +90,14 @@ def load(client: Client, since_ms: int | None = None) -> list[Silence]:
         "SELECT silence_id, matchers, starts_at, ends_at, created_by, comment FROM alert_silences FINAL "
         "WHERE ends_at >= fromUnixTimestamp64Milli({since:Int64}) ORDER BY starts_at DESC, silence_id",
         parameters={"since": since_ms if since_ms is not None else 0}).result_rows
-    return [Silence(i, tuple(Matcher.parse(m) for m in matchers), _ms(s), _ms(e), by, comment)
-            for i, matchers, s, e, by, comment in rows]
+    return [from_row(*row) for row in rows]
+
+
+def from_row(silence_id: str, matchers: list[str], starts_at: datetime, ends_at: datetime, created_by: str,
+             comment: str) -> Silence:
+    """A silence from its ``alert_silences`` row."""
+    return Silence(silence_id, tuple(Matcher.parse(m) for m in matchers), _ms(starts_at), _ms(ends_at), created_by,
+                   comment)
 
 
 def listed(config: Config, at_ms: int | None = None, ended: bool = False) -> list[Silence]:

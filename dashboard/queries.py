@@ -170,6 +170,37 @@ def alert_history(client: Client, since: datetime, until: datetime) -> pd.DataFr
     return pd.DataFrame(result.result_rows, columns=result.column_names)
 
 
+def alert_labels(client: Client) -> pd.DataFrame:
+    """The labels of every (rule, series) that ever fired or resolved, as its newest notified transition has them
+    (JSON objects of strings): what routes and silences match."""
+    result = client.query(
+        "SELECT rule, series, argMax(labels, window_end) AS labels FROM alert_transitions FINAL WHERE notify = 1 "
+        "GROUP BY rule, series")
+    return pd.DataFrame(result.result_rows, columns=result.column_names)
+
+
+def silences(client: Client, since: datetime) -> pd.DataFrame:
+    """Silences that have not ended by ``since`` (active or pending then), newest first."""
+    result = client.query(
+        "SELECT silence_id, matchers, starts_at, ends_at, created_by, comment FROM alert_silences FINAL "
+        "WHERE ends_at > {since:DateTime64(3)} ORDER BY starts_at DESC, silence_id",
+        parameters={"since": since.replace(tzinfo=None)})
+    return pd.DataFrame(result.result_rows, columns=result.column_names)
+
+
+def group_notifications(client: Client, since: datetime, until: datetime) -> pd.DataFrame:
+    """What receivers were sent in ``[since, until)`` (``alert_group_notifications``), newest first: when, to
+    whom, which group, its status, how many alerts, and whether it was delivered yet (0 alerts: recorded, not sent,
+    e.g. an all-clear to a receiver without ``send_resolved``)."""
+    result = client.query(
+        "SELECT decided_at, receiver, group_key, status, alerts, notification_key IN "
+        "(SELECT transition_key FROM alert_notifications FINAL WHERE startsWith(channel, 'receiver:')) AS delivered "
+        "FROM alert_group_notifications FINAL "
+        "WHERE decided_at >= {lo:DateTime64(3)} AND decided_at < {hi:DateTime64(3)} ORDER BY decided_at DESC "
+        "LIMIT 500", parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None)})
+    return pd.DataFrame(result.result_rows, columns=result.column_names)
+
+
 def failed_deliveries(client: Client, since: datetime, until: datetime) -> pd.DataFrame:
     """Alert notifications given up (``alert_delivery_failures``) in ``[since, until)``, newest first: the rule,
     series, channel, reason, attempts and when."""

@@ -61,6 +61,20 @@ def page() -> None:
                     # Names verbatim (a series holds ingested app, logger and tag names): see common.literal.
                     st.markdown(f"🔎 [Error lines of {common.literal(row.rule)} · {common.literal(row.series)}]"
                                 f"({link})")
+        st.subheader("Silences")
+        if data.silences.empty:
+            st.info("No silence is active or pending. Mute alerts during a deploy with "
+                    "`eventide alerts silence add 'app=\"checkout\"' --duration 2h --comment \"deploy\"`.")
+        else:
+            st.caption("Alerts a silence matches are still evaluated and shown (column `silenced` above) but not "
+                       "sent to receivers. End one with `eventide alerts silence expire ID`.")
+            st.dataframe(data.silences[["silence_id", "state", "matchers", "starts_at", "ends_at", "created_by",
+                                        "comment"]], hide_index=True, width="stretch")
+        if not data.sent.empty:
+            st.subheader("Sent to receivers")
+            st.caption("Group notifications of the routes in the rules file, newest first; `alerts` 0: recorded, "
+                       "not sent (an all-clear to a receiver without `send_resolved`).")
+            st.dataframe(data.sent, hide_index=True, width="stretch")
         st.subheader("Failed deliveries")
         if failures.empty:
             st.info("No notification was given up in the chosen range.")

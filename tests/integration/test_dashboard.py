@@ -13,6 +13,7 @@ import pytest
 from datasketches import hll_sketch, kll_doubles_sketch
 from streamlit.testing.v1 import AppTest
 
+from alerting.silences import new_silence, save
 from analytics.windows.writer import WINDOW_COLUMNS
 from dashboard import common, queries
 from eventide.config import load_config, to_environ
@@ -171,6 +172,39 @@ def test_alerts_page_shows_firing_alerts_their_history_and_the_rules(store, tmp_
     assert _time_charts_span_the_range(at) == 1
     assert len(at.dataframe) == 2 and list(at.dataframe[1].value["name"]) == ["checkout p99"]
     assert at.query_params["minutes"] == "15"      # the range is in the URL
+
+
+def test_alerts_page_marks_silenced_alerts_and_lists_silences_and_what_receivers_were_sent(store, tmp_path,
+                                                                                             monkeypatch):
+    rules = tmp_path / "alerts.toml"
+    rules.write_text(RULES)
+    monkeypatch.setenv("EVENTIDE_ALERTING__RULES_FILE", str(rules))
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    labels = '{"alertname": "checkout p99", "severity": "warning", "app": "checkout"}'
+    with connect(store) as client:
+        for series, app in (("checkout · metric · latency_ms", "checkout"), ("search · metric · latency_ms", "search")):
+            client.insert("alert_states", [["checkout p99", series, "firing", 3, now, now, 900.0, 500.0, "warning",
+                                            now]],
+                          column_names=["rule", "series", "state", "breaches", "evaluated_until", "since", "value",
+                                        "threshold", "severity", "updated_at"])
+            client.insert("alert_transitions", [[f"k-{app}", "checkout p99", series, "firing", now, 900.0, 500.0,
+                                                 "warning", 1, now, labels.replace("checkout\"}", f'{app}"}}')]],
+                          column_names=["transition_key", "rule", "series", "to_state", "window_end", "value",
+                                        "threshold", "severity", "notify", "recorded_at", "labels"])
+        client.insert("alert_group_notifications", [["oncall|{}:{}|1", "oncall", '{}:{app="search"}', "firing", ["f"],
+                                                     [], 1, "{}", now]],
+                      column_names=["notification_key", "receiver", "group_key", "status", "firing", "resolved",
+                                    "alerts", "body", "decided_at"])
+    at_ms = int(now.replace(tzinfo=UTC).timestamp() * 1000)
+    save(store, new_silence(['app="checkout"'], at_ms - 1000, at_ms + 3_600_000, "alice", "deploy 42"))
+    at = AppTest.from_file(ALERTS_PAGE, default_timeout=30).run()
+    assert not at.exception
+    states, silences, sent = (at.dataframe[i].value for i in range(3))
+    silence_id = silences["silence_id"][0]
+    assert dict(zip(states["series"], states["silenced"], strict=True)) == {
+        "checkout · metric · latency_ms": silence_id, "search · metric · latency_ms": ""}
+    assert list(silences["state"]) == ["active"] and list(silences["matchers"]) == ['app="checkout"']
+    assert list(sent["receiver"]) == ["oncall"] and list(sent["delivered"]) == [False]
 
 
 def test_alerts_page_without_evaluations_and_with_broken_rules_says_so(store, tmp_path, monkeypatch):

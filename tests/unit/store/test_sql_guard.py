@@ -14,7 +14,9 @@ from typing import Any
 import chdb
 import pytest
 
+import alerting.dispatch
 import alerting.evaluator
+import alerting.silences
 import dashboard.queries
 import store.pipeline
 import store.range_query
@@ -466,7 +468,8 @@ def _project_queries() -> tuple[list[str], list[str]]:
              for statistic in ("p99", "count", "dropped_stragglers", "dead_letters", "freshness", "lag")]
     sent: list[str] = []
     silent: list[str] = []
-    for module in (dashboard.queries, alerting.evaluator, store.range_query, store.pipeline):
+    for module in (dashboard.queries, alerting.evaluator, alerting.dispatch, alerting.silences, store.range_query,
+                   store.pipeline):
         for _, function in inspect.getmembers(module, inspect.isfunction):
             public = not function.__name__.startswith("_")   # helpers are reached through the public functions
             if function.__module__ != module.__name__ or not public or "client" not in inspect.signature(
