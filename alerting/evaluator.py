@@ -31,7 +31,7 @@ from eventide.config import Config
 from eventide.envelope import now_ms
 from store import pipeline
 from store.client import connect
-from store.range_query import SeriesKey, range_buckets
+from store.range_query import SeriesKey, series_windows
 
 log = logging.getLogger("eventide.alerting")
 
@@ -98,16 +98,27 @@ def _series_value(rule: AlertRule, bucket: Any) -> float | None:
     raise ValueError(f"not a series statistic: {stat}")
 
 
-def series_samples(client: Client, rule: AlertRule, series: SeriesKey, start_ms: int, end_ms: int) -> list[Sample]:
-    """The statistic of every window of ``rule.window_s`` ending in ``(start_ms, end_ms]``."""
+def _sketches_of(rule: AlertRule) -> frozenset[str]:
+    """The window sketches a rule's statistic reads (``store.range_query.SKETCHES``): none for counts and sums."""
+    if quantile_of(rule.statistic) is not None:
+        return frozenset({"values"})
+    return frozenset({"users"} if rule.statistic == "distinct_users" else
+                     {"devices"} if rule.statistic == "distinct_devices" else ())
+
+
+def rule_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], start_ms: int,
+                 end_ms: int) -> dict[SeriesKey, list[Sample]]:
+    """Per series (of the rule's matches), the statistic of every window of ``rule.window_s`` ending in
+    ``(start_ms, end_ms]``: one query for all of them, reading only the sketches the statistic needs."""
     if rule.statistic == "dropped_stragglers":
-        return _counted_by_window(client, rule, start_ms, end_ms, _STRAGGLERS_SQL, {
-            "app": series.app, "kind": series.kind, "name": series.name, "tags": series.series_tags})
+        return {s: _counted_by_window(client, rule, start_ms, end_ms, _STRAGGLERS_SQL, {
+            "app": s.app, "kind": s.kind, "name": s.name, "tags": s.series_tags}) for s in matches}
     q = quantile_of(rule.statistic)
-    buckets = range_buckets(client, series, _dt(start_ms), _dt(end_ms), rule.window_s,
-                            source_length_s=rule.window_s, quantiles=[q] if q is not None else [0.5])
-    return [Sample(_ms(b.end), _series_value(rule, b)) for b in buckets
-            if _ms(b.end) - _ms(b.start) == rule.window_s * 1000]
+    width = rule.window_s * 1000
+    by_series = series_windows(client, matches, rule.window_s, _dt(start_ms), _dt(end_ms),
+                               quantiles=[q] if q is not None else [0.5], sketches=_sketches_of(rule))
+    return {s: [Sample(_ms(b.end), _series_value(rule, b)) for b in buckets if _ms(b.end) - _ms(b.start) == width]
+            for s, buckets in by_series.items()}
 
 
 _STRAGGLERS_SQL = (
@@ -155,6 +166,19 @@ def pipeline_samples(config: Config, client: Client, rule: AlertRule, start_ms: 
         lag = pipeline.consumer_lag(config, client)
         return [Sample(tick_end, float(sum(lag.values())) if lag else None)]
     raise ValueError(f"not a pipeline statistic: {rule.statistic}")
+
+
+class _BatchedSamples:
+    """A rule's samples for all its series, read once per range (:func:`rule_samples`) and shared."""
+
+    def __init__(self, client: Client, rule: AlertRule, series: list[SeriesKey]) -> None:
+        self.client, self.rule, self.series = client, rule, series
+        self._read: dict[tuple[int, int], dict[SeriesKey, list[Sample]]] = {}
+
+    def samples(self, series: SeriesKey, start_ms: int, end_ms: int) -> list[Sample]:
+        if (start_ms, end_ms) not in self._read:
+            self._read[(start_ms, end_ms)] = rule_samples(self.client, self.rule, self.series, start_ms, end_ms)
+        return self._read[(start_ms, end_ms)][series]
 
 
 # Evaluation ------------------------------------------------------------------------------------------------
@@ -224,8 +248,13 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                 if mark is None:
                     continue
                 finished = mark
-                keys = [(series, lambda lo, hi, r=rule, s=series: series_samples(client, r, s, lo, hi))
-                        for series in matching_series(client, rule)]
+                matches = matching_series(client, rule)
+                # Every series of the rule from one query over the earliest range any of them needs.
+                earliest = min((max(states.get((rule.name, series_label(s)), AlertState("", "")).evaluated_until_ms,
+                                    first_window // width * width) for s in matches), default=0)
+                batch = _BatchedSamples(client, rule, matches)
+                keys = [(series, lambda lo, hi, s=series, b=batch, e=earliest: b.samples(s, min(lo, e), hi))
+                        for series in matches]
             new_states, transitions = [], []
             for series_key, samples_of in keys:
                 label = series_label(series_key)

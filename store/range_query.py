@@ -18,7 +18,7 @@ Every function takes an open client (``store.client.connect``) and runs one SQL 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -223,6 +223,59 @@ def range_buckets(
     if length_ms is not None and resolution_ms % length_ms:
         raise ValueError(f"no stored tumbling window length divides the resolution {resolution_s} s "
                          f"(closest: {length_ms / 1000} s windows)")
+    return _bucketed(rows, start_ms, end_ms, resolution_ms, length_ms, quantiles, hll_lg_k)
+
+
+SKETCHES = frozenset({"values", "users", "devices"})
+"""The sketches of a window: its values' KLL (quantiles) and its users' and devices' HLL (distinct counts)."""
+
+
+def series_windows(
+    client: Client,
+    matches: Sequence[SeriesKey],
+    length_s: float,
+    start: datetime,
+    end: datetime,
+    *,
+    quantiles: Sequence[float] = DEFAULT_QUANTILES,
+    sketches: Collection[str] = SKETCHES,
+    hll_lg_k: int | None = None,
+) -> dict[SeriesKey, list[RangeStats]]:
+    """For each of ``matches`` (series of one kind and name, any apps and tags), one :class:`RangeStats` per window of
+    ``length_s`` overlapping ``[start, end)``, windows without events included (count 0): what
+    ``range_buckets(client, s, start, end, length_s, source_length_s=length_s)`` gives each series, from one query
+    (the alert evaluator's, one per rule). ``sketches`` (of :data:`SKETCHES`) are read and merged; the others are
+    neither fetched nor merged and read as no quantiles and distinct counts 0."""
+    if not matches:
+        return {}
+    kinds = {(s.kind, s.name) for s in matches}
+    if len(kinds) > 1:
+        raise ValueError(f"series_windows reads one kind and name at a time, got {sorted(kinds)}")
+    unknown = set(sketches) - SKETCHES
+    if unknown:
+        raise ValueError(f"unknown sketches {sorted(unknown)}; a window has {sorted(SKETCHES)}")
+    _check_quantiles(quantiles)
+    start_ms, end_ms, length_ms = _epoch_ms(start), _epoch_ms(end), round(length_s * 1000)
+    if length_ms <= 0:
+        raise ValueError(f"length_s must be positive, got {length_s}")
+    [(kind, name)] = kinds
+    sql = _SERIES_WINDOWS_SQL
+    for sketch, column in (("values", "value_sketch"), ("users", "users_sketch"), ("devices", "devices_sketch")):
+        if sketch not in sketches:
+            sql = sql.replace(f"{column},", f"'' AS {column},")
+    result = client.query(sql, parameters={
+        "kind": kind, "name": name, "apps": sorted({s.app for s in matches}), "length_ms": length_ms,
+        "start_ms": start_ms, "end_ms": end_ms}, column_formats=_SKETCH_FORMATS)
+    rows: dict[SeriesKey, list[_Row]] = {}
+    for app, tags, *window in result.result_rows:
+        rows.setdefault(SeriesKey(app, kind, name, tags), []).append(_Row(*window))
+    return {s: _bucketed(rows.get(s, []), start_ms, end_ms, length_ms, length_ms, quantiles, hll_lg_k)
+            for s in matches}
+
+
+def _bucketed(rows: list[_Row], start_ms: int, end_ms: int, resolution_ms: int, length_ms: int | None,
+              quantiles: Sequence[float], hll_lg_k: int | None) -> list[RangeStats]:
+    """One series' windows combined into the buckets of ``resolution_ms`` overlapping the range."""
     lo, hi = _snap(start_ms, end_ms, length_ms)
     by_bucket: dict[int, list[_Row]] = {}
     for row in rows:
@@ -280,6 +333,17 @@ _WINDOWS_SQL = (
     "event_count, value_count, sum, min, max, value_sketch, users_sketch, devices_sketch, "
     + ", ".join(f"level_{level}" for level in LEVELS) + ", is_final "
     "FROM window_results WHERE " + _SERIES_IN_RANGE + " AND window_length_ms = {length} ORDER BY window_start"
+)
+
+
+_SERIES_WINDOWS_SQL = (
+    "SELECT app, series_tags, window_length_ms, toUnixTimestamp64Milli(window_start), "
+    "toUnixTimestamp64Milli(window_end), event_count, value_count, sum, min, max, value_sketch, users_sketch, "
+    "devices_sketch, " + ", ".join(f"level_{level}" for level in LEVELS) + ", is_final "
+    "FROM window_results WHERE window_kind = 'tumbling' AND kind = {kind:String} AND name = {name:String} "
+    "AND app IN {apps:Array(String)} AND window_length_ms = {length_ms:UInt64} "
+    "AND window_start >= fromUnixTimestamp64Milli({start_ms:Int64}, 'UTC') "
+    "AND window_end <= fromUnixTimestamp64Milli({end_ms:Int64}, 'UTC') ORDER BY app, series_tags, window_start"
 )
 
 

@@ -20,7 +20,15 @@ from datasketches import hll_sketch, hll_union, kll_doubles_sketch
 from eventide.config import Config, load_config
 from store.client import connect
 from store.migrations import apply_migrations
-from store.range_query import SeriesKey, merge_hll, merge_kll, range_buckets, range_summary
+from store.range_query import (
+    RangeStats,
+    SeriesKey,
+    merge_hll,
+    merge_kll,
+    range_buckets,
+    range_summary,
+    series_windows,
+)
 from tests.support.stack import PAST_EVENTS_RETENTION, own_database
 from tests.support.window_rows import Event, insert, window_row
 
@@ -349,3 +357,28 @@ def test_merge_helpers_skip_empty_sketches_and_return_none_for_nothing(store):
     assert merge_kll([b"", kll.serialize(), b""]).n == 1
     assert merge_hll([b""], store.config.stream.hll_lg_k) is None
     assert merge_hll([b"", hll.serialize_compact(), hll.serialize_compact()]).get_estimate() == pytest.approx(1.0)
+
+
+def _comparable(stats: RangeStats) -> tuple[Any, ...]:
+    return (stats.start, stats.end, stats.windows, stats.count, stats.value_count, stats.sum, stats.min, stats.max,
+            stats.quantiles, stats.distinct_users, stats.distinct_devices, stats.levels, stats.final)
+
+
+def test_the_windows_of_many_series_from_one_query_are_each_series_buckets_at_its_window_length(store):
+    # Given the hour's series of one name (two tag sets) and one with no windows at all, over a range that starts
+    # and ends mid-minute and includes the noisy minutes around the hour,
+    eu = SeriesKey("shop", "metric", "latency_ms", "region=eu")
+    absent = SeriesKey("closed-shop", "metric", "latency_ms")
+    start, end = T0 - 2 * MINUTE + 7 * SECOND, T0 + HOUR + 2 * MINUTE - 3 * SECOND
+    with connect(store.config) as client:
+        together = series_windows(client, [LATENCY, eu, absent], 60, start, end, quantiles=[0.5, 0.99])
+        reduced = series_windows(client, [LATENCY], 60, start, end, quantiles=[0.99], sketches=())
+    # each series gets exactly the buckets a query of its own gives, empty minutes (count 0) included;
+    for series in (LATENCY, eu, absent):
+        alone = buckets(store, series, start, end, 60, source_length_s=60, quantiles=[0.5, 0.99])
+        assert [_comparable(b) for b in together[series]] == [_comparable(b) for b in alone], series
+    assert len(together[absent]) == 62 and {b.count for b in together[absent]} == {0}   # the whole minutes in range
+    # and without sketches, counts and sums are the same, quantiles and distinct counts are not read.
+    assert [(b.count, b.sum, b.max) for b in reduced[LATENCY]] == [(b.count, b.sum, b.max) for b in together[LATENCY]]
+    assert {b.quantiles[0.99] for b in reduced[LATENCY]} == {None}
+    assert {b.distinct_users for b in reduced[LATENCY]} == {0}
