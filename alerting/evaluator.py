@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -199,21 +199,28 @@ def described(rule: AlertRule, transition: Transition, series: SeriesKey | None)
     return json.dumps(labels, ensure_ascii=False), json.dumps(annotations, ensure_ascii=False)
 
 
-def _save(client: Client, rule: AlertRule, states: Iterable[AlertState],
-          transitions: list[tuple[Transition, SeriesKey | None]], now_ms: int) -> None:
+Evaluated = tuple[AlertRule, list[AlertState], list[tuple[Transition, SeriesKey | None]]]
+"""One rule's pass: its new states, and its transitions with their series (None: a pipeline statistic)."""
+
+
+def _save(client: Client, evaluated: list[Evaluated], now_ms: int) -> None:
+    """Store a pass's new states and transitions, two inserts for all its rules. Transitions first: a pass that stops
+    between the two re-evaluates the same windows next time (its states did not move) and writes the same
+    transitions again (same keys), so none is lost."""
     now = _dt(now_ms)   # the evaluation's clock: when routes first knew of a transition (group_wait)
+    transition_rows = [
+        [t.key, t.rule, t.series, t.to, _dt(t.window_end_ms), t.value, t.threshold, t.severity, int(t.notify), now,
+         *described(rule, t, series)] for rule, _, transitions in evaluated for t, series in transitions]
+    if transition_rows:
+        client.insert("alert_transitions", transition_rows, column_names=[
+            "transition_key", "rule", "series", "to_state", "window_end", "value", "threshold", "severity",
+            "notify", "recorded_at", "labels", "annotations"])
     state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, _dt(s.evaluated_until_ms), _dt(s.since_ms),
-                   s.value, rule.threshold, rule.severity, now] for s in states]
+                   s.value, rule.threshold, rule.severity, now] for rule, states, _ in evaluated for s in states]
     if state_rows:
         client.insert("alert_states", state_rows, column_names=[
             "rule", "series", "state", "breaches", "calm", "evaluated_until", "since", "value", "threshold",
             "severity", "updated_at"])
-    if transitions:
-        client.insert("alert_transitions", [
-            [t.key, t.rule, t.series, t.to, _dt(t.window_end_ms), t.value, t.threshold, t.severity, int(t.notify),
-             now, *described(rule, t, series)] for t, series in transitions], column_names=[
-            "transition_key", "rule", "series", "to_state", "window_end", "value", "threshold", "severity",
-            "notify", "recorded_at", "labels", "annotations"])
 
 
 def _with_week_over_week(rule: AlertRule, samples: list[Sample],
@@ -233,6 +240,7 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
     Stores states and transitions; returns the new transitions (oldest first per series)."""
     now = now_ms() if now is None else now
     found: list[Transition] = []
+    evaluated: list[Evaluated] = []
     # Reads as the store's read-only user; only the evaluator's own state and transitions are written.
     with connect(config, role="reader") as client:
         states = load_states(client)
@@ -269,9 +277,10 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                 if state != current:
                     new_states.append(state)
                 transitions += [(t, series_key) for t in moved]
-            with connect(config) as writer:
-                _save(writer, rule, new_states, transitions, now)
+            evaluated.append((rule, new_states, transitions))
             found += [t for t, _ in transitions]
+    with connect(config) as writer:
+        _save(writer, evaluated, now)
     for t in found:
         # %r: rule and series names may hold line breaks, which would forge log lines
         log.info("alert %r [%r] %s at %s (value %s, threshold %s)", t.rule, t.series, t.to,
