@@ -31,7 +31,7 @@ from eventide.config import Config
 from eventide.envelope import now_ms
 from store import pipeline
 from store.client import connect
-from store.range_query import SeriesKey, series_windows
+from store.range_query import SeriesKey, SeriesWindows, fetch_series_windows
 
 log = logging.getLogger("eventide.alerting")
 
@@ -106,17 +106,21 @@ def _sketches_of(rule: AlertRule) -> frozenset[str]:
                      {"devices"} if rule.statistic == "distinct_devices" else ())
 
 
-def rule_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], start_ms: int,
-                 end_ms: int) -> dict[SeriesKey, list[Sample]]:
+def rule_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], start_ms: int, end_ms: int,
+                 fetched: SeriesWindows | None = None) -> dict[SeriesKey, list[Sample]]:
     """Per series (of the rule's matches), the statistic of every window of ``rule.window_s`` ending in
-    ``(start_ms, end_ms]``: one query for all of them, reading only the sketches the statistic needs."""
+    ``(start_ms, end_ms]``: from one query for all of them (or ``fetched``, the same windows already read for
+    another rule), merging only the sketches the statistic needs."""
     if rule.statistic == "dropped_stragglers":
         return {s: _counted_by_window(client, rule, start_ms, end_ms, _STRAGGLERS_SQL, {
             "app": s.app, "kind": s.kind, "name": s.name, "tags": s.series_tags}) for s in matches}
     q = quantile_of(rule.statistic)
     width = rule.window_s * 1000
-    by_series = series_windows(client, matches, rule.window_s, _dt(start_ms), _dt(end_ms),
-                               quantiles=[q] if q is not None else [0.5], sketches=_sketches_of(rule))
+    if fetched is None:
+        assert rule.series is not None
+        fetched = fetch_series_windows(client, rule.series.kind, rule.series.name, sorted({s.app for s in matches}),
+                                       rule.window_s, _dt(start_ms), _dt(end_ms), sketches=_sketches_of(rule))
+    by_series = fetched.buckets(matches, quantiles=[q] if q is not None else [0.5], sketches=_sketches_of(rule))
     return {s: [Sample(_ms(b.end), _series_value(rule, b)) for b in buckets if _ms(b.end) - _ms(b.start) == width]
             for s, buckets in by_series.items()}
 
@@ -168,17 +172,39 @@ def pipeline_samples(config: Config, client: Client, rule: AlertRule, start_ms: 
     raise ValueError(f"not a pipeline statistic: {rule.statistic}")
 
 
-class _BatchedSamples:
-    """A rule's samples for all its series, read once per range (:func:`rule_samples`) and shared."""
+class _PassReads:
+    """What one evaluation pass reads from the store, once for every rule that needs it: the series a selector
+    matches, and the windows (every sketch) of one series name, length and range. The 200 rules of a deployment
+    mostly share a few dozen series names; each rule then merges only the sketches its statistic reads."""
 
-    def __init__(self, client: Client, rule: AlertRule, series: list[SeriesKey]) -> None:
-        self.client, self.rule, self.series = client, rule, series
-        self._read: dict[tuple[int, int], dict[SeriesKey, list[Sample]]] = {}
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._matches: dict[tuple[str, str, str, int], list[SeriesKey]] = {}
+        self._windows: dict[tuple[str, str, tuple[str, ...], int, int, int], SeriesWindows] = {}
+        self._samples: dict[tuple[str, int, int], dict[SeriesKey, list[Sample]]] = {}
 
-    def samples(self, series: SeriesKey, start_ms: int, end_ms: int) -> list[Sample]:
-        if (start_ms, end_ms) not in self._read:
-            self._read[(start_ms, end_ms)] = rule_samples(self.client, self.rule, self.series, start_ms, end_ms)
-        return self._read[(start_ms, end_ms)][series]
+    def matching(self, rule: AlertRule) -> list[SeriesKey]:
+        assert rule.series is not None
+        key = (rule.series.kind, rule.series.name, rule.series.app, rule.window_s)
+        if key not in self._matches:
+            self._matches[key] = matching_series(self.client, rule)
+        return self._matches[key]
+
+    def samples(self, rule: AlertRule, series: SeriesKey, start_ms: int, end_ms: int) -> list[Sample]:
+        """``series``' samples of ``rule`` in ``(start_ms, end_ms]``, read with every series the rule matches."""
+        if (rule.name, start_ms, end_ms) not in self._samples:
+            matches = self.matching(rule)
+            fetched = None
+            if rule.statistic != "dropped_stragglers":
+                key = (series.kind, series.name, tuple(sorted({s.app for s in matches})), rule.window_s, start_ms,
+                       end_ms)
+                if key not in self._windows:
+                    self._windows[key] = fetch_series_windows(self.client, series.kind, series.name, key[2],
+                                                              rule.window_s, _dt(start_ms), _dt(end_ms))
+                fetched = self._windows[key]
+            self._samples[(rule.name, start_ms, end_ms)] = rule_samples(self.client, rule, matches, start_ms,
+                                                                        end_ms, fetched)
+        return self._samples[(rule.name, start_ms, end_ms)][series]
 
 
 # Evaluation ------------------------------------------------------------------------------------------------
@@ -245,6 +271,7 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
     with connect(config, role="reader") as client:
         states = load_states(client)
         mark = watermark_ms(client)
+        reads = _PassReads(client)
         for rule in rules.rule:
             width = rule.window_s * 1000
             first_window = now - (rule.for_windows + 2) * width    # a new rule looks back a few windows only
@@ -256,12 +283,11 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                 if mark is None:
                     continue
                 finished = mark
-                matches = matching_series(client, rule)
-                # Every series of the rule from one query over the earliest range any of them needs.
+                matches = reads.matching(rule)
+                # Every series of the rule from one read over the earliest range any of them needs.
                 earliest = min((max(states.get((rule.name, series_label(s)), AlertState("", "")).evaluated_until_ms,
                                     first_window // width * width) for s in matches), default=0)
-                batch = _BatchedSamples(client, rule, matches)
-                keys = [(series, lambda lo, hi, s=series, b=batch, e=earliest: b.samples(s, min(lo, e), hi))
+                keys = [(series, lambda lo, hi, r=rule, s=series, e=earliest: reads.samples(r, s, min(lo, e), hi))
                         for series in matches]
             new_states, transitions = [], []
             for series_key, samples_of in keys:

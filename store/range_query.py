@@ -241,40 +241,71 @@ def series_windows(
     sketches: Collection[str] = SKETCHES,
     hll_lg_k: int | None = None,
 ) -> dict[SeriesKey, list[RangeStats]]:
-    """For each of ``matches`` (series of one kind and name, any apps and tags), one :class:`RangeStats` per window of
-    ``length_s`` overlapping ``[start, end)``, windows without events included (count 0): what
+    """For each of ``matches`` (series of one kind and name, any apps and tags), one :class:`RangeStats` per window
+    of ``length_s`` overlapping ``[start, end)``, windows without events included (count 0): what
     ``range_buckets(client, s, start, end, length_s, source_length_s=length_s)`` gives each series, from one query
-    (the alert evaluator's, one per rule). ``sketches`` (of :data:`SKETCHES`) are read and merged; the others are
-    neither fetched nor merged and read as no quantiles and distinct counts 0."""
+    (:func:`fetch_series_windows`). ``sketches`` (of :data:`SKETCHES`) are read and merged; the others are neither
+    fetched nor merged and read as no quantiles and distinct counts 0."""
     if not matches:
         return {}
     kinds = {(s.kind, s.name) for s in matches}
     if len(kinds) > 1:
         raise ValueError(f"series_windows reads one kind and name at a time, got {sorted(kinds)}")
+    [(kind, name)] = kinds
+    fetched = fetch_series_windows(client, kind, name, sorted({s.app for s in matches}), length_s, start, end,
+                                   sketches=sketches)
+    return fetched.buckets(matches, quantiles=quantiles, sketches=sketches, hll_lg_k=hll_lg_k)
+
+
+@dataclass(frozen=True)
+class SeriesWindows:
+    """The stored windows of one length of some series, as fetched (:func:`fetch_series_windows`); one fetch serves
+    every reader of the same series and range (the alert evaluator's rules on one series name)."""
+
+    length_ms: int
+    start_ms: int
+    end_ms: int
+    sketches: frozenset[str]
+    rows: dict[SeriesKey, list[_Row]]
+
+    def buckets(self, matches: Sequence[SeriesKey], *, quantiles: Sequence[float] = DEFAULT_QUANTILES,
+                sketches: Collection[str] = SKETCHES, hll_lg_k: int | None = None) -> dict[SeriesKey, list[RangeStats]]:
+        """Each of ``matches``' windows as :func:`series_windows` gives them, merging only ``sketches`` (of those
+        fetched)."""
+        _check_quantiles(quantiles)
+        missing = set(sketches) - self.sketches
+        if missing:
+            raise ValueError(f"sketches {sorted(missing)} were not fetched")
+        return {s: _bucketed(self.rows.get(s, []), self.start_ms, self.end_ms, self.length_ms, self.length_ms,
+                             quantiles, hll_lg_k, frozenset(sketches)) for s in matches}
+
+
+def fetch_series_windows(client: Client, kind: str, name: str, apps: Sequence[str], length_s: float, start: datetime,
+                         end: datetime, *, sketches: Collection[str] = SKETCHES) -> SeriesWindows:
+    """One query: the tumbling windows of ``length_s`` inside ``[start, end)`` of every series of ``kind`` and
+    ``name`` in ``apps`` (each tag set its own series), with ``sketches`` (of :data:`SKETCHES`)."""
     unknown = set(sketches) - SKETCHES
     if unknown:
         raise ValueError(f"unknown sketches {sorted(unknown)}; a window has {sorted(SKETCHES)}")
-    _check_quantiles(quantiles)
     start_ms, end_ms, length_ms = _epoch_ms(start), _epoch_ms(end), round(length_s * 1000)
     if length_ms <= 0:
         raise ValueError(f"length_s must be positive, got {length_s}")
-    [(kind, name)] = kinds
     sql = _SERIES_WINDOWS_SQL
     for sketch, column in (("values", "value_sketch"), ("users", "users_sketch"), ("devices", "devices_sketch")):
         if sketch not in sketches:
             sql = sql.replace(f"{column},", f"'' AS {column},")
     result = client.query(sql, parameters={
-        "kind": kind, "name": name, "apps": sorted({s.app for s in matches}), "length_ms": length_ms,
-        "start_ms": start_ms, "end_ms": end_ms}, column_formats=_SKETCH_FORMATS)
+        "kind": kind, "name": name, "apps": list(apps), "length_ms": length_ms, "start_ms": start_ms,
+        "end_ms": end_ms}, column_formats=_SKETCH_FORMATS)
     rows: dict[SeriesKey, list[_Row]] = {}
     for app, tags, *window in result.result_rows:
         rows.setdefault(SeriesKey(app, kind, name, tags), []).append(_Row(*window))
-    return {s: _bucketed(rows.get(s, []), start_ms, end_ms, length_ms, length_ms, quantiles, hll_lg_k)
-            for s in matches}
+    return SeriesWindows(length_ms, start_ms, end_ms, frozenset(sketches), rows)
 
 
 def _bucketed(rows: list[_Row], start_ms: int, end_ms: int, resolution_ms: int, length_ms: int | None,
-              quantiles: Sequence[float], hll_lg_k: int | None) -> list[RangeStats]:
+              quantiles: Sequence[float], hll_lg_k: int | None,
+              sketches: frozenset[str] = SKETCHES) -> list[RangeStats]:
     """One series' windows combined into the buckets of ``resolution_ms`` overlapping the range."""
     lo, hi = _snap(start_ms, end_ms, length_ms)
     by_bucket: dict[int, list[_Row]] = {}
@@ -284,7 +315,8 @@ def _bucketed(rows: list[_Row], start_ms: int, end_ms: int, resolution_ms: int, 
     buckets = []
     for k in range(lo // resolution_ms, -(-hi // resolution_ms)):
         b_lo, b_hi = max(lo, k * resolution_ms), min(hi, (k + 1) * resolution_ms)
-        buckets.append(_combine(by_bucket.get(k, []), b_lo, b_hi, length_ms, quantiles, hll_lg_k, horizon))
+        buckets.append(_combine(by_bucket.get(k, []), b_lo, b_hi, length_ms, quantiles, hll_lg_k, horizon,
+                                sketches))
     return buckets
 
 
@@ -371,13 +403,13 @@ def _fetch(client: Client, series: SeriesKey, start_ms: int, end_ms: int, align_
 
 
 def _combine(rows: list[_Row], lo: int, hi: int, length_ms: int | None, quantiles: Sequence[float],
-             hll_lg_k: int | None, horizon_ms: int | None) -> RangeStats:
+             hll_lg_k: int | None, horizon_ms: int | None, sketches: frozenset[str] = SKETCHES) -> RangeStats:
     # Column-wise (one tuple per field): sums over tuples run in C, where a generator per field and bucket cost
     # more than the sketches for a day of 60 s buckets.
     cols = _Row(*zip(*rows, strict=True)) if rows else _NO_ROWS
-    values = merge_kll(cols.value_sketch)
-    users = merge_hll(cols.users_sketch, hll_lg_k)
-    devices = merge_hll(cols.devices_sketch, hll_lg_k)
+    values = merge_kll(cols.value_sketch) if "values" in sketches else None
+    users = merge_hll(cols.users_sketch, hll_lg_k) if "users" in sketches else None
+    devices = merge_hll(cols.devices_sketch, hll_lg_k) if "devices" in sketches else None
     mins = [m for m in cols.min if m is not None]
     maxs = [m for m in cols.max if m is not None]
     # One sorted view of the sketch for all ranks (get_quantile per rank built it once per rank).

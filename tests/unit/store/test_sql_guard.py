@@ -445,7 +445,7 @@ def _arguments(function: Callable[..., Any], client: _Recorder, rule: AlertRule)
     now = datetime(2026, 1, 1, tzinfo=UTC)
     by_name: dict[str, Any] = {
         "client": client, "config": Config(), "rule": rule, "series": SeriesKey("shop", "metric", "latency", ""),
-        "matches": [SeriesKey("shop", "metric", "latency", "")],
+        "matches": [SeriesKey("shop", "metric", "latency", "")], "apps": ["shop"],
         "since": now - timedelta(hours=1), "until": now, "start": now - timedelta(hours=1), "end": now,
         "start_ms": 1_700_000_000_000, "end_ms": 1_700_003_600_000, "now": 1_700_003_600_000, "channel": "webhook",
         "lengths_ms": [60_000], "stored_lengths_ms": [60_000], "quantiles": [0.5, 0.99],
