@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import uvicorn
+
 from alerting.delivery import Delivery, deliver, receiver_deliveries
 from alerting.dispatch import GroupNotifier
 from alerting.evaluator import evaluate
@@ -49,6 +51,7 @@ def run(config: Config, once: bool = False, stop: threading.Event | None = None,
             log.exception("alert evaluation failed")
         return 0
     stop = stop or threading.Event()
+    api = _serve_api(config)
     delivery = Delivery(config, targets, receivers=receivers).start()
     interval = config.alerting.evaluation_interval_s
     next_evaluation = time.monotonic()
@@ -76,7 +79,23 @@ def run(config: Config, once: bool = False, stop: threading.Event | None = None,
             stop.wait(max(0.0, wait))
     finally:
         delivery.stop()
+        if api is not None:
+            api.should_exit = True
     return 0
+
+
+def _serve_api(config: Config) -> uvicorn.Server | None:
+    """The silences API (``alerting/api.py``) in a thread of the service, when ``alerting.api_port`` is set."""
+    a = config.alerting
+    if not a.api_port:
+        return None
+    from alerting.api import create_app
+
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host=a.api_host, port=a.api_port, log_level="warning",
+                                           lifespan="off"))
+    threading.Thread(target=server.run, daemon=True, name="eventide-alerting-api").start()
+    log.info("alerting: silences API on http://%s:%d/api/v2/silences", a.api_host, a.api_port)
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:

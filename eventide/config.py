@@ -507,6 +507,25 @@ class AlertingConfig(_Section):
     """Notifications a channel sends at once, so one that hangs does not hold up the others."""
     alerts_topic: str = "eventide.alerts"
     """Kafka topic that receives every firing/resolved transition (key: rule name)."""
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(0, ge=0, le=65535)
+    """Port of the silences API (Alertmanager's ``/api/v2/silences``, ``alerting/api.py``); 0: not served."""
+    api_tokens: list[str] = Field(default_factory=list)
+    """Bearer tokens the silences API accepts (at least 16 characters each); needed when ``api_port`` is set."""
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _api_tokens(cls, tokens: list[str]) -> list[str]:
+        short = [i for i, t in enumerate(tokens) if len(t) < 16]
+        if short:
+            raise ValueError(f"entry {short[0]}: a token of at least 16 characters (e.g. `openssl rand -hex 24`)")
+        return tokens
+
+    @model_validator(mode="after")
+    def _api_needs_tokens(self) -> AlertingConfig:
+        if self.api_port and not self.api_tokens:
+            raise ValueError("api_port is set but api_tokens is empty: the silences API would refuse everyone")
+        return self
 
     @field_validator("webhook_url")
     @classmethod

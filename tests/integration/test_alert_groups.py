@@ -1,4 +1,5 @@
-"""Grouped notifications through routes and receivers, against a real store and a real HTTP receiver on loopback.
+"""Grouped notifications through routes and receivers, and silences (command line, HTTP API), against a real store
+and a real HTTP receiver on loopback.
 
 Windows are written as the job writes them and the ``windows`` watermark advanced minute by minute; the evaluator,
 the grouping and the delivery run as the service runs them, on a test clock stepping every 30 s.
@@ -6,21 +7,29 @@ the grouping and the delivery run as the service runs them, on a test clock step
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 
 from alerting.alertmanager import fingerprint
+from alerting.api import create_app
 from alerting.rules import rules_for
 from alerting.silences import expire, new_silence, save
+from alerting.silences import listed as listed_silences
 from eventide.config import Config, ConfigError
 from stack.cli import build_parser, silence_command
+from stack.services import free_port
 from store.migrations import apply_migrations
 from tests.support.alert_clock import MINUTE, AlertingOnTestClock, latency_minutes
 from tests.support.fault_injection import WebhookReceiver
+from tests.support.servers import uvicorn_in_thread
 from tests.support.stack import fresh_stack
 from tests.support.window_rows import insert
 
@@ -150,3 +159,49 @@ def test_silences_are_added_listed_and_expired_from_the_command_line(
     assert f"{silence_id}  expired" in command("list", "--all")
     with pytest.raises(ConfigError, match="already ended"):
         command("expire", silence_id)
+
+
+TOKEN = "silences-test-token-0123456789"
+
+
+def test_silences_over_alertmanagers_http_api_need_a_token_and_mute_like_the_command_line(store: Config) -> None:
+    api_config = store.model_copy(update={"alerting": store.alerting.model_copy(update={"api_tokens": [TOKEN]})})
+    apply_migrations(api_config)
+    port = free_port()
+    server = uvicorn.Config(create_app(api_config), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    base = f"http://127.0.0.1:{port}/api/v2"
+
+    def call(method: str, path: str, body: object = None, token: str | None = TOKEN) -> tuple[int, Any]:
+        request = urllib.request.Request(base + path, method=method, data=None if body is None else
+                                         json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, json.load(answer)
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    # What amtool posts: Alertmanager's PostableSilence.
+    silence = {"matchers": [{"name": "app", "value": "checkout", "isRegex": False, "isEqual": True}],
+               "startsAt": "2026-01-01T00:00:00Z", "endsAt": "2999-01-01T00:00:00Z", "createdBy": "alice",
+               "comment": "deploy 42"}
+    with uvicorn_in_thread(server):
+        assert call("GET", "/silences", token=None)[0] == 401
+        assert call("GET", "/silences", token="silences-test-token-wrong!!")[0] == 401
+        status, created = call("POST", "/silences", silence)
+        assert status == 200
+        silence_id = created["silenceID"]
+        [listed] = call("GET", "/silences")[1]
+        assert listed["id"] == silence_id and listed["status"] == {"state": "active"}
+        assert listed["matchers"] == silence["matchers"] and listed["createdBy"] == "alice"
+        # what the command line, the evaluator and the page read: the same silence in the store;
+        [stored] = listed_silences(api_config)
+        assert [str(m) for m in stored.matchers] == ['app="checkout"']
+        # one that would mute everything is refused, as Alertmanager refuses it;
+        everything = {**silence, "matchers": [{"name": "app", "value": ".*", "isRegex": True}]}
+        assert call("POST", "/silences", everything)[0] == 400
+        # expired over HTTP, it is listed as expired and mutes nothing more.
+        assert call("DELETE", f"/silence/{silence_id}")[0] == 200
+        assert [s["status"]["state"] for s in call("GET", "/silences")[1]] == ["expired"]
+        assert call("DELETE", "/silence/no-such-id")[0] == 404

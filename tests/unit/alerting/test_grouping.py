@@ -127,3 +127,12 @@ def test_routes_send_matching_alerts_to_their_receiver_and_the_rest_to_the_defau
     assert receivers.flush(alerts, 69 * S) == []      # the checkout group, first seen at 10 s, waits 1 min
     assert [(n.receiver, n.group_key) for n in receivers.flush(alerts, 70 * S)] == [
         ("payments", '{}/{app="checkout"}:{app="checkout"}')]
+
+
+def test_thirty_series_in_ten_apps_grouped_by_app_make_ten_notifications_of_three_alerts() -> None:
+    tree = resolve(RootRoute(receiver="oncall", group_by=["app"]), [])
+    receivers = Receivers(Dispatcher(tree, lambda _r: True))
+    firing = [alert(f"app{i % 10}", 0, rule=f"rule{i // 10}") for i in range(30)]
+    decided = receivers.flush(firing, 0) + receivers.flush(firing, 30 * S)
+    assert sorted((n.group_labels["app"], len(n.alerts)) for n in decided) == [(f"app{i}", 3) for i in range(10)]
+    assert receivers.flush(firing, 3600 * S) == []     # nothing new: no repeat before repeat_interval (4 h)

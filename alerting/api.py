@@ -1,0 +1,115 @@
+"""Silences over HTTP, as Alertmanager's API v2 serves them, so ``amtool`` and scripts written for it work:
+
+    GET    /api/v2/silences           every silence (active, pending, expired), as ``GettableSilences``
+    POST   /api/v2/silences           create one (``PostableSilence``; with an ``id``: replace it); {"silenceID": id}
+    DELETE /api/v2/silence/{id}       expire it now
+
+Every request needs ``Authorization: Bearer <token>`` with one of ``alerting.api_tokens`` (401 otherwise). The
+alerting service serves it on ``alerting.api_host``:``alerting.api_port`` when the port is set.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from alerting import silences
+from alerting.alertmanager import go_time
+from alerting.routes import Matcher
+from eventide.config import Config, ConfigError
+from eventide.envelope import now_ms
+
+
+class MatcherBody(BaseModel):
+    """Alertmanager's matcher: a label, a value, whether the value is a regular expression and whether it must
+    match (``isEqual``, default true)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    value: str
+    isRegex: bool     # Alertmanager's field names, as its clients send them
+    isEqual: bool = True
+
+    def text(self) -> str:
+        op = ("=~" if self.isEqual else "!~") if self.isRegex else ("=" if self.isEqual else "!=")
+        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'{self.name}{op}"{escaped}"'
+
+
+class SilenceBody(BaseModel):
+    """Alertmanager's ``PostableSilence``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    matchers: list[MatcherBody] = Field(min_length=1)
+    startsAt: datetime
+    endsAt: datetime
+    createdBy: str
+    comment: str
+
+
+def _ms(ts: datetime) -> int:
+    return int((ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def _matcher_json(m: Matcher) -> dict[str, Any]:
+    return {"name": m.name, "value": m.value, "isRegex": m.op in ("=~", "!~"), "isEqual": m.op in ("=", "=~")}
+
+
+def gettable(silence: silences.Silence, at_ms: int) -> dict[str, Any]:
+    """A silence as Alertmanager's ``GettableSilence``."""
+    return {"id": silence.id, "status": {"state": silence.state(at_ms)}, "updatedAt": go_time(at_ms),
+            "matchers": [_matcher_json(m) for m in silence.matchers], "startsAt": go_time(silence.starts_at_ms),
+            "endsAt": go_time(silence.ends_at_ms), "createdBy": silence.created_by, "comment": silence.comment}
+
+
+def create_app(config: Config) -> FastAPI:
+    """The silences API over the store of ``config``."""
+    tokens = [t.encode() for t in config.alerting.api_tokens]
+
+    def authorized(request: Request) -> None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # Compared in constant time against every token: the answer's timing does not tell how much matched.
+        if scheme.lower() != "bearer" or not any([hmac.compare_digest(token.encode(), t) for t in tokens]):
+            raise HTTPException(401, "a bearer token of alerting.api_tokens is needed",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    app = FastAPI(title="eventide alerting", dependencies=[Depends(authorized)], docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.get("/api/v2/silences")
+    def list_silences() -> list[dict[str, Any]]:
+        at = now_ms()
+        return [gettable(s, at) for s in silences.listed(config, at, ended=True)]
+
+    @app.post("/api/v2/silences")
+    def post_silence(body: SilenceBody) -> JSONResponse:
+        try:
+            silence = silences.new_silence([m.text() for m in body.matchers], _ms(body.startsAt), _ms(body.endsAt),
+                                           body.createdBy, body.comment)
+        except ConfigError as exc:
+            return JSONResponse(str(exc), status_code=400)
+        if body.id:      # Alertmanager replaces a silence posted with its id
+            if body.id not in {s.id for s in silences.listed(config, ended=True)}:
+                return JSONResponse(f"silence {body.id!r} not found", status_code=404)
+            silence = replace(silence, id=body.id)
+        silences.save(config, silence)
+        return JSONResponse({"silenceID": silence.id})
+
+    @app.delete("/api/v2/silence/{silence_id}")
+    def delete_silence(silence_id: str) -> JSONResponse:
+        try:
+            silences.expire(config, silence_id)
+        except ConfigError as exc:
+            return JSONResponse(str(exc), status_code=404 if "no such silence" in str(exc) else 400)
+        return JSONResponse(None)
+
+    return app
