@@ -11,6 +11,10 @@ alerting service serves it on ``alerting.api_host``:``alerting.api_port`` when t
 from __future__ import annotations
 
 import hmac
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -113,3 +117,39 @@ def create_app(config: Config) -> FastAPI:
         return JSONResponse(None)
 
     return app
+
+
+# A client of the API above (the Alerts page creates and expires silences through it) ------------------------------
+def _request(config: Config, method: str, path: str, body: object = None) -> Any:
+    a = config.alerting
+    if not a.api_port or not a.api_tokens:
+        raise ConfigError("the silences API is off: set alerting.api_port and alerting.api_tokens")
+    request = urllib.request.Request(f"http://{a.api_host}:{a.api_port}/api/v2{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {a.api_tokens[0]}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.load(answer)
+    except urllib.error.HTTPError as error:
+        raise ConfigError(f"silences API answered {error.code}: {error.read().decode(errors='replace')}") from None
+    except OSError as error:
+        raise ConfigError(f"silences API at {a.api_host}:{a.api_port} unreachable: {error}") from None
+
+
+def request_silence(config: Config, matchers: list[str], duration_s: float, created_by: str, comment: str) -> str:
+    """Create a silence from now through the API; its id. Raises :class:`ConfigError` with the API's reason."""
+    try:
+        parsed = [Matcher.parse(m) for m in matchers]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    start = now_ms()
+    answer = _request(config, "POST", "/silences", {
+        "matchers": [_matcher_json(m) for m in parsed], "startsAt": go_time(start),
+        "endsAt": go_time(start + round(duration_s * 1000)), "createdBy": created_by, "comment": comment})
+    return str(answer["silenceID"])
+
+
+def request_expiry(config: Config, silence_id: str) -> None:
+    """Expire a silence through the API. Raises :class:`ConfigError` with the API's reason."""
+    _request(config, "DELETE", f"/silence/{urllib.parse.quote(silence_id, safe='')}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from datetime import timedelta
 from typing import Any
 
@@ -9,10 +10,12 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
+from alerting import silences
+from alerting.api import request_expiry, request_silence
 from alerting.rules import AlertRule, load_rules
 from dashboard import common, log_search
 from dashboard.data.alerts import alerts_data
-from eventide.config import ConfigError
+from eventide.config import Config, ConfigError
 from eventide.redaction import scrub_url
 from store import pipeline
 
@@ -87,12 +90,54 @@ def page() -> None:
                          hide_index=True, width="stretch")
 
     live()
+    _silence_forms(config)
     st.subheader(f"Rules ({config.alert_rules_file})")
     if rules:
         st.dataframe(pd.DataFrame([{
             "name": r.name, "series": _series_label(r), "window_s": r.window_s, "statistic": r.statistic,
             "comparator": r.comparator, "threshold": r.threshold, "for": r.for_windows, "severity": r.severity,
             "week_over_week": r.week_over_week} for r in rules]), hide_index=True, width="stretch")
+
+
+def _silence_forms(config: Config) -> None:
+    """Create and expire silences through the alerting service's silences API (the page itself only reads the
+    store); without the API, say how to turn it on."""
+    with st.expander("Create or expire a silence"):
+        if not config.alerting.api_port:
+            st.info("The silences API is off: set `alerting.api_port` and `alerting.api_tokens` to create and expire "
+                    "silences here, or use `eventide alerts silence add|expire`.")
+            return
+        with st.form("new_silence", clear_on_submit=True):
+            matchers = st.text_input("Matchers", placeholder='app="checkout" severity=~"warning|critical"')
+            duration = st.selectbox("For", list(SILENCE_DURATIONS), index=2)
+            comment = st.text_input("Comment", placeholder="why: deploy 42")
+            if st.form_submit_button("Create silence"):
+                try:
+                    made = request_silence(config, shlex.split(matchers), SILENCE_DURATIONS[duration],
+                                           _author(), comment)
+                    st.success(f"Silence {made} created: its alerts are not notified until it ends.")
+                except (ConfigError, ValueError) as exc:
+                    st.error(str(exc))
+        current = silences.listed(config)
+        if current:
+            with st.form("expire_silence"):
+                chosen = st.selectbox("Silence", [s.id for s in current], format_func=lambda i: next(
+                    f"{' '.join(map(str, s.matchers))} · {s.comment} ({i[:8]})" for s in current if s.id == i))
+                if st.form_submit_button("Expire now"):
+                    try:
+                        request_expiry(config, str(chosen))
+                        st.success("Expired: its alerts are notified again at the next flush.")
+                    except ConfigError as exc:
+                        st.error(str(exc))
+
+
+SILENCE_DURATIONS = {"30 minutes": 1800, "1 hour": 3600, "2 hours": 7200, "4 hours": 14400, "1 day": 86400}
+
+
+def _author() -> str:
+    """Who creates a silence from the page: the signed-in user's e-mail when there is one."""
+    email = getattr(st.user, "email", None) if getattr(st.user, "is_logged_in", False) else None
+    return f"dashboard ({email})" if email else "dashboard"
 
 
 def _logs_link(rules: list[AlertRule], state: Any) -> str | None:

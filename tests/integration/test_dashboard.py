@@ -10,9 +10,12 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pandas as pd
 import pytest
+import uvicorn
 from datasketches import hll_sketch, kll_doubles_sketch
 from streamlit.testing.v1 import AppTest
 
+from alerting.api import create_app
+from alerting.silences import listed as listed_silences
 from alerting.silences import new_silence, save
 from analytics.windows.writer import WINDOW_COLUMNS
 from dashboard import common, queries
@@ -20,6 +23,7 @@ from eventide.config import load_config, to_environ
 from stack.services import free_port
 from store.client import connect
 from store.migrations import apply_migrations
+from tests.support.servers import uvicorn_in_thread
 from tests.support.stack import REPO, own_database
 
 APP = str(REPO / "dashboard" / "views" / "explorer.py")
@@ -205,6 +209,33 @@ def test_alerts_page_marks_silenced_alerts_and_lists_silences_and_what_receivers
         "checkout · metric · latency_ms": silence_id, "search · metric · latency_ms": ""}
     assert list(silences["state"]) == ["active"] and list(silences["matchers"]) == ['app="checkout"']
     assert list(sent["receiver"]) == ["oncall"] and list(sent["delivered"]) == [False]
+
+
+def test_a_silence_is_created_and_expired_from_the_alerts_page_through_the_silences_api(store, tmp_path,
+                                                                                         monkeypatch):
+    rules = tmp_path / "alerts.toml"
+    rules.write_text(RULES)
+    monkeypatch.setenv("EVENTIDE_ALERTING__RULES_FILE", str(rules))
+    port, token = free_port(), "page-test-token-0123456789"
+    api_config = store.model_copy(update={"alerting": store.alerting.model_copy(
+        update={"api_port": port, "api_tokens": [token]})})
+    monkeypatch.setenv("EVENTIDE_ALERTING__API_PORT", str(port))
+    monkeypatch.setenv("EVENTIDE_ALERTING__API_TOKENS", json.dumps([token]))
+    server = uvicorn.Config(create_app(api_config), host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="off")
+    with uvicorn_in_thread(server):
+        at = AppTest.from_file(ALERTS_PAGE, default_timeout=30).run()
+        at.text_input[0].input('app="checkout"')
+        at.text_input[1].input("deploy 42")
+        at.button[0].click().run()                   # "Create silence"
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        [silence] = listed_silences(store)
+        assert ([str(m) for m in silence.matchers], silence.comment, silence.created_by) == (
+            ['app="checkout"'], "deploy 42", "dashboard")
+        at = AppTest.from_file(ALERTS_PAGE, default_timeout=30).run()
+        at.button[1].click().run()                   # "Expire now", on the only silence
+        assert not at.exception and not at.error, [e.value for e in at.error]
+    assert listed_silences(store) == []              # none active or pending any more
 
 
 def test_alerts_page_without_evaluations_and_with_broken_rules_says_so(store, tmp_path, monkeypatch):
