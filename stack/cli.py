@@ -23,7 +23,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import sys
 import time
 import urllib.request
@@ -145,6 +147,7 @@ def demo(config: Config) -> None:
     from alerting.rules import rules_for
 
     rules_for(config)   # invalid rules stop the demo here, naming the rule and field
+    silences_api = demo_silences_api(config)
     for name, argv in ((JOB, _python_module("analytics.job")),
                        (LOAD, _python_module("stack.demo_load")),
                        (ALERTS, _python_module("alerting.service")),
@@ -153,7 +156,7 @@ def demo(config: Config) -> None:
         if services.state(config, name).running:
             print(f"{name} already running")
             continue
-        services.start(config, name, argv)
+        services.start(config, name, argv, env=silences_api if name in (ALERTS, DASHBOARD) else None)
         print(f"started {name} (log: {services.log_file(config, name)})")
     url = dashboard_url(config)
     if not _wait_http(f"{url}/_stcore/health", 60):
@@ -163,6 +166,28 @@ def demo(config: Config) -> None:
     print(f"\ndashboard: {url}\n(first windows appear within a minute; stop everything with: ./run down)")
     print(f"OpenTelemetry apps: OTEL_EXPORTER_OTLP_ENDPOINT={otlp_url(config)} with the header "
           "Authorization: Bearer <a gateway.tokens token>")
+
+
+DEMO_SILENCES_PORT = 9095
+
+
+def demo_silences_api(config: Config) -> dict[str, str]:
+    """The settings that turn the silences API on for the demo's alerting service and dashboard (so the Alerts page
+    can create and expire silences): the configured port and tokens, or port 9095 and a random token made once
+    and kept in the data directory (owner-only), never a published one."""
+    a = config.alerting
+    if a.api_port and a.api_tokens:
+        return {}
+    tokens = a.api_tokens
+    if not tokens:
+        token_file = config.data_dir / "alerting-api-token"
+        if not token_file.exists():
+            token_file.parent.mkdir(parents=True, exist_ok=True)
+            token_file.touch(mode=0o600)
+            token_file.write_text(secrets.token_hex(24))
+        tokens = [token_file.read_text().strip()]
+    return {"EVENTIDE_ALERTING__API_PORT": str(a.api_port or DEMO_SILENCES_PORT),
+            "EVENTIDE_ALERTING__API_TOKENS": json.dumps(tokens)}
 
 
 def cluster_command(config: Config, action: str, until_idle: bool = False) -> int:
