@@ -27,7 +27,7 @@ from eventide.config import Config, ConfigError
 from stack.cli import build_parser, silence_command
 from stack.services import free_port
 from store.migrations import apply_migrations
-from tests.support.alert_clock import MINUTE, AlertingOnTestClock, latency_minutes
+from tests.support.alert_clock import MINUTE, SLOW_P99_RULE, AlertingOnTestClock, latency_minutes, with_rules
 from tests.support.fault_injection import WebhookReceiver
 from tests.support.servers import uvicorn_in_thread
 from tests.support.stack import fresh_stack
@@ -40,15 +40,7 @@ SLOW, FAST = [900.0] * 100, [10.0] * 100
 def ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)
 
-RULES = """
-[[rule]]
-name = "slow"
-series = { app = "*", kind = "metric", name = "latency_ms" }
-window_s = 60
-statistic = "p99"
-comparator = ">"
-threshold = 500
-labels = { team = "web" }
+RULES = SLOW_P99_RULE + """labels = { team = "web" }
 
 [routing]
 receiver = "oncall"
@@ -71,10 +63,8 @@ def receiver() -> Iterator[WebhookReceiver]:
 
 @pytest.fixture
 def store(kafka: Config, request: pytest.FixtureRequest, tmp_path: Path, receiver: WebhookReceiver) -> Config:
-    config = fresh_stack(kafka, request.node.name)
-    rules_file = tmp_path / "alerts.toml"
-    rules_file.write_text(RULES.replace("URL", receiver.url))
-    return config.model_copy(update={"alerting": config.alerting.model_copy(update={"rules_file": rules_file})})
+    return with_rules(fresh_stack(kafka, request.node.name), tmp_path / "alerts.toml",
+                      RULES.replace("URL", receiver.url))
 
 
 def run_service(config: Config, receiver: WebhookReceiver, until_s: int) -> list[tuple[int, dict[str, Any]]]:

@@ -20,7 +20,7 @@ from alerting.alertmanager import fingerprint
 from alerting.rules import rules_for
 from eventide.config import Config
 from stack.services import free_port
-from tests.support.alert_clock import MINUTE, AlertingOnTestClock, latency_minutes
+from tests.support.alert_clock import MINUTE, SLOW_P99_RULE, AlertingOnTestClock, latency_minutes, with_rules
 from tests.support.stack import fresh_stack
 from tests.support.window_rows import insert
 
@@ -28,15 +28,7 @@ RECEIVER = Path(__file__).parent / "alertmanager_go" / "bin" / "receiver"
 T0 = (datetime.now(UTC) - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
 SLOW, FAST = [900.0] * 100, [10.0] * 100
 
-RULES = """
-[[rule]]
-name = "slow"
-series = { app = "*", kind = "metric", name = "latency_ms" }
-window_s = 60
-statistic = "p99"
-comparator = ">"
-threshold = 500
-annotations = { summary = "{app} p99 {value} ms", runbook = "https://runbooks.example/slow" }
+RULES = SLOW_P99_RULE + """annotations = { summary = "{app} p99 {value} ms", runbook = "https://runbooks.example/slow" }
 
 [routing]
 receiver = "hook"
@@ -97,10 +89,8 @@ def go_receiver() -> Iterator[GoReceiver]:
 
 @pytest.fixture
 def store(kafka: Config, request: pytest.FixtureRequest, tmp_path: Path, go_receiver: GoReceiver) -> Config:
-    config = fresh_stack(kafka, request.node.name)
-    rules_file = tmp_path / "alerts.toml"
-    rules_file.write_text(RULES.replace("BASE", go_receiver.url))
-    return config.model_copy(update={"alerting": config.alerting.model_copy(update={"rules_file": rules_file})})
+    return with_rules(fresh_stack(kafka, request.node.name), tmp_path / "alerts.toml",
+                      RULES.replace("BASE", go_receiver.url))
 
 
 def test_alertmanager_and_its_webhook_format_accept_every_request_and_see_alerts_fire_and_resolve(

@@ -4,6 +4,7 @@ the last minute boundary, then evaluation, routing and delivery, as ``alerting.s
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from alerting.delivery import deliver, receiver_deliveries
@@ -16,6 +17,22 @@ from store.range_query import SeriesKey
 from tests.support.window_rows import Event, window_row
 
 MINUTE = timedelta(minutes=1)
+SLOW_P99_RULE = """
+[[rule]]
+name = "slow"
+series = { app = "*", kind = "metric", name = "latency_ms" }
+window_s = 60
+statistic = "p99"
+comparator = ">"
+threshold = 500
+"""
+"""A rule on every app's 1-min latency p99 (breached by 900 ms values): each test adds its labels and routes."""
+
+
+def with_rules(config: Config, rules_file: Path, text: str) -> Config:
+    """``config`` reading its alert rules from ``rules_file``, written with ``text``."""
+    rules_file.write_text(text)
+    return config.model_copy(update={"alerting": config.alerting.model_copy(update={"rules_file": rules_file})})
 
 
 def latency_minutes(config: Config, t0: datetime, app: str, latencies: list[list[float]]) -> list[dict[str, Any]]:
