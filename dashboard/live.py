@@ -76,6 +76,18 @@ def read_when_new(config: Config, part: str, follows: str, key: object,
     return batches, _kept_or_read(part, key, newest, fresh, read)
 
 
+def last_minutes_when_new(config: Config, part: str, follows: str, minutes: int, key: object,
+                          data: Callable[..., T], *args: object,
+                          **kwargs: object) -> tuple[Mapping[str, datetime], tuple[tuple[datetime, datetime], T]]:
+    """:func:`read_when_new` for a part that shows the last ``minutes``: (batches, ((since, until), ``data(reader,
+    *args, since, until, **kwargs)``)), read again as :func:`read_when_new` says; ``key``: what else it depends on."""
+    def read() -> tuple[tuple[datetime, datetime], T]:
+        span = common.last(minutes)
+        return span, common.page_data(config, data, *args, *span, **kwargs)
+
+    return read_when_new(config, part, follows, (minutes, key), read)
+
+
 def read_when_changed(config: Config, part: str, version: Callable[[Reader], object], key: object,
                       read: Callable[[], T]) -> T:
     """``read()``, or the part's last result of it while ``version`` (a data function asking the store something

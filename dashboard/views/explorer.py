@@ -15,7 +15,7 @@ import streamlit as st
 from dashboard import common, queries
 from dashboard.data.explorer import explorer_catalog, explorer_data
 from dashboard.figure_cache import reused
-from dashboard.live import read_when_new
+from dashboard.live import last_minutes_when_new
 from store import pipeline
 from store.range_query import SeriesKey
 
@@ -65,11 +65,9 @@ def page() -> None:
     @common.refreshing(config)
     def charts() -> None:
         query = pipeline.KEYED_WINDOWS_QUERY if kind == "sliding" else pipeline.WINDOWS_QUERY
-        batches, (span, data) = read_when_new(
-            config, "explorer", query, (chosen, kind, minutes, lengths, resolution_s, spec),
-            lambda: (span := common.last(minutes), common.page_data(
-                config, explorer_data, chosen, kind, *span, lengths_ms=lengths, resolution_s=resolution_s,
-                hopping=spec)))
+        batches, (span, data) = last_minutes_when_new(
+            config, "explorer", query, minutes, (chosen, kind, lengths, resolution_s, spec), explorer_data, chosen,
+            kind, lengths_ms=lengths, resolution_s=resolution_s, hopping=spec)
         common.show_freshness(config, batches, query)
         df = data.windows
         if df.empty:

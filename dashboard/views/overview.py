@@ -12,7 +12,7 @@ import streamlit as st
 
 from dashboard import common, log_search, queries
 from dashboard.data.overview import overview_data
-from dashboard.live import read_when_new
+from dashboard.live import last_minutes_when_new
 from store import pipeline
 
 
@@ -21,9 +21,8 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        batches, ((since, until), data) = read_when_new(
-            config, "overview", pipeline.WINDOWS_QUERY, minutes,
-            lambda: (span := common.last(minutes), common.page_data(config, overview_data, *span)))
+        batches, ((since, until), data) = last_minutes_when_new(
+            config, "overview", pipeline.WINDOWS_QUERY, minutes, (), overview_data)
         # windows, and accept's dead letters and duplicates
         common.show_freshness(config, batches, *pipeline.QUERIES)
         resolution, rates, dropped, dead = data.resolution_s, data.rates, data.dropped, data.dead

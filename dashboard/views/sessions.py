@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard import common, queries
 from dashboard.data.sessions import sessions_data
-from dashboard.live import read_when_new
+from dashboard.live import last_minutes_when_new
 from store import pipeline
 
 
@@ -15,9 +15,8 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        batches, ((since, until), data) = read_when_new(
-            config, "sessions", pipeline.KEYED_WINDOWS_QUERY, minutes,
-            lambda: (span := common.last(minutes), common.page_data(config, sessions_data, *span)))
+        batches, ((since, until), data) = last_minutes_when_new(
+            config, "sessions", pipeline.KEYED_WINDOWS_QUERY, minutes, (), sessions_data)
         common.show_freshness(config, batches, pipeline.KEYED_WINDOWS_QUERY)
         resolution, per_app, shapes = data.resolution_s, data.per_app, data.shapes
         if per_app.empty:

@@ -15,7 +15,7 @@ import streamlit as st
 from dashboard import common
 from dashboard.data.stragglers import stragglers_data
 from dashboard.figure_cache import reused
-from dashboard.live import read_when_new
+from dashboard.live import last_minutes_when_new
 from store import pipeline
 
 
@@ -34,9 +34,8 @@ def page() -> None:
 
     @common.refreshing(config)
     def live() -> None:
-        batches, ((since, until), data) = read_when_new(
-            config, "stragglers", pipeline.WINDOWS_QUERY, minutes,
-            lambda: (span := common.last(minutes), common.page_data(config, stragglers_data, *span)))
+        batches, ((since, until), data) = last_minutes_when_new(
+            config, "stragglers", pipeline.WINDOWS_QUERY, minutes, (), stragglers_data)
         # stragglers of every window kind, accept's clocks
         common.show_freshness(config, batches, *pipeline.QUERIES)
         resolution, dropped, lateness = data.resolution_s, data.dropped, data.lateness
