@@ -46,8 +46,10 @@ def current_alerts(client: Client) -> list[KnownAlert]:
     for rule, state, labels, notes, fired, last, recorded in rows:
         # Transitions stored before labels were (sql/0016) read as {}: the rule's name still tells them apart.
         labels = json.loads(labels or "{}") or {"alertname": rule}
-        alerts.append(KnownAlert(Alert(labels, json.loads(notes or "{}"), _ms(fired),
-                                       _ms(last) if state == "resolved" else None), _ms(recorded)))
+        notes = json.loads(notes or "{}")
+        # generatorURL: where the alert came from, as Prometheus links its expression; here, the Alerts page.
+        alerts.append(KnownAlert(Alert(labels, notes, _ms(fired), _ms(last) if state == "resolved" else None,
+                                       generator_url=notes.get("dashboard_url", "")), _ms(recorded)))
     return alerts
 
 

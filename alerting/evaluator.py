@@ -19,8 +19,9 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from clickhouse_connect.driver.client import Client
 
@@ -29,6 +30,7 @@ from alerting.rules import AlertRule, AlertRules, quantile_of
 from alerting.state import AlertState, Transition, run
 from eventide.config import Config
 from eventide.envelope import now_ms
+from eventide.links import ALERTS_PAGE, dashboard_link, logs_url
 from store import pipeline
 from store.client import connect
 from store.range_query import SeriesKey, SeriesWindows, fetch_series_windows
@@ -215,28 +217,47 @@ def load_states(client: Client) -> dict[tuple[str, str], AlertState]:
                                      since_ms=_ms(r[6]), value=r[7]) for r in rows}
 
 
-def described(rule: AlertRule, transition: Transition, series: SeriesKey | None) -> tuple[str, str]:
-    """A transition's alert labels and annotations (``alerting.labels``), each as a JSON object of strings."""
+def described(config: Config, rule: AlertRule, transition: Transition,
+              series: SeriesKey | None) -> tuple[str, str]:
+    """A transition's alert labels and annotations (``alerting.labels``), each as a JSON object of strings, with
+    links into the dashboard (:func:`dashboard_links`) unless the rule sets annotations of those names."""
     labels = alert_labels(rule.name, rule.severity, series, rule.labels)
     annotations = alert_annotations(
         labels, rule.annotations, series=transition.series, statistic=rule.statistic, comparator=rule.comparator,
         threshold=rule.threshold, value=transition.value, window_s=rule.window_s,
         window_end_ms=transition.window_end_ms, status=transition.to)
+    annotations = dashboard_links(config, rule, transition, series) | annotations
     return json.dumps(labels, ensure_ascii=False), json.dumps(annotations, ensure_ascii=False)
+
+
+def dashboard_links(config: Config, rule: AlertRule, transition: Transition,
+                    series: SeriesKey | None) -> dict[str, str]:
+    """``dashboard_url``: the Alerts page over the windows that decided the transition; for a rule on a log series,
+    ``logs_url``: the Logs page on that app and logger over the same windows (error and critical lines only for
+    ``error_ratio``), so a notification opens exactly the lines behind it."""
+    end = _dt(transition.window_end_ms)
+    start = end - timedelta(seconds=rule.window_s * max(rule.for_windows, 1))
+    minutes = max(15, -(-(rule.window_s * (rule.for_windows + 2)) // 60))
+    links = {"dashboard_url": dashboard_link(config, f"{ALERTS_PAGE}?{urlencode({'minutes': minutes})}")}
+    if series is not None and series.kind == "log":
+        levels = ["error", "critical"] if rule.statistic == "error_ratio" else []
+        links["logs_url"] = dashboard_link(config, logs_url(apps=[series.app], names=[series.name], levels=levels,
+                                                            since=start, until=end))
+    return links
 
 
 Evaluated = tuple[AlertRule, list[AlertState], list[tuple[Transition, SeriesKey | None]]]
 """One rule's pass: its new states, and its transitions with their series (None: a pipeline statistic)."""
 
 
-def _save(client: Client, evaluated: list[Evaluated], now_ms: int) -> None:
+def _save(config: Config, client: Client, evaluated: list[Evaluated], now_ms: int) -> None:
     """Store a pass's new states and transitions, two inserts for all its rules. Transitions first: a pass that stops
     between the two re-evaluates the same windows next time (its states did not move) and writes the same
     transitions again (same keys), so none is lost."""
     now = _dt(now_ms)   # the evaluation's clock: when routes first knew of a transition (group_wait)
     transition_rows = [
         [t.key, t.rule, t.series, t.to, _dt(t.window_end_ms), t.value, t.threshold, t.severity, int(t.notify), now,
-         *described(rule, t, series)] for rule, _, transitions in evaluated for t, series in transitions]
+         *described(config, rule, t, series)] for rule, _, transitions in evaluated for t, series in transitions]
     if transition_rows:
         client.insert("alert_transitions", transition_rows, column_names=[
             "transition_key", "rule", "series", "to_state", "window_end", "value", "threshold", "severity",
@@ -306,7 +327,7 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
             evaluated.append((rule, new_states, transitions))
             found += [t for t, _ in transitions]
     with connect(config) as writer:
-        _save(writer, evaluated, now)
+        _save(config, writer, evaluated, now)
     for t in found:
         # %r: rule and series names may hold line breaks, which would forge log lines
         log.info("alert %r [%r] %s at %s (value %s, threshold %s)", t.rule, t.series, t.to,

@@ -25,14 +25,19 @@ holding a digit) becomes ``<*>`` in place, so ``user u42 logged in from 10.0.3.7
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode
 
 import pandas as pd
 from clickhouse_connect.driver.client import Client
+
+# The Logs page's links live in eventide.links (alert notifications make them too); importable from here as before.
+from eventide.links import LOGS_PAGE as LOGS_PAGE
+from eventide.links import format_time as format_time
+from eventide.links import logs_params as logs_params
+from eventide.links import logs_url as logs_url
 
 LINE_COLUMNS = ("corrected_event_time", "level", "app", "name", "device", "user", "message", "tags", "event_id",
                 "event_time", "received_time", "source_partition", "source_offset")
@@ -319,36 +324,7 @@ def distinct_values(client: Client, since: datetime, until: datetime, column: st
 
 # Links ---------------------------------------------------------------------------------------------------------
 
-LOGS_PAGE = "logs"
 """The Logs page's URL path (dashboard/app.py)."""
-
-
-def logs_params(*, apps: Iterable[str] = (), levels: Iterable[str] = (), names: Iterable[str] = (),
-                since: datetime | None = None, until: datetime | None = None, text: str = "",
-                tags: Iterable[tuple[str, str]] = ()) -> dict[str, list[str]]:
-    """The Logs page's URL parameters for these filters (each a list: apps, levels, names and tags repeat their
-    key): ``from``/``to`` the absolute window (ISO 8601, UTC), ``q`` the text, ``tag`` each ``k=v``. For
-    ``st.switch_page(..., query_params=...)``; :func:`logs_url` makes a link of them."""
-    params = {"app": list(apps), "level": list(levels), "name": list(names),
-              "from": [format_time(since)] if since is not None else [],
-              "to": [format_time(until)] if until is not None else [],
-              "q": [text] if text else [], "tag": [f"{k}={v}" for k, v in tags]}
-    return {key: values for key, values in params.items() if values}
-
-
-def logs_url(*, apps: Iterable[str] = (), levels: Iterable[str] = (), names: Iterable[str] = (),
-             since: datetime | None = None, until: datetime | None = None, text: str = "",
-             tags: Iterable[tuple[str, str]] = ()) -> str:
-    """A link (relative to the dashboard's root, so it works wherever the dashboard is served) that opens the Logs
-    page on these filters (:func:`logs_params`): one click from a chart, an alert or a table to the lines."""
-    params = logs_params(apps=apps, levels=levels, names=names, since=since, until=until, text=text, tags=tags)
-    return f"{LOGS_PAGE}?{urlencode(params, doseq=True)}" if params else LOGS_PAGE
-
-
-def format_time(t: datetime) -> str:
-    """``t`` in the URL's form: ISO 8601 in UTC to the millisecond, ``Z``-suffixed."""
-    utc = t.astimezone(UTC) if t.tzinfo else t.replace(tzinfo=UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
 def parse_time(text: str) -> datetime:

@@ -536,6 +536,9 @@ class AlertingConfig(_Section):
 class DashboardConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8501, ge=1, le=65535)
+    public_url: str = ""
+    """Where users reach the dashboard (e.g. ``https://metrics.example.com``), for links in alert notifications;
+    empty: ``http://<host>:<port>``."""
     refresh_s: float = Field(2.0, gt=0)
     """How often a page's charts refresh in place (a Streamlit fragment), until the sidebar's "Refresh every"
     picks another interval for the session."""

@@ -116,7 +116,7 @@ def test_alertmanager_and_its_webhook_format_accept_every_request_and_see_alerts
     assert firing[0]["startsAt"] == (T0 + MINUTE).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert firing[0]["endsAt"] == (T0 + timedelta(seconds=65 + 4 * 60)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert firing[0]["annotations"]["runbook"] == "https://runbooks.example/slow"
-    assert "generatorURL" not in firing[0]
+    assert firing[0]["generatorURL"].startswith("http://127.0.0.1:8501/alerts?minutes=")
 
     # The webhook gets both apps, a group each, firing after group_wait, then resolved.
     assert sorted((h["groupLabels"]["app"], h["status"]) for h in hooks) == [

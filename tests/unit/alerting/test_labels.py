@@ -10,7 +10,7 @@ from alerting.evaluator import described
 from alerting.labels import alert_labels, fill
 from alerting.rules import parse_rules
 from alerting.state import Transition
-from eventide.config import ConfigError
+from eventide.config import Config, ConfigError
 from store.range_query import SeriesKey
 
 RULE = """
@@ -46,13 +46,30 @@ def test_an_alert_is_labelled_by_its_rule_and_series_and_the_rules_own_labels():
 def test_a_transition_carries_labels_and_filled_in_annotations():
     rule = rule_with(labels='labels = { team = "payments" }')
     firing = Transition(rule.name, CHECKOUT.label, "firing", WINDOW_END_MS, 312.5, 250.0, "critical")
-    labels, annotations = (json.loads(text) for text in described(rule, firing, CHECKOUT))
+    labels, annotations = (json.loads(text) for text in described(Config(), rule, firing, CHECKOUT))
     assert labels["team"] == "payments" and labels["app"] == "checkout"
     assert annotations["summary"] == "checkout slow: p99 312.5 ms"
     assert annotations["runbook"] == "https://runbooks.example/checkout p99 latency"
     assert annotations["description"] == (
         "p99 of checkout · metric · latency_ms was 312.5 in the 60-s window ending 2026-11-18 11:07:00 UTC "
         "(fires when > 250); now firing")
+
+
+def test_a_transition_links_to_the_alerts_page_and_a_log_series_to_exactly_its_lines():
+    config = Config().model_copy(update={"dashboard": Config().dashboard.model_copy(
+        update={"public_url": "https://metrics.example.com/"})})
+    errors = SeriesKey("checkout", "log", "app.server")
+    rule = rule_with(labels="labels = {}").model_copy(update={"statistic": "error_ratio", "for_windows": 2})
+    firing = Transition(rule.name, errors.label, "firing", WINDOW_END_MS, 0.2, 0.05, "critical")
+    _, annotations = (json.loads(text) for text in described(config, rule, firing, errors))
+    assert annotations["dashboard_url"] == "https://metrics.example.com/alerts?minutes=15"
+    # the two windows that made it fire (for = 2), error and critical lines of that app and logger:
+    assert annotations["logs_url"] == (
+        "https://metrics.example.com/logs?app=checkout&level=error&level=critical&name=app.server"
+        "&from=2026-11-18T11%3A05%3A00.000Z&to=2026-11-18T11%3A07%3A00.000Z")
+    metric = Transition(rule.name, CHECKOUT.label, "firing", WINDOW_END_MS, 312.5, 250.0, "critical")
+    _, on_metric = (json.loads(text) for text in described(Config(), rule_with(labels="labels = {}"), metric, CHECKOUT))
+    assert "logs_url" not in on_metric and on_metric["dashboard_url"].startswith("http://127.0.0.1:8501/alerts")
 
 
 def test_filling_in_is_plain_substitution():
