@@ -8,6 +8,8 @@ the grouping and the delivery run as the service runs them, on a test clock step
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from alerting import service
 from alerting.alertmanager import fingerprint
 from alerting.api import create_app
 from alerting.rules import rules_for
@@ -29,6 +32,7 @@ from stack.services import free_port
 from store.migrations import apply_migrations
 from tests.support.alert_clock import MINUTE, SLOW_P99_RULE, AlertingOnTestClock, latency_minutes, with_rules
 from tests.support.fault_injection import WebhookReceiver
+from tests.support.pipeline import wait_until
 from tests.support.servers import uvicorn_in_thread
 from tests.support.stack import fresh_stack
 from tests.support.window_rows import insert
@@ -195,3 +199,35 @@ def test_silences_over_alertmanagers_http_api_need_a_token_and_mute_like_the_com
         assert call("DELETE", f"/silence/{silence_id}")[0] == 200
         assert [s["status"]["state"] for s in call("GET", "/silences")[1]] == ["expired"]
         assert call("DELETE", "/silence/no-such-id")[0] == 404
+
+
+def test_the_running_service_groups_notifies_after_group_wait_and_serves_the_silences_api(
+        store: Config, receiver: WebhookReceiver, tmp_path: Path) -> None:
+    # Given a rule that breaches on every window (no dead letters >= 0) routed to a webhook with a 1-s group_wait,
+    # and the silences API on a free port, the service running as `eventide alerts` runs it:
+    rules = ('[[rule]]\nname = "any dead letter"\nstatistic = "dead_letters"\ncomparator = ">="\nthreshold = 0\n'
+             f'[routing]\nreceiver = "oncall"\ngroup_wait = "1s"\n[[receiver]]\nname = "oncall"\n'
+             f'webhook = {{ url = "{receiver.url}" }}\n')
+    port = free_port()
+    config = with_rules(store, tmp_path / "service.toml", rules)
+    config = config.model_copy(update={"alerting": config.alerting.model_copy(update={
+        "evaluation_interval_s": 0.2, "api_port": port, "api_tokens": [TOKEN]})})
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, kwargs={"config": config, "stop": stop, "targets": []},
+                              daemon=True)
+    started = time.monotonic()
+    thread.start()
+    try:
+        wait_until(lambda: receiver.delivered(), timeout_s=20, interval_s=0.05)
+        waited = receiver.delivered()[0].at - started
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v2/silences",
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert answer.status == 200 and json.load(answer) == []
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    # one group notification, sent no sooner than group_wait after the first evaluation found the alert.
+    [sent] = [r.body for r in receiver.delivered()]
+    assert sent["groupKey"] == "{}:{}" and sent["status"] == "firing" and waited >= 1.0
