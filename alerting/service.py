@@ -68,13 +68,15 @@ def run(config: Config, once: bool = False, stop: threading.Event | None = None,
                     on_tick(started, time.monotonic() - started)
             wait = next_evaluation - time.monotonic()
             if grouping is not None:
+                retry_s = 0.0
                 try:
                     grouping.flush(now_ms())
-                except Exception:
+                except Exception:   # a store hiccup: groups stay due; try again in a second, not in a busy loop
                     log.exception("alert grouping failed; retrying")
+                    retry_s = 1.0
                 due = grouping.next_due_ms()
                 if due is not None:     # a group or a resend falls due before the next evaluation
-                    wait = min(wait, (due - now_ms()) / 1000)
+                    wait = min(wait, max(retry_s, (due - now_ms()) / 1000))
             delivery.wake()       # never waits for a delivery
             stop.wait(max(0.0, wait))
     finally:
