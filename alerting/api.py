@@ -19,15 +19,18 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from clickhouse_connect.driver.exceptions import ClickHouseError
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from alerting import silences
 from alerting.alertmanager import go_time
 from alerting.routes import Matcher
 from eventide.config import Config, ConfigError
 from eventide.envelope import now_ms
+from store.client import StoreUnavailable
 
 
 class MatcherBody(BaseModel):
@@ -75,19 +78,48 @@ def gettable(silence: silences.Silence, at_ms: int) -> dict[str, Any]:
             "endsAt": go_time(silence.ends_at_ms), "createdBy": silence.created_by, "comment": silence.comment}
 
 
-def create_app(config: Config) -> FastAPI:
-    """The silences API over the store of ``config``."""
+MAX_BODY_BYTES = 64 * 1024
+"""Largest request body read (a silence is a few hundred bytes); a larger one is refused 413 unread."""
+
+
+def create_app(config: Config) -> ASGIApp:
+    """The silences API over the store of ``config``: a request is refused (401) before its body is read unless it
+    carries a token, and (413) once its body passes :data:`MAX_BODY_BYTES`, so no client makes it read more."""
     tokens = [t.encode() for t in config.alerting.api_tokens]
+    app = FastAPI(title="eventide alerting", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def authorized(request: Request) -> None:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    @app.exception_handler(ClickHouseError)
+    @app.exception_handler(StoreUnavailable)
+    def store_away(_request: Request, exc: Exception) -> JSONResponse:
+        # The store's outage is not the client's fault, and passes: 503, as a ClickHouse server answers when busy.
+        return JSONResponse(f"the store is unavailable: {type(exc).__name__}", status_code=503,
+                            headers={"Retry-After": "5"})
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         # Compared in constant time against every token: the answer's timing does not tell how much matched.
-        if scheme.lower() != "bearer" or not any([hmac.compare_digest(token.encode(), t) for t in tokens]):
-            raise HTTPException(401, "a bearer token of alerting.api_tokens is needed",
-                                headers={"WWW-Authenticate": "Bearer"})
+        if scheme.lower() != "bearer" or not any([hmac.compare_digest(token.encode("latin-1"), t) for t in tokens]):
+            await _refuse(send, 401, "a bearer token of alerting.api_tokens is needed", {"WWW-Authenticate": "Bearer"})
+            return
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+            await _refuse(send, 413, f"a body of at most {MAX_BODY_BYTES} bytes")
+            return
+        read = 0
 
-    app = FastAPI(title="eventide alerting", dependencies=[Depends(authorized)], docs_url=None, redoc_url=None,
-                  openapi_url=None)
+        async def capped() -> Message:
+            nonlocal read
+            message = await receive()
+            read += len(message.get("body", b""))
+            if read > MAX_BODY_BYTES:      # a chunked body longer than it said
+                raise HTTPException(413, f"a body of at most {MAX_BODY_BYTES} bytes")
+            return message
+
+        await app(scope, capped, send)
 
     @app.get("/api/v2/silences")
     def list_silences() -> list[dict[str, Any]]:
@@ -116,7 +148,15 @@ def create_app(config: Config) -> FastAPI:
             return JSONResponse(str(exc), status_code=404 if "no such silence" in str(exc) else 400)
         return JSONResponse(None)
 
-    return app
+    return guarded
+
+
+async def _refuse(send: Send, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
+    body = json.dumps({"detail": reason}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *[(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]]})
+    await send({"type": "http.response.body", "body": body})
 
 
 # A client of the API above (the Alerts page creates and expires silences through it) ------------------------------

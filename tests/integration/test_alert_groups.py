@@ -22,7 +22,7 @@ import uvicorn
 
 from alerting import service
 from alerting.alertmanager import fingerprint
-from alerting.api import create_app
+from alerting.api import MAX_BODY_BYTES, create_app
 from alerting.rules import rules_for
 from alerting.silences import expire, new_silence, save
 from alerting.silences import listed as listed_silences
@@ -199,6 +199,14 @@ def test_silences_over_alertmanagers_http_api_need_a_token_and_mute_like_the_com
         assert call("DELETE", f"/silence/{silence_id}")[0] == 200
         assert [s["status"]["state"] for s in call("GET", "/silences")[1]] == ["expired"]
         assert call("DELETE", "/silence/no-such-id")[0] == 404
+        # a body over the cap is refused unread; invalid UTF-8 and deep nesting are client errors, never a 5xx.
+        assert call("POST", "/silences", {"comment": "x" * (MAX_BODY_BYTES + 1)})[0] == 413
+        for raw in (b'{"matchers": [{"name": "app", "value": "\xff"}]}', b"[" * 100_000 + b"]" * 100_000):
+            request = urllib.request.Request(base + "/silences", method="POST", data=raw, headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert 400 <= refused.value.code < 500
 
 
 def test_the_running_service_groups_notifies_after_group_wait_and_serves_the_silences_api(
