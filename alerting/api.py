@@ -16,7 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
@@ -29,7 +29,7 @@ from alerting import silences
 from alerting.alertmanager import go_time
 from alerting.routes import Matcher
 from eventide.config import Config, ConfigError
-from eventide.envelope import now_ms
+from eventide.envelope import ms_of, now_ms
 from store.client import StoreUnavailable
 
 
@@ -62,9 +62,6 @@ class SilenceBody(BaseModel):
     createdBy: str
     comment: str
 
-
-def _ms(ts: datetime) -> int:
-    return int((ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 def _matcher_json(m: Matcher) -> dict[str, Any]:
@@ -129,7 +126,7 @@ def create_app(config: Config) -> ASGIApp:
     @app.post("/api/v2/silences")
     def post_silence(body: SilenceBody) -> JSONResponse:
         try:
-            silence = silences.new_silence([m.text() for m in body.matchers], _ms(body.startsAt), _ms(body.endsAt),
+            silence = silences.new_silence([m.text() for m in body.matchers], ms_of(body.startsAt), ms_of(body.endsAt),
                                            body.createdBy, body.comment)
         except ConfigError as exc:
             return JSONResponse(str(exc), status_code=400)

@@ -20,6 +20,7 @@ from alerting.rules import AlertRules
 from alerting.silences import load as silences_of
 from alerting.silences import muting
 from eventide.config import Config
+from eventide.envelope import ms_of
 from store.client import connect
 
 PUSHED = "alertmanager"
@@ -30,9 +31,6 @@ leave it firing there until its ``endsAt``."""
 COLUMNS = ["notification_key", "receiver", "group_key", "status", "firing", "resolved", "alerts", "body",
            "decided_at"]
 
-
-def _ms(ts: datetime) -> int:
-    return int((ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 def current_alerts(client: Client) -> list[KnownAlert]:
@@ -48,8 +46,8 @@ def current_alerts(client: Client) -> list[KnownAlert]:
         labels = json.loads(labels or "{}") or {"alertname": rule}
         notes = json.loads(notes or "{}")
         # generatorURL: where the alert came from, as Prometheus links its expression; here, the Alerts page.
-        alerts.append(KnownAlert(Alert(labels, notes, _ms(fired), _ms(last) if state == "resolved" else None,
-                                       generator_url=notes.get("dashboard_url", "")), _ms(recorded)))
+        alerts.append(KnownAlert(Alert(labels, notes, ms_of(fired), ms_of(last) if state == "resolved" else None,
+                                       generator_url=notes.get("dashboard_url", "")), ms_of(recorded)))
     return alerts
 
 
@@ -58,7 +56,7 @@ def last_sent(client: Client) -> dict[tuple[str, str], Sent]:
     rows = client.query(
         "SELECT receiver, group_key, argMax(firing, decided_at), argMax(resolved, decided_at), max(decided_at) "
         "FROM alert_group_notifications FINAL GROUP BY receiver, group_key").result_rows
-    return {(r, g): Sent(frozenset(f), frozenset(s), _ms(at)) for r, g, f, s, at in rows}
+    return {(r, g): Sent(frozenset(f), frozenset(s), ms_of(at)) for r, g, f, s, at in rows}
 
 
 def stored_rows(rules: AlertRules, decided: list[GroupNotification]) -> list[list[Any]]:

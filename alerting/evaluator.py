@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -29,7 +29,7 @@ from alerting.labels import alert_annotations, alert_labels, series_label
 from alerting.rules import AlertRule, AlertRules, quantile_of
 from alerting.state import AlertState, Transition, run
 from eventide.config import Config
-from eventide.envelope import now_ms
+from eventide.envelope import ms_of, now_ms, utc_of
 from eventide.links import ALERTS_PAGE, dashboard_link, logs_url
 from store import pipeline
 from store.client import connect
@@ -48,12 +48,6 @@ class Sample:
     value: float | None
 
 
-def _dt(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
-
-
-def _ms(ts: datetime) -> int:
-    return int((ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 # Statistics ------------------------------------------------------------------------------------------------
@@ -72,7 +66,7 @@ def matching_series(client: Client, rule: AlertRule) -> list[SeriesKey]:
 
 def watermark_ms(client: Client) -> int | None:
     mark = pipeline.watermarks(client).get(pipeline.WINDOWS_QUERY)
-    return _ms(mark) if mark is not None else None
+    return ms_of(mark) if mark is not None else None
 
 
 def _series_value(rule: AlertRule, bucket: Any) -> float | None:
@@ -121,9 +115,9 @@ def rule_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], star
     if fetched is None:
         assert rule.series is not None
         fetched = fetch_series_windows(client, rule.series.kind, rule.series.name, sorted({s.app for s in matches}),
-                                       rule.window_s, _dt(start_ms), _dt(end_ms), sketches=_sketches_of(rule))
+                                       rule.window_s, utc_of(start_ms), utc_of(end_ms), sketches=_sketches_of(rule))
     by_series = fetched.buckets(matches, quantiles=[q] if q is not None else [0.5], sketches=_sketches_of(rule))
-    return {s: [Sample(_ms(b.end), _series_value(rule, b)) for b in buckets if _ms(b.end) - _ms(b.start) == width]
+    return {s: [Sample(ms_of(b.end), _series_value(rule, b)) for b in buckets if ms_of(b.end) - ms_of(b.start) == width]
             for s, buckets in by_series.items()}
 
 
@@ -202,7 +196,7 @@ class _PassReads:
                        end_ms)
                 if key not in self._windows:
                     self._windows[key] = fetch_series_windows(self.client, series.kind, series.name, key[2],
-                                                              rule.window_s, _dt(start_ms), _dt(end_ms))
+                                                              rule.window_s, utc_of(start_ms), utc_of(end_ms))
                 fetched = self._windows[key]
             self._samples[(rule.name, start_ms, end_ms)] = rule_samples(self.client, rule, matches, start_ms,
                                                                         end_ms, fetched)
@@ -213,8 +207,8 @@ class _PassReads:
 def load_states(client: Client) -> dict[tuple[str, str], AlertState]:
     rows = client.query("SELECT rule, series, state, breaches, calm, evaluated_until, since, value "
                         "FROM alert_states FINAL").result_rows
-    return {(r[0], r[1]): AlertState(r[0], r[1], r[2], breaches=r[3], calm=r[4], evaluated_until_ms=_ms(r[5]),
-                                     since_ms=_ms(r[6]), value=r[7]) for r in rows}
+    return {(r[0], r[1]): AlertState(r[0], r[1], r[2], breaches=r[3], calm=r[4], evaluated_until_ms=ms_of(r[5]),
+                                     since_ms=ms_of(r[6]), value=r[7]) for r in rows}
 
 
 def described(config: Config, rule: AlertRule, transition: Transition,
@@ -235,7 +229,7 @@ def dashboard_links(config: Config, rule: AlertRule, transition: Transition,
     """``dashboard_url``: the Alerts page over the windows that decided the transition; for a rule on a log series,
     ``logs_url``: the Logs page on that app and logger over the same windows (error and critical lines only for
     ``error_ratio``), so a notification opens exactly the lines behind it."""
-    end = _dt(transition.window_end_ms)
+    end = utc_of(transition.window_end_ms)
     start = end - timedelta(seconds=rule.window_s * max(rule.for_windows, 1))
     minutes = max(15, -(-(rule.window_s * (rule.for_windows + 2)) // 60))
     links = {"dashboard_url": dashboard_link(config, f"{ALERTS_PAGE}?{urlencode({'minutes': minutes})}")}
@@ -254,15 +248,15 @@ def _save(config: Config, client: Client, evaluated: list[Evaluated], now_ms: in
     """Store a pass's new states and transitions, two inserts for all its rules. Transitions first: a pass that stops
     between the two re-evaluates the same windows next time (its states did not move) and writes the same
     transitions again (same keys), so none is lost."""
-    now = _dt(now_ms)   # the evaluation's clock: when routes first knew of a transition (group_wait)
+    now = utc_of(now_ms)   # the evaluation's clock: when routes first knew of a transition (group_wait)
     transition_rows = [
-        [t.key, t.rule, t.series, t.to, _dt(t.window_end_ms), t.value, t.threshold, t.severity, int(t.notify), now,
+        [t.key, t.rule, t.series, t.to, utc_of(t.window_end_ms), t.value, t.threshold, t.severity, int(t.notify), now,
          *described(config, rule, t, series)] for rule, _, transitions in evaluated for t, series in transitions]
     if transition_rows:
         client.insert("alert_transitions", transition_rows, column_names=[
             "transition_key", "rule", "series", "to_state", "window_end", "value", "threshold", "severity",
             "notify", "recorded_at", "labels", "annotations"])
-    state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, _dt(s.evaluated_until_ms), _dt(s.since_ms),
+    state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, utc_of(s.evaluated_until_ms), utc_of(s.since_ms),
                    s.value, rule.threshold, rule.severity, now] for rule, states, _ in evaluated for s in states]
     if state_rows:
         client.insert("alert_states", state_rows, column_names=[
@@ -331,7 +325,7 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
     for t in found:
         # %r: rule and series names may hold line breaks, which would forge log lines
         log.info("alert %r [%r] %s at %s (value %s, threshold %s)", t.rule, t.series, t.to,
-                 _dt(t.window_end_ms).isoformat(), t.value, t.threshold)
+                 utc_of(t.window_end_ms).isoformat(), t.value, t.threshold)
     return found
 
 

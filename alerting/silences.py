@@ -21,19 +21,12 @@ from clickhouse_connect.driver.client import Client
 
 from alerting.routes import Matcher
 from eventide.config import Config, ConfigError
-from eventide.envelope import now_ms
+from eventide.envelope import ms_of, now_ms, utc_of
 from store.client import connect
 
 COLUMNS = ["silence_id", "matchers", "starts_at", "ends_at", "created_by", "comment", "updated_at"]
 
 
-def _dt(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
-
-
-def _ms(ts: datetime) -> int:
-    # pandas' Timestamp is a datetime: the dashboard hands its rows over as they come.
-    return int((ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 @dataclass(frozen=True)
@@ -79,8 +72,8 @@ def new_silence(matchers: list[str], starts_at_ms: int, ends_at_ms: int, created
 
 def save(config: Config, silence: Silence) -> None:
     with connect(config) as client:
-        client.insert("alert_silences", [[silence.id, [str(m) for m in silence.matchers], _dt(silence.starts_at_ms),
-                                          _dt(silence.ends_at_ms), silence.created_by, silence.comment,
+        client.insert("alert_silences", [[silence.id, [str(m) for m in silence.matchers], utc_of(silence.starts_at_ms),
+                                          utc_of(silence.ends_at_ms), silence.created_by, silence.comment,
                                           datetime.now(UTC)]], column_names=COLUMNS)
 
 
@@ -96,7 +89,7 @@ def load(client: Client, since_ms: int | None = None) -> list[Silence]:
 def from_row(silence_id: str, matchers: list[str], starts_at: datetime, ends_at: datetime, created_by: str,
              comment: str) -> Silence:
     """A silence from its ``alert_silences`` row."""
-    return Silence(silence_id, tuple(Matcher.parse(m) for m in matchers), _ms(starts_at), _ms(ends_at), created_by,
+    return Silence(silence_id, tuple(Matcher.parse(m) for m in matchers), ms_of(starts_at), ms_of(ends_at), created_by,
                    comment)
 
 

@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, Final
 
 ENVELOPE_VERSION: Final = 1
@@ -23,6 +24,16 @@ MAX_NAME_CHARS: Final = 256
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def ms_of(ts: datetime) -> int:
+    """``ts`` in the envelope's clock, milliseconds since the epoch (a naive time, as the store returns one, is UTC)."""
+    return int((ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def utc_of(ms: int) -> datetime:
+    """Milliseconds since the epoch as a UTC datetime (what the store's DateTime64 columns take)."""
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 def offset_clock(offset_ms: int) -> Callable[[], int]:
