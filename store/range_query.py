@@ -230,37 +230,12 @@ SKETCHES = frozenset({"values", "users", "devices"})
 """The sketches of a window: its values' KLL (quantiles) and its users' and devices' HLL (distinct counts)."""
 
 
-def series_windows(
-    client: Client,
-    matches: Sequence[SeriesKey],
-    length_s: float,
-    start: datetime,
-    end: datetime,
-    *,
-    quantiles: Sequence[float] = DEFAULT_QUANTILES,
-    sketches: Collection[str] = SKETCHES,
-    hll_lg_k: int | None = None,
-) -> dict[SeriesKey, list[RangeStats]]:
-    """For each of ``matches`` (series of one kind and name, any apps and tags), one :class:`RangeStats` per window
-    of ``length_s`` overlapping ``[start, end)``, windows without events included (count 0): what
-    ``range_buckets(client, s, start, end, length_s, source_length_s=length_s)`` gives each series, from one query
-    (:func:`fetch_series_windows`). ``sketches`` (of :data:`SKETCHES`) are read and merged; the others are neither
-    fetched nor merged and read as no quantiles and distinct counts 0."""
-    if not matches:
-        return {}
-    kinds = {(s.kind, s.name) for s in matches}
-    if len(kinds) > 1:
-        raise ValueError(f"series_windows reads one kind and name at a time, got {sorted(kinds)}")
-    [(kind, name)] = kinds
-    fetched = fetch_series_windows(client, kind, name, sorted({s.app for s in matches}), length_s, start, end,
-                                   sketches=sketches)
-    return fetched.buckets(matches, quantiles=quantiles, sketches=sketches, hll_lg_k=hll_lg_k)
-
-
 @dataclass(frozen=True)
 class SeriesWindows:
     """The stored windows of one length of some series, as fetched (:func:`fetch_series_windows`); one fetch serves
-    every reader of the same series and range (the alert evaluator's rules on one series name)."""
+    every reader of the same series and range (the alert evaluator's rules on one series name). :meth:`buckets`
+    gives each series one :class:`RangeStats` per window of the range, windows without events included (count 0):
+    what ``range_buckets(client, s, start, end, length_s, source_length_s=length_s)`` gives it."""
 
     length_ms: int
     start_ms: int
@@ -270,8 +245,8 @@ class SeriesWindows:
 
     def buckets(self, matches: Sequence[SeriesKey], *, quantiles: Sequence[float] = DEFAULT_QUANTILES,
                 sketches: Collection[str] = SKETCHES, hll_lg_k: int | None = None) -> dict[SeriesKey, list[RangeStats]]:
-        """Each of ``matches``' windows as :func:`series_windows` gives them, merging only ``sketches`` (of those
-        fetched)."""
+        """Each of ``matches``' windows, merging only ``sketches`` (of those fetched): the others read as no
+        quantiles and distinct counts 0."""
         _check_quantiles(quantiles)
         missing = set(sketches) - self.sketches
         if missing:

@@ -23,11 +23,11 @@ from store.migrations import apply_migrations
 from store.range_query import (
     RangeStats,
     SeriesKey,
+    fetch_series_windows,
     merge_hll,
     merge_kll,
     range_buckets,
     range_summary,
-    series_windows,
 )
 from tests.support.stack import PAST_EVENTS_RETENTION, own_database
 from tests.support.window_rows import Event, insert, window_row
@@ -371,8 +371,10 @@ def test_the_windows_of_many_series_from_one_query_are_each_series_buckets_at_it
     absent = SeriesKey("closed-shop", "metric", "latency_ms")
     start, end = T0 - 2 * MINUTE + 7 * SECOND, T0 + HOUR + 2 * MINUTE - 3 * SECOND
     with connect(store.config) as client:
-        together = series_windows(client, [LATENCY, eu, absent], 60, start, end, quantiles=[0.5, 0.99])
-        reduced = series_windows(client, [LATENCY], 60, start, end, quantiles=[0.99], sketches=())
+        fetched = fetch_series_windows(client, "metric", "latency_ms", ["shop", "closed-shop"], 60, start, end)
+        together = fetched.buckets([LATENCY, eu, absent], quantiles=[0.5, 0.99])
+        reduced = fetch_series_windows(client, "metric", "latency_ms", ["shop"], 60, start, end, sketches=()).buckets(
+            [LATENCY], quantiles=[0.99], sketches=())
     # each series gets exactly the buckets a query of its own gives, empty minutes (count 0) included;
     for series in (LATENCY, eu, absent):
         alone = buckets(store, series, start, end, 60, source_length_s=60, quantiles=[0.5, 0.99])
