@@ -153,6 +153,9 @@ def test_a_followed_search_lists_a_new_line_by_itself_and_an_unfollowed_one_stay
         # then the followed search lists its line within a few refreshes, in place (the URL keeps following),
         page.get_by_text("lines match · newest").wait_for(timeout=15_000)
         shot = page.url   # no screenshot: it grows the viewport, and the page keeps re-running
+        # The grid draws (and mounts its accessible cells) on animation frames, which a tab behind another may not
+        # get while the machine is busy: the followed tab is brought to the front, as a user watching it has it.
+        page.bring_to_front()
         # The grid's accessible cells exist only for rows in view. Scrolled from the page's own script on every
         # poll: Playwright's scroll waits for the element to hold still, which a page re-running each second
         # may never do within its timeout.
@@ -162,7 +165,7 @@ def test_a_followed_search_lists_a_new_line_by_itself_and_an_unfollowed_one_stay
             grid.scrollIntoView({block: "nearest"});
             return [...grid.querySelectorAll('[role="gridcell"]')]
                 .some(c => c.innerText.includes("payment arrivedwhilewatching"));
-        }""", timeout=15_000)
+        }""", timeout=30_000)
         assert parse_qs(urlparse(page.url).query)["follow"] == ["1"], shot
         # and the unfollowed one, refreshed as often, keeps the lines of its search until asked.
         unfollowed.wait_for_timeout(4_000)
