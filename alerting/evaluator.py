@@ -33,6 +33,7 @@ from eventide.envelope import ms_of, now_ms, utc_of
 from eventide.links import ALERTS_PAGE, dashboard_link, logs_url
 from store import pipeline
 from store.client import connect
+from store.log_query import window_counts
 from store.range_query import SeriesKey, SeriesWindows, fetch_series_windows
 
 log = logging.getLogger("eventide.alerting")
@@ -62,6 +63,31 @@ def matching_series(client: Client, rule: AlertRule) -> list[SeriesKey]:
         parameters={"w": rule.window_s * 1000, "k": selector.kind, "n": selector.name, "a": selector.app},
     ).result_rows
     return [SeriesKey(*row) for row in rows]
+
+
+def logging_apps(client: Client) -> list[str]:
+    """Every app with stored log windows: those a rule on log lines with ``app = "*"`` counts apart (an app
+    without a matching line in a window counts 0 there)."""
+    rows = client.query("SELECT DISTINCT app FROM window_aggregates WHERE window_kind = 'tumbling' AND kind = 'log' "
+                        "ORDER BY app").result_rows
+    return [row[0] for row in rows]
+
+
+def search_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], start_ms: int,
+                   end_ms: int) -> dict[SeriesKey, list[Sample]]:
+    """Per series (one app's lines each) of a rule on log lines: the lines its search finds in every window of
+    ``rule.window_s`` ending in ``(start_ms, end_ms]`` (0 when none), as a count or per second; one query."""
+    assert rule.logs is not None
+    width = rule.window_s * 1000
+    lo, hi = -(-start_ms // width) * width, end_ms // width * width
+    if hi <= lo or not matches:
+        return {s: [] for s in matches}
+    apps = sorted({s.app for s in matches})
+    query = rule.logs.query(apps[0] if len(apps) == 1 else "*", utc_of(lo), utc_of(hi))
+    counts = window_counts(client, query, rule.window_s)
+    per = rule.window_s if rule.statistic == "rate" else 1
+    return {s: [Sample(end, counts.get((s.app, end), 0) / per) for end in range(lo + width, hi + 1, width)]
+            for s in matches}
 
 
 def watermark_ms(client: Client) -> int | None:
@@ -178,8 +204,15 @@ class _PassReads:
         self._matches: dict[tuple[str, str, str, int], list[SeriesKey]] = {}
         self._windows: dict[tuple[str, str, tuple[str, ...], int, int, int], SeriesWindows] = {}
         self._samples: dict[tuple[str, int, int], dict[SeriesKey, list[Sample]]] = {}
+        self._logging_apps: list[str] | None = None
 
     def matching(self, rule: AlertRule) -> list[SeriesKey]:
+        if rule.logs is not None:
+            if rule.logs.app != "*":
+                return [rule.logs.series(rule.logs.app)]
+            if self._logging_apps is None:
+                self._logging_apps = logging_apps(self.client)
+            return [rule.logs.series(app) for app in self._logging_apps]
         assert rule.series is not None
         key = (rule.series.kind, rule.series.name, rule.series.app, rule.window_s)
         if key not in self._matches:
@@ -188,6 +221,9 @@ class _PassReads:
 
     def samples(self, rule: AlertRule, series: SeriesKey, start_ms: int, end_ms: int) -> list[Sample]:
         """``series``' samples of ``rule`` in ``(start_ms, end_ms]``, read with every series the rule matches."""
+        if rule.logs is not None and (rule.name, start_ms, end_ms) not in self._samples:
+            self._samples[(rule.name, start_ms, end_ms)] = search_samples(self.client, rule, self.matching(rule),
+                                                                          start_ms, end_ms)
         if (rule.name, start_ms, end_ms) not in self._samples:
             matches = self.matching(rule)
             fetched = None
@@ -228,12 +264,16 @@ def dashboard_links(config: Config, rule: AlertRule, transition: Transition,
                     series: SeriesKey | None) -> dict[str, str]:
     """``dashboard_url``: the Alerts page over the windows that decided the transition; for a rule on a log series,
     ``logs_url``: the Logs page on that app and logger over the same windows (error and critical lines only for
-    ``error_ratio``), so a notification opens exactly the lines behind it."""
+    ``error_ratio``; a rule on log lines: its very search), so a notification opens exactly the lines behind it."""
     end = utc_of(transition.window_end_ms)
     start = end - timedelta(seconds=rule.window_s * max(rule.for_windows, 1))
     minutes = max(15, -(-(rule.window_s * (rule.for_windows + 2)) // 60))
     links = {"dashboard_url": dashboard_link(config, f"{ALERTS_PAGE}?{urlencode({'minutes': minutes})}")}
-    if series is not None and series.kind == "log":
+    if series is not None and rule.logs is not None:
+        links["logs_url"] = dashboard_link(config, logs_url(
+            apps=[series.app], levels=rule.logs.levels, names=rule.logs.names, text=rule.logs.text,
+            tags=sorted(rule.logs.tags.items()), since=start, until=end))
+    elif series is not None and series.kind == "log":
         levels = ["error", "critical"] if rule.statistic == "error_ratio" else []
         links["logs_url"] = dashboard_link(config, logs_url(apps=[series.app], names=[series.name], levels=levels,
                                                             since=start, until=end))
@@ -291,7 +331,7 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
             width = rule.window_s * 1000
             first_window = now - (rule.for_windows + 2) * width    # a new rule looks back a few windows only
             keys: list[tuple[SeriesKey | None, Callable[[int, int], list[Sample]]]]
-            if rule.series is None:
+            if rule.series is None and rule.logs is None:
                 finished = now - round(config.stream.trigger_interval_s * 1000)   # the job's last writes are in
                 keys = [(None, lambda lo, hi, r=rule: pipeline_samples(config, client, r, lo, hi, now))]
             else:

@@ -18,6 +18,8 @@ consecutive finished windows, these alerts fire and resolve at these windows.
     status = "firing"                       # firing | resolved
 
 A rule reads an input when its ``window_s``, its statistic and its series selector (``app = "*"``: any app) match;
+a rule on log lines reads the series its search makes: ``{ app = "checkout", kind = "log", name = 'lines "payment
+declined" level=error' }`` (the name as the Alerts page shows the rule's series, ``LogSearch.described``);
 the values are what the rule compares (for ``week_over_week``, the ratio). The rules run through the evaluator's
 own state machine (``alerting.state``), and a test passes when the firing and resolved notifications are exactly
 the expected ones, no more.
@@ -106,6 +108,10 @@ def reads(rule: AlertRule, given: TestInput) -> bool:
     """Whether ``rule`` evaluates ``given``: same window length and statistic, and its selector matches."""
     if rule.window_s != given.window_s or rule.statistic not in given.values:
         return False
+    if rule.logs is not None:
+        # A rule on log lines reads the series its search makes (alerting.rules.LogSearch.series).
+        return (given.series is not None and rule.logs.app in ("*", given.series.app)
+                and (given.series.kind, given.series.name) == ("log", rule.logs.described))
     if rule.series is None or given.series is None:
         return rule.series is None and given.series is None
     return (rule.series.app in ("*", given.series.app) and rule.series.kind == given.series.kind

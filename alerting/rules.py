@@ -16,6 +16,17 @@
 
 Series-free statistics (``dead_letters``, ``lag``, ``freshness``, ``skipped_offsets``) describe the pipeline and take
 no ``series``.
+
+A rule on log lines counts the lines a search finds (the Logs page's search, :mod:`store.log_query`) in each
+finished window, instead of reading a series:
+
+    [[rule]]
+    name = "payments declined"
+    logs = { app = "checkout", text = '"payment declined"', levels = ["error"] }   # app = "*": each app apart
+    window_s = 60
+    statistic = "count"        # count | rate (lines per second)
+    comparator = ">"
+    threshold = 20
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import re
 import tomllib
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -31,10 +43,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from alerting.labels import LABEL_NAME, OWN_LABELS, PLACEHOLDERS, unknown_placeholders
 from alerting.routes import Receiver, RootRoute, Route, RouteNode, receivers_named, resolve
 from eventide.config import Config, ConfigError, SeriesSelector
+from eventide.envelope import LEVELS
+from store.log_query import LogQuery, parse_text
+from store.range_query import SeriesKey
 
 SERIES_STATISTICS = ("count", "rate", "sum", "mean", "min", "max", "distinct_users", "distinct_devices",
                      "error_ratio", "dropped_stragglers")
 PIPELINE_STATISTICS = ("dead_letters", "lag", "freshness", "skipped_offsets")
+LOG_SEARCH_STATISTICS = ("count", "rate")
+"""What a rule on log lines (``logs = {...}``) can compare: matching lines per window, or per second."""
+MAX_SEARCH_TEXT = 500
+"""Longest search text of a rule: its link carries it to the Logs page, which takes no longer text."""
 QUANTILE_PATTERN = re.compile(r"^p(\d{1,2}(\.\d+)?)$")
 """``p50``, ``p99``, ``p99.9``: a quantile merged from the window's KLL sketch."""
 STATISTICS_HELP = f"one of {', '.join(SERIES_STATISTICS + PIPELINE_STATISTICS)}, or pXX such as p50, p99, p99.9"
@@ -49,11 +68,54 @@ def quantile_of(statistic: str) -> float | None:
     return float(match.group(1)) / 100 if match else None
 
 
+Level = Literal["debug", "info", "warning", "error", "critical"]
+
+
+class LogSearch(BaseModel):
+    """The lines a rule on log lines counts: what the Logs page would search for (:class:`LogQuery`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    app: str = Field("*", min_length=1)
+    """One app, or ``*``: every app that logs, each counted apart (one alert per app)."""
+    text: str = Field("", max_length=MAX_SEARCH_TEXT)
+    """Words and "quoted phrases", all of which a line must hold (case-insensitive, whole words)."""
+    levels: list[Level] = Field(default_factory=list)
+    names: list[str] = Field(default_factory=list)
+    """Logger names; empty: any."""
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    def query(self, app: str, since: datetime, until: datetime) -> LogQuery:
+        """The search of ``app``'s lines (``*``: every app's) in ``[since, until)``."""
+        return LogQuery(since, until, apps=() if app == "*" else (app,), levels=tuple(self.levels),
+                        names=tuple(self.names), text=self.text, tags=tuple(sorted(self.tags.items())))
+
+    def series(self, app: str) -> SeriesKey:
+        """The series an alert of this search on ``app``'s lines is about: ``app``, kind ``log``, and the search
+        in words (:attr:`described`) as its name, so alerts, silences and routes see app and search."""
+        return SeriesKey(app, "log", self.described)
+
+    @property
+    def described(self) -> str:
+        """The search in words: ``lines payment declined level=error`` (words), ``lines "payment declined"``
+        (a phrase)."""
+        words, phrases = parse_text(self.text)
+        parts = ["lines", *words, *(f'"{p}"' for p in phrases)]
+        if self.levels:
+            parts.append(f"level={'|'.join(level for level in LEVELS if level in self.levels)}")
+        if self.names:
+            parts.append(f"logger={'|'.join(self.names)}")
+        parts += [f"{k}={v}" for k, v in sorted(self.tags.items())]
+        return " ".join(parts)
+
+
 class AlertRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     name: str = Field(min_length=1, max_length=200)
     series: SeriesSelector | None = None
+    logs: LogSearch | None = None
+    """Instead of a series: count the log lines this search finds in each window (statistic count or rate)."""
     window_s: int = Field(60, gt=0)
     statistic: str
     comparator: Comparator
@@ -104,6 +166,13 @@ class AlertRule(BaseModel):
 
     @model_validator(mode="after")
     def _series_matches_statistic(self) -> AlertRule:
+        if self.logs is not None:
+            if self.series is not None:
+                raise ValueError("a rule reads a series or counts log lines (logs), not both")
+            if self.statistic not in LOG_SEARCH_STATISTICS:
+                raise ValueError(f"a rule on log lines (logs) compares {' or '.join(LOG_SEARCH_STATISTICS)}, "
+                                 f"not {self.statistic!r}")
+            return self
         if self.statistic in PIPELINE_STATISTICS:
             if self.series is not None:
                 raise ValueError(f"statistic {self.statistic!r} describes the pipeline and takes no series")

@@ -1,20 +1,7 @@
 """Log search over the ``logs`` table (sql/0013_logs.sql): the lines of a time range that match an app, level,
 logger name, text and tag filters, newest first; their most frequent message patterns; and the log records that
-were dead-lettered instead.
-
-How a text query becomes SQL
-----------------------------
-ClickHouse's token bloom filter (the ``message_tokens`` index on ``lowerUTF8(message)``) splits text into tokens:
-maximal runs of ASCII letters and digits and of non-ASCII bytes; everything else separates. A word of the query is
-one such token and matches a line holding it as a whole token, case-insensitively:
-``hasToken(lowerUTF8(message), lowerUTF8({w:String}))``, the very expression of the index, so the index skips every
-granule that cannot hold the word (``EXPLAIN indexes = 1`` shows ``message_tokens``). ``hasToken`` refuses a needle
-with separators, so the query is tokenized here exactly as the index does.
-
-A phrase (``"connection refused"``, or an unquoted term with separators such as ``db-12``) matches a line holding its
-tokens in that order, separated only by separators: each token through ``hasToken`` (the index), then one regular
-expression on the lowered message for the adjacency. Every word and phrase must match. All user input goes to the
-store as query parameters (``{name:Type}``), never into the SQL text.
+were dead-lettered instead. How a search's words, phrases and filters become SQL: :mod:`store.log_query`, which alert
+rules on log lines share.
 
 Patterns: a message with its variable parts masked (:data:`MASKS`: UUIDs, ``0x`` and long hex strings, any word
 holding a digit) becomes ``<*>`` in place, so ``user u42 logged in from 10.0.3.7`` and ``user u7 logged in from
@@ -26,9 +13,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pandas as pd
 from clickhouse_connect.driver.client import Client
@@ -38,6 +24,12 @@ from eventide.links import LOGS_PAGE as LOGS_PAGE
 from eventide.links import format_time as format_time
 from eventide.links import logs_params as logs_params
 from eventide.links import logs_url as logs_url
+from store.log_query import LogQuery as LogQuery
+from store.log_query import naive_utc as naive_utc
+from store.log_query import parse_text as parse_text
+from store.log_query import phrase_regex as phrase_regex
+from store.log_query import tokens as tokens
+from store.log_query import where_clause
 
 LINE_COLUMNS = ("corrected_event_time", "level", "app", "name", "device", "user", "message", "tags", "event_id",
                 "event_time", "received_time", "source_partition", "source_offset")
@@ -60,112 +52,9 @@ MASK_PATTERN = "|".join(f"(?:{m})" for m in MASKS)
 
 _MASK_RE = re.compile(MASK_PATTERN, re.ASCII)
 
-# A token as ClickHouse's token extractors (hasToken, tokenbf_v1) see it: ASCII alphanumerics and any non-ASCII
-# character (every byte of its UTF-8 encoding is >= 0x80, which the tokenizer counts as a token byte).
-_TOKEN_RE = re.compile(r"[0-9A-Za-z\u0080-\U0010FFFF]+")
-# A separator in a regular expression over the lowered message (RE2, UTF-8): an ASCII character that is not a
-# letter or digit.
-_SEPARATOR = r"[\x00-/:-@\[-`{-\x7f]"
-_TERMS_RE = re.compile(r'"([^"]*)"?|(\S+)')
-
-
-def tokens(text: str) -> list[str]:
-    """``text`` split as ClickHouse's tokenizer splits it (runs of ASCII alphanumerics and non-ASCII characters)."""
-    return _TOKEN_RE.findall(text)
-
-
-def parse_text(text: str) -> tuple[list[str], list[str]]:
-    """(words, phrases) of a search text, lower case, each listed once, in the order typed.
-
-    A word is a term that is one token (``refused``, ``Timeout``). A phrase is a ``"quoted text"`` of two tokens or
-    more, or an unquoted term with separators inside (``db-12``, ``/api/items``): its tokens, space-joined
-    (``"db 12"``), which must appear in that order with only separators between them. A quoted single token is a
-    word; a term without any token (``-``, ``""``) is ignored. An unclosed quote runs to the end of the text.
-    """
-    words: list[str] = []
-    phrases: list[str] = []
-    for quoted, bare in _TERMS_RE.findall(text):
-        parts = tokens((quoted if quoted else bare).lower())
-        if len(parts) == 1:
-            target, item = words, parts[0]
-        elif parts:
-            target, item = phrases, " ".join(parts)
-        else:
-            continue
-        if item not in target:
-            target.append(item)
-    return words, phrases
-
-
-def phrase_regex(phrase: str) -> str:
-    """An RE2 expression matching ``phrase``'s tokens in order, as whole tokens separated only by separators
-    (in a lowered message)."""
-    between = f"{_SEPARATOR}+"
-    return f"(?:^|{_SEPARATOR})" + between.join(re.escape(t) for t in tokens(phrase)) + f"(?:{_SEPARATOR}|$)"
-
-
 def mask(message: str) -> str:
     """``message`` with its variable parts (:data:`MASKS`) replaced by :data:`MASK`, as the store masks it."""
     return _MASK_RE.sub(MASK, message)
-
-
-@dataclass(frozen=True)
-class LogQuery:
-    """What the Logs page searches for: lines with ``since <= corrected_event_time < until`` (UTC) that match every
-    given filter. An empty filter matches everything."""
-
-    since: datetime
-    until: datetime
-    apps: tuple[str, ...] = ()
-    levels: tuple[str, ...] = ()
-    names: tuple[str, ...] = ()
-    text: str = ""
-    """Words and "quoted phrases" (:func:`parse_text`): every one must match, case-insensitively, as whole words."""
-    tags: tuple[tuple[str, str], ...] = ()
-    """(key, value) pairs: ``tags[key] = value`` for every one."""
-
-
-@dataclass
-class _Where:
-    """A WHERE clause and its parameters, built from a :class:`LogQuery`."""
-
-    clauses: list[str] = field(default_factory=list)
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, clause: str, **parameters: Any) -> None:
-        self.clauses.append(clause)
-        self.parameters.update(parameters)
-
-    @property
-    def sql(self) -> str:
-        return " AND ".join(self.clauses) or "1"
-
-
-def naive_utc(t: datetime) -> datetime:
-    """Naive UTC, as the store's DateTime64 parameters (and Plotly's axes) take it; a naive ``t`` is already UTC."""
-    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t
-
-
-def _where(query: LogQuery) -> _Where:
-    where = _Where()
-    where.add("corrected_event_time >= {since:DateTime64(3)} AND corrected_event_time < {until:DateTime64(3)}",
-              since=naive_utc(query.since), until=naive_utc(query.until))
-    # ``IN {x:Array(String)}``: the key condition the primary key (app, level, ...) prunes with.
-    for column, values in (("app", query.apps), ("level", query.levels), ("name", query.names)):
-        if values:
-            where.add(f"{column} IN {{{column}s:Array(String)}}", **{f"{column}s": list(values)})
-    words, phrases = parse_text(query.text)
-    needles = list(dict.fromkeys([*words, *(t for p in phrases for t in p.split())]))
-    for i, needle in enumerate(needles):
-        # The index's own expression, so the token bloom filter skips granules without the word.
-        where.add(f"hasToken(lowerUTF8(message), lowerUTF8({{w{i}:String}}))", **{f"w{i}": needle})
-    for i, phrase in enumerate(phrases):
-        where.add(f"match(lowerUTF8(message), {{p{i}:String}})", **{f"p{i}": phrase_regex(phrase)})
-    for i, (key, value) in enumerate(query.tags):
-        # has(mapValues(...)) lets the tag_values bloom filter skip granules; the map lookup is the exact test.
-        where.add(f"has(mapValues(tags), {{tv{i}:String}}) AND tags[{{tk{i}:String}}] = {{tv{i}:String}}",
-                  **{f"tk{i}": key, f"tv{i}": value})
-    return where
 
 
 FIRST_SLICE = timedelta(hours=1)
@@ -216,7 +105,7 @@ def search_lines(client: Client, query: LogQuery, limit: int, offset: int = 0) -
 
 def _search_slice(client: Client, query: LogQuery, limit: int) -> pd.DataFrame:
     """The newest ``limit`` matching lines of ``query``'s range, with ``late``."""
-    where = _where(query)
+    where = where_clause(query)
     apps = "AND app IN {apps:Array(String)} " if query.apps else ""
     result = client.query(
         f"SELECT {', '.join(LINE_COLUMNS)}, (app, event_id) IN ("
@@ -241,7 +130,7 @@ def count_lines(client: Client, query: LogQuery, cap: int | None = None) -> int:
 
     The page shows "10,000+" rather than an exact count of a common word over a day: capped, the store stops reading
     once it has found ``cap + 1`` lines instead of reading every matching granule of the range."""
-    where = _where(query)
+    where = where_clause(query)
     sql = (f"SELECT count() FROM logs WHERE {where.sql}" if cap is None else
            f"SELECT count() FROM (SELECT 1 FROM logs WHERE {where.sql} LIMIT {int(cap) + 1})")
     return int(client.query(sql, parameters=where.parameters).result_rows[0][0])
@@ -258,7 +147,7 @@ def message_patterns(client: Client, query: LogQuery, top: int = 20, max_lines: 
     """
     since = _pattern_start(client, query, max_lines) if max_lines is not None else naive_utc(query.since)
     counted = replace(query, since=max(naive_utc(query.since), since))
-    where = _where(counted)
+    where = where_clause(counted)
     result = client.query(
         "SELECT replaceRegexpAll(message, {mask_re:String}, {mask:String}) AS pattern, level, count() AS lines, "
         "any(message) AS example, max(corrected_event_time) AS newest, sum(count()) OVER () AS total "
@@ -273,7 +162,7 @@ def _pattern_start(client: Client, query: LogQuery, max_lines: int) -> datetime:
     """The start of the newest whole minutes of ``query``'s range that hold at most ``max_lines`` matching lines
     (the newest minute's start if it alone holds more); ``query.since`` if the whole range does. One pass over the
     time column (and the text index, for a text query), no message masked."""
-    where = _where(query)
+    where = where_clause(query)
     minutes = client.query(
         "SELECT toStartOfMinute(corrected_event_time) AS minute, count() FROM logs "
         f"WHERE {where.sql} GROUP BY minute ORDER BY minute DESC", parameters=where.parameters).result_rows

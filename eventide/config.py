@@ -657,6 +657,11 @@ class DemoConfig(_Section):
     malformed_fraction: float = Field(0.002, ge=0, le=1)
     duplicate_fraction: float = Field(0.002, ge=0, le=1)
     """Events sent twice (same id), as by a client retrying: the job counts them once."""
+    error_burst_every_s: int = Field(300, ge=0)
+    """Every this many seconds (on the clock's grid, so a burst fills whole minutes) the first app logs a burst of
+    "payment declined" errors, which the demo's rule on log lines fires on. 0: no bursts."""
+    error_burst_s: int = Field(60, ge=1)
+    error_burst_lines_per_s: float = Field(2.0, gt=0)
 
 
 class ClusterConfig(_Section):

@@ -3,7 +3,9 @@
 Every device gets a fixed clock offset (most 0; ``demo.skewed_device_fraction`` of them up to
 ``±demo.max_clock_skew_s``), so the job's clock correction has something to correct. A fraction of events is sent
 late (as if buffered offline: ``event_time`` in the past), a small fraction is malformed on purpose so the
-dead-letter path shows up on the dashboard, and another is sent twice (a client retrying), counted once.
+dead-letter path shows up on the dashboard, and another is sent twice (a client retrying), counted once. Every few
+minutes the first app has an incident: a burst of "payment declined" error lines (:func:`burst_line`), which the
+demo's rule on log lines (alerts.toml) fires on.
 
 An app of the demo written with the SDK, like any user's app, so it lives with the launcher that starts it
 (``eventide load``, ``./run demo``) and not in ``ingest/``, which holds only what gets events in.
@@ -69,12 +71,37 @@ def emit_one(client: Client, config: Config, rng: random.Random) -> None:
         client.log(level, f"demo {level} message", name="app.server", user=user, event_time=event_time, **tags)
 
 
+BURST_LOGGER = "payments"
+
+
+def in_burst(config: Config, t_ms: int) -> bool:
+    """Whether ``t_ms`` lies in one of the first app's error bursts (``demo.error_burst_*``)."""
+    every = config.demo.error_burst_every_s * 1000
+    return every > 0 and t_ms % every < config.demo.error_burst_s * 1000
+
+
+def burst_message(rng: random.Random) -> str:
+    """The text of one line of an error burst: a declined payment, its order and the issuer's answer varying."""
+    order = rng.randrange(10_000, 99_999)
+    reason = rng.choice(("issuer timeout", "insufficient funds", "card expired"))
+    return f"payment declined for order o-{order}: {reason}"
+
+
+def burst_line(client: Client, rng: random.Random) -> None:
+    """One error line of an error burst, logged at level error by :data:`BURST_LOGGER`."""
+    client.log("error", burst_message(rng), name=BURST_LOGGER)
+
+
 def run(config: Config, rate: float | None = None, duration_s: float | None = None, seed: int | None = None) -> int:
-    """Emit events at ``rate`` per second for ``duration_s`` seconds (forever when None). Returns events sent."""
+    """Emit events at ``rate`` per second for ``duration_s`` seconds (forever when None), and the error bursts'
+    lines besides. Returns events sent, burst lines included."""
     rng = random.Random(seed)
     rate = rate or config.demo.events_per_second
     devices = make_devices(config, rng)
+    burst_devices = [d for d in devices if d.app == config.demo.apps[0]]
     sent = 0
+    burst_lines = 0
+    burst_sent = 0   # burst lines due since the load started (those of the calm between bursts are never owed)
     log_every = max(int(rate * 30), 1)
     next_log = log_every
     started = time.monotonic()
@@ -84,14 +111,22 @@ def run(config: Config, rate: float | None = None, duration_s: float | None = No
             while sent < due:
                 emit_one(rng.choice(devices), config, rng)
                 sent += 1
+            if in_burst(config, now_ms()):
+                while burst_sent < int((time.monotonic() - started) * config.demo.error_burst_lines_per_s):
+                    burst_line(rng.choice(burst_devices), rng)
+                    burst_sent += 1
+                    burst_lines += 1
+            else:
+                # The count restarts with each burst, so a burst never sends what the calm between owed.
+                burst_sent = int((time.monotonic() - started) * config.demo.error_burst_lines_per_s)
             time.sleep(0.01)
             if sent >= next_log:
-                log.info("sent %d events", sent)
+                log.info("sent %d events (and %d lines of error bursts)", sent, burst_lines)
                 next_log += log_every
     finally:
         for client in devices:
             client.close()
-    return sent
+    return sent + burst_lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -57,12 +57,15 @@ def page() -> None:
             links = [_logs_link(rules, row) for row in states.itertuples()]
             st.dataframe(states.assign(logs=links), hide_index=True, width="stretch",
                          column_config={"logs": st.column_config.LinkColumn(
-                             "logs", display_text="error lines", help="A firing error_ratio alert: open its "
-                             "app's error and critical lines of the breaching windows on the Logs page")})
+                             "logs", display_text="lines", help="A firing error_ratio alert: open its app's "
+                             "error and critical lines of the breaching windows on the Logs page; a firing rule on "
+                             "log lines: the lines its search counted")})
             for row, link in zip(states.itertuples(), links, strict=True):
                 if link:
+                    rule = _rule(rules, str(row.rule))
+                    what = "Lines" if rule is not None and rule.logs is not None else "Error lines"
                     # Names verbatim (a series holds ingested app, logger and tag names): see common.literal.
-                    st.markdown(f"🔎 [Error lines of {common.literal(row.rule)} · {common.literal(row.series)}]"
+                    st.markdown(f"🔎 [{what} of {common.literal(row.rule)} · {common.literal(row.series)}]"
                                 f"({link})")
         st.subheader("Silences")
         if data.silences.empty:
@@ -140,11 +143,16 @@ def _author() -> str:
     return f"dashboard ({email})" if email else "dashboard"
 
 
+def _rule(rules: list[AlertRule], name: str) -> AlertRule | None:
+    return next((r for r in rules if r.name == name), None)
+
+
 def _logs_link(rules: list[AlertRule], state: Any) -> str | None:
     """For a firing ``error_ratio`` alert: a link to the Logs page on the series' app and logger, levels error and
-    critical, from the first breaching window (``for`` windows before it fired) to the last window evaluated."""
-    rule = next((r for r in rules if r.name == state.rule), None)
-    if state.state != "firing" or rule is None or rule.statistic != "error_ratio":
+    critical; for a firing rule on log lines: its very search on the alert's app. Both from the first breaching
+    window (``for`` windows before it fired) to the last window evaluated."""
+    rule = _rule(rules, state.rule)
+    if state.state != "firing" or rule is None or (rule.statistic != "error_ratio" and rule.logs is None):
         return None
     # The series label is "app · kind · name {tags}" (SeriesKey.label).
     parts = str(state.series).split(" · ")
@@ -154,11 +162,16 @@ def _logs_link(rules: list[AlertRule], state: Any) -> str | None:
     fired = pd.Timestamp(state.since).tz_localize(None).to_pydatetime()
     until = pd.Timestamp(state.evaluated_until).tz_localize(None).to_pydatetime()
     since = fired - timedelta(seconds=rule.window_s * rule.for_windows)
+    if rule.logs is not None:
+        return log_search.logs_url(apps=[app], levels=rule.logs.levels, names=rule.logs.names, text=rule.logs.text,
+                                   tags=sorted(rule.logs.tags.items()), since=since, until=max(until, fired))
     return log_search.logs_url(apps=[app], levels=["error", "critical"], names=[name], since=since,
                                until=max(until, fired))
 
 
 def _series_label(rule: AlertRule) -> str:
+    if rule.logs is not None:
+        return f"{rule.logs.app} · log · {rule.logs.described}"
     return f"{rule.series.app} · {rule.series.kind} · {rule.series.name}" if rule.series else "pipeline"
 
 

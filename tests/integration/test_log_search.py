@@ -15,6 +15,7 @@ from dashboard import log_search
 from dashboard.log_search import LogQuery, mask
 from eventide.config import Config, load_config
 from store.client import connect
+from store.log_query import where_clause
 from store.migrations import apply_migrations
 from tests.support import dashboard_data as data
 from tests.support.stack import own_database
@@ -141,7 +142,7 @@ def test_a_word_search_reads_only_granules_the_token_index_keeps(store):
     lines.append(log_line(NOW, "upstream connection refused", offset=0))
     insert(store, "logs", lines)
     query = LogQuery(*RANGE, text='refused "connection refused"')
-    where = log_search._where(query)
+    where = where_clause(query)
     with connect(store, role="reader") as client:
         plan = "\n".join(r[0] for r in client.query(f"EXPLAIN indexes = 1 SELECT count() FROM logs WHERE {where.sql}",
                                                     parameters=where.parameters).result_rows)

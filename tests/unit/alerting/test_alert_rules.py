@@ -68,6 +68,41 @@ def test_an_invalid_rule_fails_naming_the_rule_and_field(change: str, message: s
     assert message in str(error.value)
 
 
+LOG_RULE = """
+[[rule]]
+name = "declined"
+window_s = 60
+statistic = "rate"
+comparator = ">"
+threshold = 0.5
+logs = { app = "checkout", text = 'declined "card expired" db-12', levels = ["critical", "error"], names = ["pay"], \
+tags = { region = "eu" } }
+"""
+
+
+def test_a_rule_on_log_lines_is_a_search_named_in_words() -> None:
+    [rule] = parse_rules(LOG_RULE).rule
+    assert rule.logs is not None and rule.series is None
+    assert rule.logs.described == 'lines declined "card expired" "db 12" level=error|critical logger=pay region=eu'
+    assert rule.logs.series("checkout").label == f"checkout · log · {rule.logs.described}"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ('statistic = "p99"', "a rule on log lines (logs) compares count or rate, not 'p99'"),
+    ('series = { app = "checkout", kind = "log", name = "pay" }',
+     "a rule reads a series or counts log lines (logs), not both"),
+    ('logs = { levels = ["fatal"] }', "field logs.levels.0: Input should be 'debug'"),
+    ('logs = { text = "' + "x" * 501 + '" }', "field logs.text: String should have at most 500 characters"),
+    ('logs = { query = "x" }', "field logs.query: Extra inputs are not permitted"),
+])
+def test_an_invalid_rule_on_log_lines_fails_naming_the_field(change: str, message: str) -> None:
+    key = change.split("=")[0].strip()
+    lines = [line for line in LOG_RULE.splitlines() if not line.startswith(f"{key} ")]
+    with pytest.raises(ConfigError) as error:
+        parse_rules("\n".join([*lines, change]), "alerts.toml")
+    assert message in str(error.value)
+
+
 def test_a_rule_without_a_name_is_named_by_position_and_duplicates_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"rule #2, field name: Field required"):
         parse_rules(P99_RULE + '[[rule]]\nstatistic = "dead_letters"\ncomparator = ">"\nthreshold = 0\n')
@@ -151,4 +186,4 @@ def test_alerts_check_prints_every_problem_of_a_file_one_per_line_and_fails(tmp_
     assert problems[1].startswith("  rule 'checkout p99 latency', field window_s: 30")
     # and the project's own rules file passes.
     assert cli.main(["alerts", "check", str(REPO / "alerts.toml")]) == 0
-    assert capsys.readouterr().out.endswith("alerts.toml: 5 rules, no problems\n")
+    assert capsys.readouterr().out.endswith("alerts.toml: 6 rules, no problems\n")

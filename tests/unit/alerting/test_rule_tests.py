@@ -37,7 +37,7 @@ def written(tmp_path: Path, text: str) -> str:
 
 def test_the_demos_rules_pass_their_own_tests(capsys) -> None:
     assert cli.main(["alerts", "test", str(REPO / "alerts.test.toml")]) == 0
-    assert capsys.readouterr().out.endswith("alerts.test.toml: 4 tests, all pass\n")
+    assert capsys.readouterr().out.endswith("alerts.test.toml: 5 tests, all pass\n")
 
 
 def test_expected_notifications_that_come_pass(tmp_path, capsys) -> None:
@@ -70,3 +70,30 @@ def test_an_unknown_rule_and_a_bad_value_are_named(tmp_path, capsys) -> None:
     assert "test 'slow checkout': no rule is named 'no such rule'" in capsys.readouterr().err
     assert cli.main(["alerts", "test", written(tmp_path, P99_TEST.replace('"150 150 90"', '"150 fast 90"'))]) == 1
     assert "field test.0.input.0.values: p99: 'fast' is neither a number nor _" in capsys.readouterr().err
+
+
+def test_a_rule_on_log_lines_reads_the_series_its_search_makes_per_app(tmp_path, capsys) -> None:
+    # Given the demo's "payments declined" rule (app = "*") and counts of its lines in two apps,
+    search = 'lines "payment declined" level=error'
+    test = f"""
+rule_files = ["{REPO / 'alerts.toml'}"]
+[[test]]
+name = "declined payments"
+[[test.input]]
+series = {{ app = "search", kind = "log", name = '{search}' }}
+window_s = 60
+values = {{ count = "30 0" }}
+[[test.input]]
+series = {{ app = "checkout", kind = "log", name = 'lines "payment declined"' }}   # another search: not read
+window_s = 60
+values = {{ count = "30 0" }}
+[[test.alert]]
+at = 1
+rule = "payments declined"
+series = 'search · log · {search}'
+status = "firing"
+"""
+    # then only the series of the rule's own search fires, and resolves, each notification expected or named.
+    assert cli.main(["alerts", "test", written(tmp_path, test)]) == 1
+    assert capsys.readouterr().err.splitlines()[0].split(": ", 1)[1] == (
+        f"test 'declined payments': unexpected resolved of 'payments declined' [search · log · {search}] at window 2")

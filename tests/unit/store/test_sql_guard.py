@@ -18,10 +18,12 @@ import alerting.dispatch
 import alerting.evaluator
 import alerting.silences
 import dashboard.queries
+import store.log_query
 import store.pipeline
 import store.range_query
-from alerting.rules import AlertRule
+from alerting.rules import AlertRule, LogSearch
 from eventide.config import Config, SeriesSelector
+from store.log_query import LogQuery
 from store.migrations import _LEDGER, TTL_TABLES, migration_files, statements, ttl_expression
 from store.range_query import SeriesKey
 from store.server.guard import (
@@ -449,6 +451,8 @@ def _arguments(function: Callable[..., Any], client: _Recorder, rule: AlertRule)
         "since": now - timedelta(hours=1), "until": now, "start": now - timedelta(hours=1), "end": now,
         "start_ms": 1_700_000_000_000, "end_ms": 1_700_003_600_000, "now": 1_700_003_600_000, "channel": "webhook",
         "lengths_ms": [60_000], "stored_lengths_ms": [60_000], "quantiles": [0.5, 0.99],
+        "query": LogQuery(now - timedelta(hours=1), now, apps=("shop",), levels=("error",), names=("pay",),
+                          text='declined "card expired"', tags=(("region", "eu"),)),
     }
     arguments = {}
     for name, parameter in inspect.signature(function).parameters.items():
@@ -467,10 +471,12 @@ def _project_queries() -> tuple[list[str], list[str]]:
                        series=SeriesSelector(name="latency") if statistic not in ("dead_letters", "freshness", "lag")
                        else None)
              for statistic in ("p99", "count", "dropped_stragglers", "dead_letters", "freshness", "lag")]
+    rules.append(AlertRule(name="r-logs", statistic="count", comparator=">", threshold=1, logs=LogSearch(
+        text='declined "card expired"', levels=["error"], names=["pay"], tags={"region": "eu"})))
     sent: list[str] = []
     silent: list[str] = []
     for module in (dashboard.queries, alerting.evaluator, alerting.dispatch, alerting.silences, store.range_query,
-                   store.pipeline):
+                   store.pipeline, store.log_query):
         for _, function in inspect.getmembers(module, inspect.isfunction):
             public = not function.__name__.startswith("_")   # helpers are reached through the public functions
             if function.__module__ != module.__name__ or not public or "client" not in inspect.signature(
