@@ -37,6 +37,18 @@ threshold = 0.05
 for = 2
 severity = "critical"
 """
+SEARCH_RULE = """
+[[rule]]
+name = "shop declines"
+logs = { app = "shop", text = '"payment declined"', levels = ["error"] }
+window_s = 10
+statistic = "count"
+comparator = ">"
+threshold = 0
+for = 2
+severity = "critical"
+"""
+DECLINES = 'shop · log · lines "payment declined" level=error'
 NOW = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
 GRID = NOW - timedelta(seconds=NOW.second % 10)
 FIRED = GRID - timedelta(seconds=60)
@@ -58,6 +70,14 @@ def lines() -> list[dict]:
         log_line(at - timedelta(seconds=30), "payment gateway timeout before the alert", level="error",
                  event_id="ev-late"),
         log_line(at + timedelta(seconds=55), "gateway said: payment timeout", level="warning"),
+        # The rule on log lines counts the first three, which its link must list; not the others.
+        log_line(at + timedelta(seconds=6), "payment declined for order o-1 (declined 1)", level="error"),
+        log_line(at + timedelta(seconds=16), "Payment declined for order o-2 (declined 2)", level="error"),
+        log_line(at + timedelta(seconds=19), "payment: declined for order o-3 (declined 3)", level="error"),
+        log_line(at + timedelta(seconds=17), "payment declined for order o-4, retried", level="warning"),
+        log_line(at + timedelta(seconds=18), "payment was declined for order o-5", level="error"),
+        log_line(at + timedelta(seconds=18), "payment declined for order o-6", app="search", level="error"),
+        log_line(at - timedelta(seconds=1), "payment declined for order o-7 before", level="error"),
     ]
 
 
@@ -89,8 +109,10 @@ def dashboard(logs_store: Config) -> Iterator[str]:
             "raw": raw, "raw_bytes": len(raw)}])
         data.insert_rows(client, "alert_states", [data.alert_state(
             "shop errors", "shop · log · app.server", "firing", evaluated_until=GRID, since=FIRED, value=0.3,
-            threshold=0.05, severity="critical", breaches=2)])
-    with serving(root, config, RULES + ERROR_RULE) as url:
+            threshold=0.05, severity="critical", breaches=2), data.alert_state(
+            "shop declines", DECLINES, "firing", evaluated_until=GRID, since=FIRED, value=2.0, threshold=0.0,
+            severity="critical", breaches=2)])
+    with serving(root, config, RULES + ERROR_RULE + SEARCH_RULE) as url:
         yield url
 
 
@@ -195,6 +217,22 @@ def test_a_firing_error_ratio_alert_links_to_its_error_lines(browser: BrowserCon
         page.get_by_role("button", name=re.compile("Clear window")).click()
         settle(page)
         assert "from=" not in page.url and "app=shop" in page.url
+
+
+def test_a_firing_rule_on_log_lines_links_to_exactly_the_lines_its_search_counted(browser: BrowserContext,
+                                                                                  dashboard: str):
+    with opened(browser, f"{dashboard}/alerts") as page:
+        link = page.get_by_role("link", name=re.compile("Lines of shop declines"))
+        href = link.get_attribute("href") or ""
+        assert href == log_search.logs_url(apps=["shop"], levels=["error"], text='"payment declined"',
+                                           since=ALERT_WINDOW[0], until=ALERT_WINDOW[1])
+        page.goto(f"{dashboard}/{href}")
+        settle(page)
+        shot = screenshot(page, "logs-from-search-alert")
+        assert page.get_by_role("textbox", name='Words and "phrases"').input_value() == '"payment declined"', shot
+        shown = [t for t in drawn_grid_texts(page) if "declined" in t]
+        assert shown == ["payment: declined for order o-3 (declined 3)", "Payment declined for order o-2 (declined 2)",
+                         "payment declined for order o-1 (declined 1)"], shot
 
 
 def test_a_click_on_the_overviews_error_chart_opens_that_apps_error_lines(browser: BrowserContext, dashboard: str):
