@@ -14,7 +14,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from alerting.alertmanager import Alert, postable_alerts, webhook_message
+from alerting.alertmanager import Alert, fingerprint, label_set, postable_alerts, webhook_message
 from alerting.grouping import Dispatcher, GroupNotification, KnownAlert, Sent, routed_to
 from alerting.rules import AlertRules
 from alerting.silences import load as silences_of
@@ -133,6 +133,58 @@ class GroupNotifier:
                          datetime.fromtimestamp(now_ms / 1000, UTC)])
             self._pushed[name] = _Pushed(now_ms, firing)
         return rows
+
+
+def notification_status(rules: AlertRules, labels: dict[str, str], firing: bool, known_at_ms: int,
+                        sent: dict[tuple[str, str], Sent], silenced: list[str], now_ms: int) -> str:
+    """Where an alert's notification stands, in words, for the Alerts page: per receiver its routes reach, sent
+    (and when the repeat is due), waiting for ``group_wait``, grouped (joins the group's next notification after
+    ``group_interval``), or held by a silence. ``labels``: the alert's; ``known_at_ms``: when its newest transition
+    was recorded; ``sent``: :func:`last_sent`; ``silenced``: the ids of the silences muting it now."""
+    tree = rules.routing_tree
+    if tree is None:
+        return "per-transition channels only (the rules file has no [routing])"
+    if silenced:
+        return f"silenced ({', '.join(s[:8] for s in silenced)}): not sent to receivers"
+    alertmanagers = {r.name for r in rules.receiver if r.alertmanager is not None}
+    send_resolved = {r.name: r.send_resolved for r in rules.receiver}
+    fp = fingerprint(labels)
+    parts = []
+    for route in tree.routes_for(labels):
+        name = route.receiver
+        if name in alertmanagers:
+            last = sent.get((name, PUSHED))
+            known = last is not None and fp in (last.firing if firing else last.resolved)
+            parts.append(f"{name}: {'sent' if known else 'sent at the next push'} to Alertmanager"
+                         + (f" {_clock(last.at_ms)}" if known and last is not None else ""))
+            continue
+        last = sent.get((name, f"{route.key}:{label_set(route.group_labels(labels))}"))
+        if firing and last is not None and fp in last.firing:
+            repeat = last.at_ms + round(route.repeat_interval_s * 1000)
+            parts.append(f"{name}: sent {_clock(last.at_ms)}; repeated "
+                         + (f"at {_clock(repeat)} if still firing (repeat_interval)" if repeat > now_ms
+                            else "at the group's next flush"))
+        elif firing and (last is None or not last.firing):
+            due = known_at_ms + round(route.group_wait_s * 1000)
+            parts.append(f"{name}: " + (f"waiting for group_wait, until {_clock(due)}" if due > now_ms
+                                        else "due at the group's next flush"))
+        elif firing:
+            assert last is not None
+            due = last.at_ms + round(route.group_interval_s * 1000)
+            parts.append(f"{name}: joined a notified group; in its next notification"
+                         + (f", at {_clock(due)} (group_interval)" if due > now_ms else ", at its next flush"))
+        elif last is not None and fp in last.resolved:
+            parts.append(f"{name}: resolution " + ("sent" if send_resolved.get(name, True) else "recorded "
+                                                   "(send_resolved off)") + f" {_clock(last.at_ms)}")
+        elif last is not None and fp in last.firing:
+            parts.append(f"{name}: resolution due at the group's next flush")
+        else:
+            parts.append(f"{name}: never notified (resolved before its group was sent)")
+    return "; ".join(parts) or "no route reaches a receiver"
+
+
+def _clock(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S UTC")
 
 
 def undelivered_groups(client: Client, receiver: str, channel: str) -> list[dict[str, Any]]:

@@ -172,9 +172,11 @@ def alert_history(client: Client, since: datetime, until: datetime) -> pd.DataFr
 
 def alert_labels(client: Client) -> pd.DataFrame:
     """The labels of every (rule, series) that ever fired or resolved, as its newest notified transition has them
-    (JSON objects of strings): what routes and silences match."""
+    (JSON objects of strings): what routes and silences match; with that transition's state (``to_state``) and
+    when it was recorded (``known_at``, from which ``group_wait`` runs)."""
     result = client.query(
-        "SELECT rule, series, argMax(labels, window_end) AS labels FROM alert_transitions FINAL WHERE notify = 1 "
+        "SELECT rule, series, argMax(labels, window_end) AS labels, argMax(to_state, window_end) AS to_state, "
+        "argMax(recorded_at, window_end) AS known_at FROM alert_transitions FINAL WHERE notify = 1 "
         "GROUP BY rule, series")
     return pd.DataFrame(result.result_rows, columns=result.column_names)
 

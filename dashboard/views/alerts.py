@@ -12,7 +12,7 @@ import streamlit as st
 
 from alerting import silences
 from alerting.api import request_expiry, request_silence
-from alerting.rules import AlertRule, load_rules
+from alerting.rules import AlertRule, AlertRules, load_rules
 from dashboard import common, log_search
 from dashboard.data.alerts import alerts_data
 from eventide.config import Config, ConfigError
@@ -25,15 +25,16 @@ STATE_COLOURS = {"firing": "#d62728", "pending": "#ff7f0e", "resolved": "#2ca02c
 def page() -> None:
     config, minutes = common.start_page("Alerts")
     try:
-        rules = load_rules(config.alert_rules_file).rule
+        loaded = load_rules(config.alert_rules_file)
     except ConfigError as exc:
         st.error(str(exc))
-        rules = []
+        loaded = AlertRules()
+    rules = loaded.rule
 
     @common.refreshing(config)
     def live() -> None:
         since, until = common.last(minutes)
-        data = common.page_data(config, alerts_data, since, until)
+        data = common.page_data(config, alerts_data, since, until, loaded)
         common.show_freshness(config, data.batches, pipeline.WINDOWS_QUERY)     # the evaluator reads its windows
         states, history, failures = data.states, data.history, data.failures
         firing = states[states["state"] == "firing"] if not states.empty else states

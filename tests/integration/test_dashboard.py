@@ -14,6 +14,7 @@ import uvicorn
 from datasketches import hll_sketch, kll_doubles_sketch
 from streamlit.testing.v1 import AppTest
 
+from alerting.alertmanager import fingerprint
 from alerting.api import create_app
 from alerting.silences import listed as listed_silences
 from alerting.silences import new_silence, save
@@ -178,10 +179,21 @@ def test_alerts_page_shows_firing_alerts_their_history_and_the_rules(store, tmp_
     assert at.query_params["minutes"] == "15"      # the range is in the URL
 
 
+ROUTING = """
+[routing]
+receiver = "oncall"
+group_by = ["app"]
+
+[[receiver]]
+name = "oncall"
+webhook = { url = "http://127.0.0.1:9/hook" }
+"""
+
+
 def test_alerts_page_marks_silenced_alerts_and_lists_silences_and_what_receivers_were_sent(store, tmp_path,
                                                                                              monkeypatch):
     rules = tmp_path / "alerts.toml"
-    rules.write_text(RULES)
+    rules.write_text(RULES + ROUTING)
     monkeypatch.setenv("EVENTIDE_ALERTING__RULES_FILE", str(rules))
     now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
     labels = '{"alertname": "checkout p99", "severity": "warning", "app": "checkout"}'
@@ -195,8 +207,9 @@ def test_alerts_page_marks_silenced_alerts_and_lists_silences_and_what_receivers
                                                  "warning", 1, now, labels.replace("checkout\"}", f'{app}"}}')]],
                           column_names=["transition_key", "rule", "series", "to_state", "window_end", "value",
                                         "threshold", "severity", "notify", "recorded_at", "labels"])
-        client.insert("alert_group_notifications", [["oncall|{}:{}|1", "oncall", '{}:{app="search"}', "firing", ["f"],
-                                                     [], 1, "{}", now]],
+        search = {"alertname": "checkout p99", "severity": "warning", "app": "search"}
+        client.insert("alert_group_notifications", [["oncall|{}:{}|1", "oncall", '{}:{app="search"}', "firing",
+                                                     [fingerprint(search)], [], 1, "{}", now]],
                       column_names=["notification_key", "receiver", "group_key", "status", "firing", "resolved",
                                     "alerts", "body", "decided_at"])
     at_ms = int(now.replace(tzinfo=UTC).timestamp() * 1000)
@@ -207,6 +220,12 @@ def test_alerts_page_marks_silenced_alerts_and_lists_silences_and_what_receivers
     silence_id = silences["silence_id"][0]
     assert dict(zip(states["series"], states["silenced"], strict=True)) == {
         "checkout · metric · latency_ms": silence_id, "search · metric · latency_ms": ""}
+    # and says why the one is not notified and when the other's repeat is due,
+    sent_at, repeat = (t.strftime("%H:%M:%S UTC") for t in (now, now + timedelta(hours=4)))
+    assert dict(zip(states["series"], states["notified"], strict=True)) == {
+        "checkout · metric · latency_ms": f"silenced ({silence_id[:8]}): not sent to receivers",
+        "search · metric · latency_ms": f"oncall: sent {sent_at}; repeated at {repeat} if still firing "
+                                        "(repeat_interval)"}
     assert list(silences["state"]) == ["active"] and list(silences["matchers"]) == ['app="checkout"']
     assert list(sent["receiver"]) == ["oncall"] and list(sent["delivered"]) == [False]
 

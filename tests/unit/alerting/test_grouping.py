@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from alerting.alertmanager import Alert
+from datetime import UTC, datetime
+
+from alerting.alertmanager import Alert, fingerprint
+from alerting.dispatch import notification_status
 from alerting.grouping import Dispatcher, GroupNotification, KnownAlert, Sent
 from alerting.routes import RootRoute, Route, resolve
+from alerting.rules import parse_rules
 
 S = 1000
 MINUTE = 60 * S
@@ -136,3 +140,65 @@ def test_thirty_series_in_ten_apps_grouped_by_app_make_ten_notifications_of_thre
     decided = receivers.flush(firing, 0) + receivers.flush(firing, 30 * S)
     assert sorted((n.group_labels["app"], len(n.alerts)) for n in decided) == [(f"app{i}", 3) for i in range(10)]
     assert receivers.flush(firing, 3600 * S) == []     # nothing new: no repeat before repeat_interval (4 h)
+
+
+ROUTED = """
+[[rule]]
+name = "slow"
+series = { app = "*", kind = "metric", name = "latency_ms" }
+statistic = "p99"
+comparator = ">"
+threshold = 500
+
+[routing]
+receiver = "oncall"
+group_by = ["alertname"]
+
+[[route]]
+matchers = ['app = "checkout"']
+receiver = "am"
+continue = true
+
+[[receiver]]
+name = "oncall"
+webhook = { url = "http://127.0.0.1:9/hook" }
+
+[[receiver]]
+name = "am"
+alertmanager = { url = "http://127.0.0.1:9/" }
+"""
+
+
+def test_the_alerts_page_says_why_an_alert_was_or_was_not_notified_yet() -> None:
+    # Given the routes above (group_wait 30 s, group_interval 5 min, repeat_interval 4 h) and a flush history,
+    rules = parse_rules(ROUTED)
+    shop = {"alertname": "slow", "severity": "warning", "app": "shop"}
+    checkout = {**shop, "app": "checkout"}
+    group = ("oncall", '{}:{alertname="slow"}')
+    t0 = 1_800_000_000_000
+    clock = "%H:%M:%S UTC"
+
+    def at(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime(clock)
+
+    def status(labels: dict[str, str], sent: dict, now: int, firing: bool = True, silenced: tuple = ()) -> str:
+        return notification_status(rules, labels, firing, t0, sent, list(silenced), now)
+
+    # a new alert waits for group_wait; then it is due,
+    assert status(shop, {}, t0 + 10 * S) == f"oncall: waiting for group_wait, until {at(t0 + 30 * S)}"
+    assert status(shop, {}, t0 + 31 * S) == "oncall: due at the group's next flush"
+    # once sent, its repeat waits for repeat_interval,
+    sent = {group: Sent(frozenset({fingerprint(shop)}), frozenset(), t0 + 30 * S)}
+    assert status(shop, sent, t0 + MINUTE) == (
+        f"oncall: sent {at(t0 + 30 * S)}; repeated at {at(t0 + 30 * S + 4 * 3600 * S)} if still firing "
+        "(repeat_interval)")
+    # one joining the notified group waits for its group_interval; checkout's route leads to the Alertmanager only,
+    assert status({**shop, "app": "search"}, sent, t0 + MINUTE) == (
+        f"oncall: joined a notified group; in its next notification, at {at(t0 + 330 * S)} (group_interval)")
+    assert status(checkout, sent, t0 + MINUTE) == "am: sent at the next push to Alertmanager"
+    # a resolved one the receiver knew of is cleared at the next flush; a silenced one is sent nowhere.
+    assert status(shop, sent, t0 + MINUTE, firing=False) == "oncall: resolution due at the group's next flush"
+    assert status(shop, sent, t0 + MINUTE, silenced=["0123456789abcdef"]) == (
+        "silenced (01234567): not sent to receivers")
+    assert notification_status(parse_rules(ROUTED.split("[routing]")[0]), shop, True, t0, {}, [], t0) == (
+        "per-transition channels only (the rules file has no [routing])")
