@@ -5,11 +5,14 @@
     DELETE /api/v2/silence/{id}       expire it now
 
 Every request needs ``Authorization: Bearer <token>`` with one of ``alerting.api_tokens`` (401 otherwise). The
-alerting service serves it on ``alerting.api_host``:``alerting.api_port`` when the port is set.
+alerting service serves it on ``alerting.api_host``:``alerting.api_port`` when the port is set (:func:`server_config`):
+a request's headers and then its body each have ``alerting.api_request_timeout_s`` to arrive (408 after), and at
+most ``alerting.api_max_connections`` connections are open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import urllib.error
@@ -19,6 +22,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+import uvicorn
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -30,6 +34,7 @@ from alerting.alertmanager import go_time
 from alerting.routes import Matcher
 from eventide.config import Config, ConfigError
 from eventide.envelope import ms_of, now_ms
+from eventide.http_deadline import HeadDeadlineProtocol
 from store.client import StoreUnavailable
 
 
@@ -107,10 +112,17 @@ def create_app(config: Config) -> ASGIApp:
             await _refuse(send, 413, f"a body of at most {MAX_BODY_BYTES} bytes")
             return
         read = 0
+        loop = asyncio.get_running_loop()
+        body_deadline = loop.time() + config.alerting.api_request_timeout_s
 
         async def capped() -> Message:
             nonlocal read
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, body_deadline - loop.time()))
+            except TimeoutError:
+                late = f"the body did not arrive within {config.alerting.api_request_timeout_s:g} s"
+                raise HTTPException(408, f"{late} (alerting.api_request_timeout_s)",
+                                    headers={"Connection": "close"}) from None
             read += len(message.get("body", b""))
             if read > MAX_BODY_BYTES:      # a chunked body longer than it said
                 raise HTTPException(413, f"a body of at most {MAX_BODY_BYTES} bytes")
@@ -146,6 +158,26 @@ def create_app(config: Config) -> ASGIApp:
         return JSONResponse(None)
 
     return guarded
+
+
+class _HeadDeadline(HeadDeadlineProtocol):
+    """The silences API's deadline on a request's headers: a late client gets a JSON 408 and is disconnected."""
+
+    def late_response(self) -> bytes:
+        body = json.dumps({"detail": f"request headers not received within {self.head_timeout_s:g} s "
+                                     "(alerting.api_request_timeout_s)"}).encode()
+        return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def server_config(config: Config) -> uvicorn.Config:
+    """The silences API's uvicorn server: h11 with a deadline on the headers and a cap on connections (the body's
+    deadline is :func:`create_app`'s), keep-alive connections closed after 5 s idle."""
+    a = config.alerting
+    protocol = type("SilencesHttp", (_HeadDeadline,), {"head_timeout_s": a.api_request_timeout_s,
+                                                       "max_connections": a.api_max_connections})
+    return uvicorn.Config(create_app(config), host=a.api_host, port=a.api_port, http=protocol, log_level="warning",
+                          lifespan="off", timeout_keep_alive=5)
 
 
 async def _refuse(send: Send, status: int, reason: str, headers: dict[str, str] | None = None) -> None:

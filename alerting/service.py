@@ -91,10 +91,9 @@ def _serve_api(config: Config) -> uvicorn.Server | None:
     a = config.alerting
     if not a.api_port:
         return None
-    from alerting.api import create_app
+    from alerting.api import server_config
 
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host=a.api_host, port=a.api_port, log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(server_config(config))
     threading.Thread(target=server.run, daemon=True, name="eventide-alerting-api").start()
     log.info("alerting: silences API on http://%s:%d/api/v2/silences", a.api_host, a.api_port)
     return server

@@ -512,6 +512,12 @@ class AlertingConfig(_Section):
     """Port of the silences API (Alertmanager's ``/api/v2/silences``, ``alerting/api.py``); 0: not served."""
     api_tokens: list[str] = Field(default_factory=list)
     """Bearer tokens the silences API accepts (at least 16 characters each); needed when ``api_port`` is set."""
+    api_request_timeout_s: float = Field(10.0, gt=0)
+    """Longest time the silences API waits for a request's headers, and then again for its body: a client that
+    sends nothing or trickles it gets 408 and is disconnected, holding no connection for longer."""
+    api_max_connections: int = Field(64, ge=4)
+    """Open connections to the silences API at most (its users are a few people and the dashboard); one more is
+    closed at once."""
 
     @field_validator("api_tokens")
     @classmethod

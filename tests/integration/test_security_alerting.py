@@ -22,6 +22,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from alerting import service
+from alerting.api import server_config
 from alerting.delivery import Delivery, deliver
 from alerting.evaluator import evaluate
 from alerting.notify import WebhookChannel, encode, idempotency_key
@@ -29,11 +30,13 @@ from alerting.rules import parse_rules
 from alerting.state import Transition
 from dashboard import queries
 from eventide.config import Config, load_config, to_environ
+from stack.services import free_port
 from store.client import connect
 from store.migrations import apply_migrations
 from store.range_query import SeriesKey
 from tests.support.fault_injection import WebhookReceiver, delivery_failures, store_transitions, webhook_faults
 from tests.support.pipeline import wait_until
+from tests.support.servers import uvicorn_in_thread
 from tests.support.stack import REPO, own_database
 from tests.support.window_rows import Event, insert, window_row
 
@@ -314,3 +317,57 @@ def test_a_webhook_url_with_user_and_password_is_delivered_with_basic_credential
     [got] = receiver.received
     assert got.headers["Authorization"] == "Basic " + base64.b64encode(b"alert bot:p@ss:w").decode()
     assert got.body is not None and got.body["series"] == "basic"
+
+
+# The silences API against slow and idle clients -------------------------------------------------------------
+
+API_TOKEN = "silences-deadline-token-0123456789"
+
+
+def answer_and_close(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and when it closed (s after the call)."""
+    started = time.monotonic()
+    sock.settimeout(timeout_s)
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data, time.monotonic() - started
+
+
+def test_the_silences_api_answers_408_to_late_headers_and_bodies_and_caps_its_connections(store: Config) -> None:
+    # Given the API with a 1-s deadline and at most 4 connections,
+    config = store.model_copy(update={"alerting": store.alerting.model_copy(update={
+        "api_port": free_port(), "api_tokens": [API_TOKEN], "api_request_timeout_s": 1.0, "api_max_connections": 4})})
+    address = ("127.0.0.1", config.alerting.api_port)
+    with uvicorn_in_thread(server_config(config)):
+        # a client that connects and sends nothing, and one that trickles its headers, each get 408 and are let go,
+        with socket.create_connection(address) as silent:
+            data, closed_after = answer_and_close(silent, timeout_s=5)
+        assert data.startswith(b"HTTP/1.1 408") and b"alerting.api_request_timeout_s" in data, data
+        assert 0.8 < closed_after < 2.0, closed_after
+        with socket.create_connection(address) as trickling:
+            trickling.sendall(b"GET /api/v2/silen")
+            data, closed_after = answer_and_close(trickling, timeout_s=5)
+        assert data.startswith(b"HTTP/1.1 408") and closed_after < 2.0, closed_after
+        # a body that does not come within the deadline gets 408 too,
+        with socket.create_connection(address) as slow_body:
+            slow_body.sendall(f"POST /api/v2/silences HTTP/1.1\r\nHost: am\r\nAuthorization: Bearer {API_TOKEN}\r\n"
+                              "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode())
+            data, closed_after = answer_and_close(slow_body, timeout_s=5)
+        assert data.startswith(b"HTTP/1.1 408") and b"the body did not arrive" in data, data
+        assert closed_after < 2.5, closed_after
+        # and connections past the cap are closed at once, while a request within it is answered.
+        held = [socket.create_connection(address) for _ in range(4)]
+        try:
+            with socket.create_connection(address) as over:
+                data, closed_after = answer_and_close(over, timeout_s=5)
+            assert data == b"" and closed_after < 0.5, (data, closed_after)
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.2)
+        with socket.create_connection(address) as sock:
+            sock.sendall(f"GET /api/v2/silences HTTP/1.1\r\nHost: am\r\nAuthorization: Bearer {API_TOKEN}\r\n"
+                         "Connection: close\r\n\r\n".encode())
+            data, _ = answer_and_close(sock, timeout_s=5)
+        assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"[]"), data
