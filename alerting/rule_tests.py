@@ -16,6 +16,13 @@ consecutive finished windows, these alerts fire and resolve at these windows.
     rule = "checkout p99 latency"
     series = "checkout · metric · latency_ms"      # the alert's series as the Alerts page shows it
     status = "firing"                       # firing | resolved
+    [test.alert.labels]                     # optional: the alert's labels, exactly
+    alertname = "checkout p99 latency"
+    severity = "warning"
+    app = "checkout"
+    kind = "metric"
+    name = "latency_ms"
+    team = "checkout"                       # the rule's own
 
 A rule reads an input when its ``window_s``, its statistic and its series selector (``app = "*"``: any app) match;
 a rule on log lines reads the series its search makes: ``{ app = "checkout", kind = "log", name = 'lines "payment
@@ -33,7 +40,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from alerting.labels import PIPELINE_SERIES, series_label
+from alerting.labels import PIPELINE_SERIES, alert_labels, series_label
 from alerting.rules import AlertRule, rules_for
 from alerting.state import AlertState, run
 from eventide.config import Config, ConfigError, SeriesSelector
@@ -87,6 +94,9 @@ class ExpectedAlert(_Strict):
     rule: str
     series: str = PIPELINE_SERIES
     status: Literal["firing", "resolved"]
+    labels: dict[str, str] | None = None
+    """When given, the alert's labels exactly (``alertname``, ``severity``, the series' ``app``, ``kind``, ``name``
+    and the rule's own), as routes and silences see them; like ``exp_labels`` of ``promtool test rules``."""
 
 
 class RuleTest(_Strict):
@@ -118,27 +128,38 @@ def reads(rule: AlertRule, given: TestInput) -> bool:
             and rule.series.name == given.series.name)
 
 
-def notified(rules: list[AlertRule], test: RuleTest) -> set[Notified]:
-    """The firing and resolved notifications ``rules`` give on ``test``'s inputs."""
-    found = set()
+def notified(rules: list[AlertRule], test: RuleTest) -> dict[Notified, dict[str, str]]:
+    """The firing and resolved notifications ``rules`` give on ``test``'s inputs, with each alert's labels."""
+    found = {}
     for given in test.input:
         for rule in rules:
             if reads(rule, given):
                 _, transitions = run(rule, AlertState(rule.name, given.label), given.windows(rule.statistic))
-                found |= {(t.window_end_ms // (given.window_s * 1000), t.rule, t.series, t.to)
+                series = None if given.series is None else SeriesKey(given.series.app, given.series.kind,
+                                                                     given.series.name)
+                labels = alert_labels(rule.name, rule.severity, series, rule.labels)
+                found |= {(t.window_end_ms // (given.window_s * 1000), t.rule, t.series, t.to): labels
                           for t in transitions if t.notify}
     return found
 
 
 def failures(rules: list[AlertRule], test: RuleTest) -> list[str]:
-    """One line per expected notification that did not come and per one that came unexpected."""
-    expected = {(a.at, a.rule, a.series, a.status) for a in test.alert}
+    """One line per expected notification that did not come, per one that came unexpected, and per one that came
+    with other labels than expected."""
+    expected = {(a.at, a.rule, a.series, a.status): a.labels for a in test.alert}
     got = notified(rules, test)
     lines = [f"test {test.name!r}: expected {status} of {rule!r} [{series}] at window {at}, but it did not come"
-             for at, rule, series, status in sorted(expected - got)]
+             for at, rule, series, status in sorted(expected.keys() - got.keys())]
     lines += [f"test {test.name!r}: unexpected {status} of {rule!r} [{series}] at window {at}"
-              for at, rule, series, status in sorted(got - expected)]
+              for at, rule, series, status in sorted(got.keys() - expected.keys())]
+    lines += [f"test {test.name!r}: {key[3]} of {key[1]!r} [{key[2]}] at window {key[0]} has labels "
+              f"{_labels(got[key])}, expected {_labels(labels)}"
+              for key, labels in sorted(expected.items()) if labels is not None and key in got and got[key] != labels]
     return lines
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
 def load_tests(path: Path) -> RuleTests:

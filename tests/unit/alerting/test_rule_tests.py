@@ -97,3 +97,20 @@ status = "firing"
     assert cli.main(["alerts", "test", written(tmp_path, test)]) == 1
     assert capsys.readouterr().err.splitlines()[0].split(": ", 1)[1] == (
         f"test 'declined payments': unexpected resolved of 'payments declined' [search · log · {search}] at window 2")
+
+
+def test_an_alert_with_other_labels_than_expected_fails_naming_both(tmp_path, capsys) -> None:
+    # Given the slow-checkout test expecting the firing alert's labels, one of them wrong,
+    labels = ('\n[test.alert.labels]\nalertname = "checkout p99 latency"\nseverity = "{severity}"\napp = "checkout"\n'
+              'kind = "metric"\nname = "latency_ms"\nteam = "checkout"\n')
+    right, wrong = (P99_TEST.replace('status = "firing"\n', 'status = "firing"' + labels.format(severity=s), 1)
+                    for s in ("warning", "critical"))
+    assert cli.main(["alerts", "test", written(tmp_path, right)]) == 0
+    capsys.readouterr()
+    # then the test fails with a line naming the labels it got and those expected.
+    assert cli.main(["alerts", "test", written(tmp_path, wrong)]) == 1
+    assert capsys.readouterr().err.splitlines()[0].split(": ", 1)[1] == (
+        "test 'slow checkout': firing of 'checkout p99 latency' [checkout · metric · latency_ms] at window 2 has "
+        'labels {alertname="checkout p99 latency", app="checkout", kind="metric", name="latency_ms", '
+        'severity="warning", team="checkout"}, expected {alertname="checkout p99 latency", app="checkout", '
+        'kind="metric", name="latency_ms", severity="critical", team="checkout"}')
