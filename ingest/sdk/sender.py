@@ -202,8 +202,10 @@ class Sender:
         self.online = False
         self._replaying = False
         self._next_probe = time.monotonic() + self.config.sdk.reconnect_probe_s
-        # Queued (not yet sent) records are older than anything still in the buffer: spool them first.
-        self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+        # Queued (not yet sent) records are older than anything still in the buffer: spool them first. Blocking:
+        # without it the broker threads purge their queues later, and the reports of those records could come
+        # (and be spooled) after newer events, out of order.
+        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
         self._producer.poll(0)
 
     def _offline_step(self) -> None:
