@@ -34,7 +34,7 @@ from eventide.links import ALERTS_PAGE, dashboard_link, logs_url
 from store import pipeline
 from store.client import connect
 from store.log_query import window_counts
-from store.range_query import SeriesKey, SeriesWindows, fetch_series_windows
+from store.range_query import RangeStats, SeriesKey, SeriesWindows, fetch_series_windows
 
 log = logging.getLogger("eventide.alerting")
 
@@ -95,28 +95,28 @@ def watermark_ms(client: Client) -> int | None:
     return ms_of(mark) if mark is not None else None
 
 
-def _series_value(rule: AlertRule, bucket: Any) -> float | None:
+def _series_value(rule: AlertRule) -> Callable[[RangeStats], float | None]:
+    """How ``rule``'s statistic is read from one window's stats: decided once per rule, applied per window."""
     stat, seconds = rule.statistic, rule.window_s
     q = quantile_of(stat)
     if q is not None:
-        return bucket.quantiles.get(q)
+        return lambda b: b.quantiles.get(q)
     if stat == "count":
-        return float(bucket.count)
+        return lambda b: float(b.count)
     if stat == "rate":
-        return bucket.count / seconds
+        return lambda b: b.count / seconds
     if stat == "sum":
-        return bucket.sum
+        return lambda b: b.sum
     if stat == "mean":
-        return bucket.sum / bucket.value_count if bucket.value_count else None
+        return lambda b: b.sum / b.value_count if b.value_count else None
     if stat in ("min", "max"):
-        return getattr(bucket, stat)
+        return lambda b: getattr(b, stat)
     if stat == "distinct_users":
-        return float(bucket.distinct_users)
+        return lambda b: float(b.distinct_users)
     if stat == "distinct_devices":
-        return float(bucket.distinct_devices)
+        return lambda b: float(b.distinct_devices)
     if stat == "error_ratio":
-        errors = bucket.levels.get("error", 0) + bucket.levels.get("critical", 0)
-        return errors / bucket.count if bucket.count else None
+        return lambda b: (b.levels.get("error", 0) + b.levels.get("critical", 0)) / b.count if b.count else None
     raise ValueError(f"not a series statistic: {stat}")
 
 
@@ -143,7 +143,8 @@ def rule_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], star
         fetched = fetch_series_windows(client, rule.series.kind, rule.series.name, sorted({s.app for s in matches}),
                                        rule.window_s, utc_of(start_ms), utc_of(end_ms), sketches=_sketches_of(rule))
     by_series = fetched.buckets(matches, quantiles=[q] if q is not None else [0.5], sketches=_sketches_of(rule))
-    return {s: [Sample(ms_of(b.end), _series_value(rule, b)) for b in buckets if ms_of(b.end) - ms_of(b.start) == width]
+    value, whole = _series_value(rule), timedelta(milliseconds=width)
+    return {s: [Sample(ms_of(b.end), value(b)) for b in buckets if b.end - b.start == whole]
             for s, buckets in by_series.items()}
 
 
@@ -330,26 +331,29 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
         for rule in rules.rule:
             width = rule.window_s * 1000
             first_window = now - (rule.for_windows + 2) * width    # a new rule looks back a few windows only
-            keys: list[tuple[SeriesKey | None, Callable[[int, int], list[Sample]]]]
+            keys: list[tuple[SeriesKey | None, str, Callable[[int, int], list[Sample]]]]
             if rule.series is None and rule.logs is None:
                 finished = now - round(config.stream.trigger_interval_s * 1000)   # the job's last writes are in
-                keys = [(None, lambda lo, hi, r=rule: pipeline_samples(config, client, r, lo, hi, now))]
+                keys = [(None, series_label(None),
+                         lambda lo, hi, r=rule: pipeline_samples(config, client, r, lo, hi, now))]
             else:
                 if mark is None:
                     continue
                 finished = mark
-                matches = reads.matching(rule)
+                labelled = [(s, series_label(s)) for s in reads.matching(rule)]
                 # Every series of the rule from one read over the earliest range any of them needs.
-                earliest = min((max(states.get((rule.name, series_label(s)), AlertState("", "")).evaluated_until_ms,
-                                    first_window // width * width) for s in matches), default=0)
-                keys = [(series, lambda lo, hi, r=rule, s=series, e=earliest: reads.samples(r, s, min(lo, e), hi))
-                        for series in matches]
+                earliest = min((max(states[(rule.name, label)].evaluated_until_ms if (rule.name, label) in states
+                                    else 0, first_window // width * width) for _, label in labelled), default=0)
+                if finished // width * width <= earliest:
+                    continue     # no series of the rule has a window finished since the last pass
+                keys = [(series, label, lambda lo, hi, r=rule, s=series, e=earliest: reads.samples(r, s, min(lo, e),
+                                                                                                   hi))
+                        for series, label in labelled]
             new_states, transitions = [], []
-            for series_key, samples_of in keys:
-                label = series_label(series_key)
-                current = states.get((rule.name, label), AlertState(rule.name, label))
+            end = finished // width * width
+            for series_key, label, samples_of in keys:
+                current = states.get((rule.name, label)) or AlertState(rule.name, label)
                 start = max(current.evaluated_until_ms, first_window // width * width)
-                end = finished // width * width
                 if end <= start:
                     continue
                 samples = _with_week_over_week(rule, samples_of(start, end), samples_of)

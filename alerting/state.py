@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from alerting.rules import COMPARATORS, AlertRule
@@ -73,30 +73,34 @@ def step(rule: AlertRule, current: AlertState, window_end_ms: int,
     """Evaluate one finished window; returns the new state and the transition it caused, if any."""
     if window_end_ms <= current.evaluated_until_ms:
         return current, None
-    evaluated = replace(current, evaluated_until_ms=window_end_ms, value=value)
+
+    def moved(state: State, count: int, calm: int, since_ms: int) -> AlertState:
+        # Built field by field: the evaluator steps every (rule, series) of every window, and dataclasses.replace
+        # costs several times more.
+        return AlertState(current.rule, current.series, state, count, window_end_ms, since_ms, value, calm)
 
     def to(state: State, transition: Literal["pending", "firing", "resolved", "ok"],
            count: int) -> tuple[AlertState, Transition]:
-        return (replace(evaluated, state=state, breaches=count, calm=0, since_ms=window_end_ms),
+        return (moved(state, count, 0, window_end_ms),
                 Transition(rule.name, current.series, transition, window_end_ms, value, rule.threshold,
                            rule.severity))
 
     if breaches(rule, value):
         count = current.breaches + 1
         if current.state == "firing":
-            return replace(evaluated, breaches=count, calm=0), None
+            return moved("firing", count, 0, current.since_ms), None
         if count >= rule.for_windows:
             return to("firing", "firing", count)
         if current.state == "ok":
             return to("pending", "pending", count)
-        return replace(evaluated, breaches=count), None
+        return moved(current.state, count, current.calm, current.since_ms), None
     if current.state == "firing":
         if current.calm < rule.keep_firing_for:
-            return replace(evaluated, breaches=0, calm=current.calm + 1), None
+            return moved("firing", 0, current.calm + 1, current.since_ms), None
         return to("ok", "resolved", 0)
     if current.state == "pending":
         return to("ok", "ok", 0)
-    return replace(evaluated, breaches=0), None
+    return moved(current.state, 0, current.calm, current.since_ms), None
 
 
 def run(rule: AlertRule, current: AlertState,

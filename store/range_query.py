@@ -17,6 +17,7 @@ Every function takes an open client (``store.client.connect``) and runs one SQL 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -381,7 +382,8 @@ def _combine(rows: list[_Row], lo: int, hi: int, length_ms: int | None, quantile
              hll_lg_k: int | None, horizon_ms: int | None, sketches: frozenset[str] = SKETCHES) -> RangeStats:
     # Column-wise (one tuple per field): sums over tuples run in C, where a generator per field and bucket cost
     # more than the sketches for a day of 60 s buckets.
-    cols = _Row(*zip(*rows, strict=True)) if rows else _NO_ROWS
+    cols = (_Row._make((v,) for v in rows[0]) if len(rows) == 1 else _Row(*zip(*rows, strict=True)) if rows
+            else _NO_ROWS)
     values = merge_kll(cols.value_sketch) if "values" in sketches else None
     users = merge_hll(cols.users_sketch, hll_lg_k) if "users" in sketches else None
     devices = merge_hll(cols.devices_sketch, hll_lg_k) if "devices" in sketches else None
@@ -390,8 +392,8 @@ def _combine(rows: list[_Row], lo: int, hi: int, length_ms: int | None, quantile
     # One sorted view of the sketch for all ranks (get_quantile per rank built it once per rank).
     ranked = values.get_quantiles(list(quantiles), inclusive=True) if values is not None else [None] * len(quantiles)
     return RangeStats(
-        start=_EPOCH + lo * _MS,
-        end=_EPOCH + hi * _MS,
+        start=_utc_ms(lo),
+        end=_utc_ms(hi),
         source_length_s=length_ms / 1000 if length_ms is not None else None,
         windows=len(rows),
         count=int(sum(cols.event_count)),
@@ -409,6 +411,12 @@ def _combine(rows: list[_Row], lo: int, hi: int, length_ms: int | None, quantile
         users_sketch=users,
         devices_sketch=devices,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _utc_ms(ms: int) -> datetime:
+    """A bucket bound as a UTC datetime; cached: every series of a read shares its buckets' bounds."""
+    return _EPOCH + ms * _MS
 
 
 def _final_horizon(rows: list[_Row]) -> int | None:
