@@ -30,12 +30,13 @@ from eventide.config import Config, ConfigError
 from stack.cli import build_parser, silence_command
 from stack.services import free_port
 from store.migrations import apply_migrations
+from store.range_query import SeriesKey
 from tests.support.alert_clock import MINUTE, SLOW_P99_RULE, AlertingOnTestClock, latency_minutes, with_rules
 from tests.support.fault_injection import WebhookReceiver
 from tests.support.pipeline import wait_until
 from tests.support.servers import uvicorn_in_thread
 from tests.support.stack import fresh_stack
-from tests.support.window_rows import insert
+from tests.support.window_rows import Event, insert, window_row
 
 T0 = (datetime.now(UTC) - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
 SLOW, FAST = [900.0] * 100, [10.0] * 100
@@ -71,11 +72,13 @@ def store(kafka: Config, request: pytest.FixtureRequest, tmp_path: Path, receive
                       RULES.replace("URL", receiver.url))
 
 
-def run_service(config: Config, receiver: WebhookReceiver, until_s: int) -> list[tuple[int, dict[str, Any]]]:
-    """A pass every 30 s of test clock from T0 + 65 s; (seconds, body) of each notification ``receiver`` got."""
+def run_service(config: Config, receiver: WebhookReceiver, until_s: int,
+                from_s: int = 65) -> list[tuple[int, dict[str, Any]]]:
+    """A pass every 30 s of test clock from T0 + ``from_s``; (seconds, body) of each notification ``receiver``
+    got."""
     service = AlertingOnTestClock(config, rules_for(config), T0)
     got: list[tuple[int, dict[str, Any]]] = []
-    for t in range(65, until_s + 1, 30):
+    for t in range(from_s, until_s + 1, 30):
         before = len(receiver.received)
         service.at(t)
         got += [(t, r.body) for r in receiver.received[before:] if r.body is not None]
@@ -110,6 +113,27 @@ def test_thirty_series_make_one_notification_a_late_one_one_more_and_the_all_cle
 
 BY_APP = RULES.replace('group_by = ["alertname"]', 'group_by = ["app"]').replace('"30s"', '"10s"').replace(
     '"5m"', '"1m"')
+
+
+def test_thirty_series_in_ten_apps_grouped_by_app_make_ten_notifications_and_a_restart_sends_none_again(
+        store: Config, receiver: WebhookReceiver) -> None:
+    store.alert_rules_file.write_text(RULES.replace('group_by = ["alertname"]', 'group_by = ["app"]')
+                                      .replace("URL", receiver.url))
+    # Given 10 apps with 3 slow series each (one per region tag),
+    rows = []
+    for app in range(10):
+        for region in ("ap", "eu", "us"):
+            series = SeriesKey(f"app{app}", "metric", "latency_ms", f"region={region}")
+            rows += [window_row(store, series, T0 + m * MINUTE, MINUTE,
+                                [Event(T0 + m * MINUTE + timedelta(seconds=1), v) for v in SLOW]) for m in range(10)]
+    insert(store, rows)
+    # when the service runs, then is restarted and runs on (before repeat_interval),
+    got = run_service(store, receiver, 275)
+    again = run_service(store, receiver, 545, from_s=305)
+    # one notification per app carries its three alerts, and the restarted service sends nothing again.
+    assert sorted((t, b["groupLabels"]["app"], len(b["alerts"])) for t, b in got) == [
+        (95, f"app{app}", 3) for app in range(10)]
+    assert again == [], again
 
 
 def test_a_silence_mutes_exactly_the_alerts_it_matches_through_a_restart_until_it_is_expired(
