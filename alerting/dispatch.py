@@ -20,7 +20,7 @@ from alerting.rules import AlertRules
 from alerting.silences import load as silences_of
 from alerting.silences import muting
 from eventide.config import Config
-from eventide.envelope import ms_of
+from eventide.envelope import ms_of, utc_of
 from store.client import connect
 
 PUSHED = "alertmanager"
@@ -181,6 +181,34 @@ def notification_status(rules: AlertRules, labels: dict[str, str], firing: bool,
         else:
             parts.append(f"{name}: never notified (resolved before its group was sent)")
     return "; ".join(parts) or "no route reaches a receiver"
+
+
+def current_groups(rules: AlertRules, alerts: list[tuple[dict[str, str], bool]],
+                   sent: dict[tuple[str, str], Sent]) -> list[dict[str, Any]]:
+    """The groups the current alerts form under ``rules``' routes, for the Alerts page: per receiver and group,
+    its labels, how many of its alerts fire, how many resolved that the receiver still knows as firing (its next
+    notification clears them), and when it was last notified of the group and of how many firing alerts.
+    ``alerts``: (labels, firing) of each alert not silenced; ``sent``: :func:`last_sent`. A group with neither
+    is over. An Alertmanager receiver's alerts are one row (Alertmanager groups them itself)."""
+    tree = rules.routing_tree
+    if tree is None:
+        return []
+    alertmanagers = {r.name for r in rules.receiver if r.alertmanager is not None}
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for labels, firing in alerts:
+        for route in tree.routes_for(labels):
+            grouped = route.receiver not in alertmanagers
+            key = f"{route.key}:{label_set(route.group_labels(labels))}" if grouped else PUSHED
+            last = sent.get((route.receiver, key))
+            if not firing and (last is None or fingerprint(labels) not in last.firing):
+                continue
+            group = groups.setdefault((route.receiver, key), {
+                "receiver": route.receiver, "group": label_set(route.group_labels(labels)) if grouped
+                else "(Alertmanager groups them)", "firing": 0, "to_clear": 0,
+                "last_notified": utc_of(last.at_ms) if last is not None else None,
+                "firing_notified": len(last.firing) if last is not None else 0})
+            group["firing" if firing else "to_clear"] += 1
+    return [groups[key] for key in sorted(groups)]
 
 
 def _clock(ms: int) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from alerting.dispatch import last_sent, notification_status
+from alerting.dispatch import current_groups, last_sent, notification_status
 from alerting.grouping import Sent
 from alerting.rules import AlertRules
 from alerting.silences import from_row, muting
@@ -37,6 +37,9 @@ class AlertsData:
     """Silences active or pending now (``queries.silences``), with their ``state``."""
     sent: pd.DataFrame
     """What receivers were sent in the range (``queries.group_notifications``)."""
+    groups: pd.DataFrame
+    """The groups the current alerts form under the routes (``alerting.dispatch.current_groups``); silenced alerts
+    are in none, as they are sent nowhere."""
 
 
 def alerts_data(reader: Reader, since: datetime, until: datetime, rules: AlertRules | None = None) -> AlertsData:
@@ -62,7 +65,11 @@ def alerts_data(reader: Reader, since: datetime, until: datetime, rules: AlertRu
     if not shown.empty:
         shown = shown.assign(state=[s.state(at) for s in found],
                              matchers=[" ".join(m) for m in shown["matchers"]])
-    return AlertsData(data["batches"], states, data["history"], data["failures"], shown, data["sent"])
+    current = [(labels, row.to_state == "firing") for row in known.values()
+               if not muting(found, labels := _labels(row) or {"alertname": str(row.rule)}, at)]
+    groups = pd.DataFrame(current_groups(rules or AlertRules(), current, data["last_sent"]),
+                          columns=["receiver", "group", "firing", "to_clear", "last_notified", "firing_notified"])
+    return AlertsData(data["batches"], states, data["history"], data["failures"], shown, data["sent"], groups)
 
 
 def _labels(row: Any) -> dict[str, str]:

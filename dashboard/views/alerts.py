@@ -68,6 +68,12 @@ def page() -> None:
                     # Names verbatim (a series holds ingested app, logger and tag names): see common.literal.
                     st.markdown(f"🔎 [{what} of {common.literal(row.rule)} · {common.literal(row.series)}]"
                                 f"({link})")
+        if not data.groups.empty:
+            st.subheader("Groups")
+            st.caption("The current alerts as the routes group them, per receiver: one notification carries a "
+                       "group's alerts; `to_clear`: resolved, to be sent as resolved in the group's next one; "
+                       "`firing_notified`: how many were firing in the last one.")
+            st.dataframe(data.groups, hide_index=True, width="stretch")
         st.subheader("Silences")
         if data.silences.empty:
             st.info("No silence is active or pending. Mute alerts during a deploy with "

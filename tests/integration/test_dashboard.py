@@ -216,7 +216,7 @@ def test_alerts_page_marks_silenced_alerts_and_lists_silences_and_what_receivers
     save(store, new_silence(['app="checkout"'], at_ms - 1000, at_ms + 3_600_000, "alice", "deploy 42"))
     at = AppTest.from_file(ALERTS_PAGE, default_timeout=30).run()
     assert not at.exception
-    states, silences, sent = (at.dataframe[i].value for i in range(3))
+    states, groups, silences, sent = (at.dataframe[i].value for i in range(4))
     silence_id = silences["silence_id"][0]
     assert dict(zip(states["series"], states["silenced"], strict=True)) == {
         "checkout · metric · latency_ms": silence_id, "search · metric · latency_ms": ""}
@@ -226,6 +226,9 @@ def test_alerts_page_marks_silenced_alerts_and_lists_silences_and_what_receivers
         "checkout · metric · latency_ms": f"silenced ({silence_id[:8]}): not sent to receivers",
         "search · metric · latency_ms": f"oncall: sent {sent_at}; repeated at {repeat} if still firing "
                                         "(repeat_interval)"}
+    # the silenced alert is in no group; search's group was notified of its one alert,
+    assert groups.to_dict("records") == [{"receiver": "oncall", "group": '{app="search"}', "firing": 1, "to_clear": 0,
+                                          "last_notified": pd.Timestamp(now, tz="UTC"), "firing_notified": 1}]
     assert list(silences["state"]) == ["active"] and list(silences["matchers"]) == ['app="checkout"']
     assert list(sent["receiver"]) == ["oncall"] and list(sent["delivered"]) == [False]
 

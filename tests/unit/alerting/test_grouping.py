@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from alerting.alertmanager import Alert, fingerprint
-from alerting.dispatch import notification_status
+from alerting.dispatch import current_groups, notification_status
 from alerting.grouping import Dispatcher, GroupNotification, KnownAlert, Sent
 from alerting.routes import RootRoute, Route, resolve
 from alerting.rules import parse_rules
@@ -202,3 +202,23 @@ def test_the_alerts_page_says_why_an_alert_was_or_was_not_notified_yet() -> None
         "silenced (01234567): not sent to receivers")
     assert notification_status(parse_rules(ROUTED.split("[routing]")[0]), shop, True, t0, {}, [], t0) == (
         "per-transition channels only (the rules file has no [routing])")
+
+
+def test_the_alerts_page_lists_the_groups_current_alerts_form_per_receiver() -> None:
+    # Given the routes above, three firing alerts (checkout's to the Alertmanager), one resolved that oncall was
+    # last sent as firing and one resolved it never heard of,
+    rules = parse_rules(ROUTED)
+    labels = [{"alertname": "slow", "severity": "warning", "app": app} for app in ("shop", "search", "checkout",
+                                                                                   "cart", "gone")]
+    shop, search, checkout, cart, gone = labels
+    t0 = 1_800_000_000_000
+    sent = {("oncall", '{}:{alertname="slow"}'): Sent(frozenset({fingerprint(shop), fingerprint(cart)}),
+                                                      frozenset(), t0)}
+    groups = current_groups(rules, [(shop, True), (search, True), (checkout, True), (cart, False), (gone, False)],
+                            sent)
+    # then oncall's group holds the two firing and the one to clear, and the Alertmanager its own.
+    assert groups == [
+        {"receiver": "am", "group": "(Alertmanager groups them)", "firing": 1, "to_clear": 0, "last_notified": None,
+         "firing_notified": 0},
+        {"receiver": "oncall", "group": '{alertname="slow"}', "firing": 2, "to_clear": 1,
+         "last_notified": datetime.fromtimestamp(t0 / 1000, UTC), "firing_notified": 2}]
