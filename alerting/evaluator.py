@@ -34,7 +34,7 @@ from eventide.links import ALERTS_PAGE, dashboard_link, logs_url
 from store import pipeline
 from store.client import connect
 from store.log_query import window_counts
-from store.range_query import RangeStats, SeriesKey, SeriesWindows, fetch_series_windows
+from store.range_query import RangeStats, SeriesKey, SeriesWindows, fetch_series_windows, fetch_windows
 
 log = logging.getLogger("eventide.alerting")
 
@@ -220,6 +220,23 @@ class _PassReads:
             self._matches[key] = matching_series(self.client, rule)
         return self._matches[key]
 
+    def prefetch(self, needs: list[tuple[AlertRule, list[SeriesKey], int, int]]) -> None:
+        """Read the windows of every (rule, the series it matches, start, end) at once: one query per window length
+        and range for all the series names (``store.range_query.fetch_windows``), where one per name would scan the
+        table once each."""
+        groups: dict[tuple[int, int, int], list[tuple[AlertRule, list[SeriesKey]]]] = {}
+        for rule, matches, start_ms, end_ms in needs:
+            if rule.series is not None and rule.statistic != "dropped_stragglers" and matches:
+                groups.setdefault((rule.window_s, start_ms, end_ms), []).append((rule, matches))
+        for (window_s, start_ms, end_ms), members in groups.items():
+            fetched = fetch_windows(self.client, {(s.kind, s.name) for _, m in members for s in m},
+                                    sorted({s.app for _, m in members for s in m}), window_s, utc_of(start_ms),
+                                    utc_of(end_ms))
+            for _, matches in members:
+                kind, name = matches[0].kind, matches[0].name
+                key = (kind, name, tuple(sorted({s.app for s in matches})), window_s, start_ms, end_ms)
+                self._windows.setdefault(key, fetched[(kind, name)])
+
     def samples(self, rule: AlertRule, series: SeriesKey, start_ms: int, end_ms: int) -> list[Sample]:
         """``series``' samples of ``rule`` in ``(start_ms, end_ms]``, read with every series the rule matches."""
         if rule.logs is not None and (rule.name, start_ms, end_ms) not in self._samples:
@@ -328,6 +345,11 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
         states = load_states(client)
         mark = watermark_ms(client)
         reads = _PassReads(client)
+        # First what each rule needs, so that windows are read in one query per window length and range; then the
+        # rules, in file order.
+        plans: list[tuple[AlertRule, int, int, list[tuple[SeriesKey | None, str, Callable[[int, int],
+                                                                                 list[Sample]]]]]] = []
+        needs: list[tuple[AlertRule, list[SeriesKey], int, int]] = []
         for rule in rules.rule:
             width = rule.window_s * 1000
             first_window = now - (rule.for_windows + 2) * width    # a new rule looks back a few windows only
@@ -346,9 +368,14 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                                     else 0, first_window // width * width) for _, label in labelled), default=0)
                 if finished // width * width <= earliest:
                     continue     # no series of the rule has a window finished since the last pass
+                needs.append((rule, [s for s, _ in labelled], earliest, finished // width * width))
                 keys = [(series, label, lambda lo, hi, r=rule, s=series, e=earliest: reads.samples(r, s, min(lo, e),
                                                                                                    hi))
                         for series, label in labelled]
+            plans.append((rule, finished, first_window, keys))
+        reads.prefetch(needs)
+        for rule, finished, first_window, keys in plans:
+            width = rule.window_s * 1000
             new_states, transitions = [], []
             end = finished // width * width
             for series_key, label, samples_of in keys:

@@ -260,6 +260,14 @@ def fetch_series_windows(client: Client, kind: str, name: str, apps: Sequence[st
                          end: datetime, *, sketches: Collection[str] = SKETCHES) -> SeriesWindows:
     """One query: the tumbling windows of ``length_s`` inside ``[start, end)`` of every series of ``kind`` and
     ``name`` in ``apps`` (each tag set its own series), with ``sketches`` (of :data:`SKETCHES`)."""
+    return fetch_windows(client, [(kind, name)], apps, length_s, start, end, sketches=sketches)[(kind, name)]
+
+
+def fetch_windows(client: Client, names: Collection[tuple[str, str]], apps: Sequence[str], length_s: float,
+                  start: datetime, end: datetime, *,
+                  sketches: Collection[str] = SKETCHES) -> dict[tuple[str, str], SeriesWindows]:
+    """:func:`fetch_series_windows` of several (kind, name) pairs in one query, one scan of the table: each pair's
+    windows of ``apps``. What one alert evaluation pass reads for all its rules of one window length."""
     unknown = set(sketches) - SKETCHES
     if unknown:
         raise ValueError(f"unknown sketches {sorted(unknown)}; a window has {sorted(SKETCHES)}")
@@ -271,12 +279,15 @@ def fetch_series_windows(client: Client, kind: str, name: str, apps: Sequence[st
         if sketch not in sketches:
             sql = sql.replace(f"{column},", f"'' AS {column},")
     result = client.query(sql, parameters={
-        "kind": kind, "name": name, "apps": list(apps), "length_ms": length_ms, "start_ms": start_ms,
-        "end_ms": end_ms}, column_formats=_SKETCH_FORMATS)
-    rows: dict[SeriesKey, list[_Row]] = {}
-    for app, tags, *window in result.result_rows:
-        rows.setdefault(SeriesKey(app, kind, name, tags), []).append(_Row(*window))
-    return SeriesWindows(length_ms, start_ms, end_ms, frozenset(sketches), rows)
+        "kinds": sorted({k for k, _ in names}), "names": sorted({n for _, n in names}), "apps": list(apps),
+        "length_ms": length_ms, "start_ms": start_ms, "end_ms": end_ms}, column_formats=_SKETCH_FORMATS)
+    rows: dict[tuple[str, str], dict[SeriesKey, list[_Row]]] = {pair: {} for pair in names}
+    for kind, name, app, tags, *window in result.result_rows:
+        # kinds x names may pair a kind with a name not asked for it: those rows are not kept.
+        if (kind, name) in rows:
+            rows[(kind, name)].setdefault(SeriesKey(app, kind, name, tags), []).append(_Row(*window))
+    return {pair: SeriesWindows(length_ms, start_ms, end_ms, frozenset(sketches), series)
+            for pair, series in rows.items()}
 
 
 def _bucketed(rows: list[_Row], start_ms: int, end_ms: int, resolution_ms: int, length_ms: int | None,
@@ -345,13 +356,14 @@ _WINDOWS_SQL = (
 
 
 _SERIES_WINDOWS_SQL = (
-    "SELECT app, series_tags, window_length_ms, toUnixTimestamp64Milli(window_start), "
+    "SELECT kind, name, app, series_tags, window_length_ms, toUnixTimestamp64Milli(window_start), "
     "toUnixTimestamp64Milli(window_end), event_count, value_count, sum, min, max, value_sketch, users_sketch, "
     "devices_sketch, " + ", ".join(f"level_{level}" for level in LEVELS) + ", is_final "
-    "FROM window_results WHERE window_kind = 'tumbling' AND kind = {kind:String} AND name = {name:String} "
-    "AND app IN {apps:Array(String)} AND window_length_ms = {length_ms:UInt64} "
+    "FROM window_results WHERE window_kind = 'tumbling' AND kind IN {kinds:Array(String)} "
+    "AND name IN {names:Array(String)} AND app IN {apps:Array(String)} AND window_length_ms = {length_ms:UInt64} "
     "AND window_start >= fromUnixTimestamp64Milli({start_ms:Int64}, 'UTC') "
-    "AND window_end <= fromUnixTimestamp64Milli({end_ms:Int64}, 'UTC') ORDER BY app, series_tags, window_start"
+    "AND window_end <= fromUnixTimestamp64Milli({end_ms:Int64}, 'UTC') "
+    "ORDER BY kind, name, app, series_tags, window_start"
 )
 
 
