@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -52,17 +52,32 @@ class Sample:
 
 
 # Statistics ------------------------------------------------------------------------------------------------
-def matching_series(client: Client, rule: AlertRule) -> list[SeriesKey]:
-    """Every stored series the rule's selector matches (``app = "*"``: each app separately)."""
+Selector = tuple[str, str, str, int]
+"""What a series rule selects: (kind, name, app or ``*``, window length in s)."""
+
+
+def selector_of(rule: AlertRule) -> Selector:
     assert rule.series is not None
-    selector = rule.series
-    rows = client.query(
-        "SELECT DISTINCT app, kind, name, series_tags FROM window_aggregates "
-        "WHERE window_kind = 'tumbling' AND window_length_ms = {w:UInt64} AND kind = {k:String} "
-        "AND name = {n:String} AND ({a:String} = '*' OR app = {a:String}) ORDER BY app, series_tags",
-        parameters={"w": rule.window_s * 1000, "k": selector.kind, "n": selector.name, "a": selector.app},
-    ).result_rows
-    return [SeriesKey(*row) for row in rows]
+    return rule.series.kind, rule.series.name, rule.series.app, rule.window_s
+
+
+def matching_series(client: Client, selectors: Collection[Selector]) -> dict[Selector, list[SeriesKey]]:
+    """Every stored series each selector matches (``app = "*"``: each app separately), ordered by app and tags: one
+    query per window length for all of them."""
+    found: dict[Selector, list[SeriesKey]] = {}
+    for window_s in sorted({w for *_, w in selectors}):
+        mine = [sel for sel in selectors if sel[3] == window_s]
+        rows = client.query(
+            "SELECT DISTINCT app, kind, name, series_tags FROM window_aggregates "
+            "WHERE window_kind = 'tumbling' AND window_length_ms = {w:UInt64} AND kind IN {k:Array(String)} "
+            "AND name IN {n:Array(String)} ORDER BY app, series_tags, kind, name",
+            parameters={"w": window_s * 1000, "k": sorted({sel[0] for sel in mine}),
+                        "n": sorted({sel[1] for sel in mine})}).result_rows
+        series = [SeriesKey(*row) for row in rows]
+        for kind, name, app, _ in mine:
+            found[(kind, name, app, window_s)] = [s for s in series if (s.kind, s.name) == (kind, name)
+                                                  and app in ("*", s.app)]
+    return found
 
 
 def logging_apps(client: Client) -> list[str]:
@@ -202,10 +217,16 @@ class _PassReads:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self._matches: dict[tuple[str, str, str, int], list[SeriesKey]] = {}
+        self._matches: dict[Selector, list[SeriesKey]] = {}
         self._windows: dict[tuple[str, str, tuple[str, ...], int, int, int], SeriesWindows] = {}
         self._samples: dict[tuple[str, int, int], dict[SeriesKey, list[Sample]]] = {}
         self._logging_apps: list[str] | None = None
+
+    def match_all(self, rules: list[AlertRule]) -> None:
+        """Find the series of every series rule of ``rules`` at once (:func:`matching_series`)."""
+        wanted = {selector_of(r) for r in rules if r.series is not None} - self._matches.keys()
+        if wanted:
+            self._matches.update(matching_series(self.client, wanted))
 
     def matching(self, rule: AlertRule) -> list[SeriesKey]:
         if rule.logs is not None:
@@ -214,11 +235,8 @@ class _PassReads:
             if self._logging_apps is None:
                 self._logging_apps = logging_apps(self.client)
             return [rule.logs.series(app) for app in self._logging_apps]
-        assert rule.series is not None
-        key = (rule.series.kind, rule.series.name, rule.series.app, rule.window_s)
-        if key not in self._matches:
-            self._matches[key] = matching_series(self.client, rule)
-        return self._matches[key]
+        self.match_all([rule])
+        return self._matches[selector_of(rule)]
 
     def prefetch(self, needs: list[tuple[AlertRule, list[SeriesKey], int, int]]) -> None:
         """Read the windows of every (rule, the series it matches, start, end) at once: one query per window length
@@ -350,6 +368,8 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
         plans: list[tuple[AlertRule, int, int, list[tuple[SeriesKey | None, str, Callable[[int, int],
                                                                                  list[Sample]]]]]] = []
         needs: list[tuple[AlertRule, list[SeriesKey], int, int]] = []
+        if mark is not None:
+            reads.match_all(rules.rule)
         for rule in rules.rule:
             width = rule.window_s * 1000
             first_window = now - (rule.for_windows + 2) * width    # a new rule looks back a few windows only

@@ -451,7 +451,7 @@ def _arguments(function: Callable[..., Any], client: _Recorder, rule: AlertRule)
         "since": now - timedelta(hours=1), "until": now, "start": now - timedelta(hours=1), "end": now,
         "start_ms": 1_700_000_000_000, "end_ms": 1_700_003_600_000, "now": 1_700_003_600_000, "channel": "webhook",
         "lengths_ms": [60_000], "stored_lengths_ms": [60_000], "quantiles": [0.5, 0.99],
-        "names": [("metric", "latency"), ("log", "app.server")],
+        "names": [("metric", "latency"), ("log", "app.server")], "selectors": [("metric", "latency", "*", 60)],
         "query": LogQuery(now - timedelta(hours=1), now, apps=("shop",), levels=("error",), names=("pay",),
                           text='declined "card expired"', tags=(("region", "eu"),)),
     }
