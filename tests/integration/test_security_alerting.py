@@ -36,7 +36,7 @@ from store.migrations import apply_migrations
 from store.range_query import SeriesKey
 from tests.support.fault_injection import WebhookReceiver, delivery_failures, store_transitions, webhook_faults
 from tests.support.pipeline import wait_until
-from tests.support.servers import uvicorn_in_thread
+from tests.support.servers import answer_and_close, uvicorn_in_thread
 from tests.support.stack import REPO, own_database
 from tests.support.window_rows import Event, insert, window_row
 
@@ -322,16 +322,6 @@ def test_a_webhook_url_with_user_and_password_is_delivered_with_basic_credential
 # The silences API against slow and idle clients -------------------------------------------------------------
 
 API_TOKEN = "silences-deadline-token-0123456789"
-
-
-def answer_and_close(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
-    """Everything the server sends until it closes the connection, and when it closed (s after the call)."""
-    started = time.monotonic()
-    sock.settimeout(timeout_s)
-    data = b""
-    while chunk := sock.recv(4096):
-        data += chunk
-    return data, time.monotonic() - started
 
 
 def test_the_silences_api_answers_408_to_late_headers_and_bodies_and_caps_its_connections(store: Config) -> None:

@@ -43,7 +43,7 @@ from ingest.gateway.validation import Refused
 from stack.services import free_port
 from tests.integration.test_gateway import AUTH, NDJSON, TOKEN, committed, gateway_config, metric
 from tests.support.pipeline import assert_connection_over_the_cap_is_closed
-from tests.support.servers import uvicorn_in_thread
+from tests.support.servers import answer_and_close, uvicorn_in_thread
 
 # Deadlines, timeouts and time budgets measured on the wall clock: run alone (./run test), not beside other tests.
 pytestmark = pytest.mark.serial
@@ -283,16 +283,6 @@ def slow_server(kafka: Config) -> Iterator[tuple[Config, int]]:
     config = gateway_config(kafka, "security_slow", header_timeout_s=1.0, receive_timeout_s=1.5)
     with served_gateway(config) as port:
         yield config, port
-
-
-def answer_and_close(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
-    """Everything the server sends until it closes the connection, and when it closed (s after the call)."""
-    started = time.monotonic()
-    sock.settimeout(timeout_s)
-    data = b""
-    while chunk := sock.recv(4096):
-        data += chunk
-    return data, time.monotonic() - started
 
 
 def trickle(sock: socket.socket, data: bytes, every_s: float, stop: threading.Event) -> None:

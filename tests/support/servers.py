@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,3 +27,14 @@ def uvicorn_in_thread(config: uvicorn.Config, start_timeout_s: float = 15.0) -> 
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def answer_and_close(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
+    """Everything the server sends on ``sock`` until it closes the connection, and when it closed (s after the
+    call)."""
+    started = time.monotonic()
+    sock.settimeout(timeout_s)
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data, time.monotonic() - started
