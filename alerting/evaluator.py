@@ -34,7 +34,7 @@ from eventide.links import ALERTS_PAGE, dashboard_link, logs_url
 from store import pipeline
 from store.client import connect
 from store.log_query import window_counts
-from store.range_query import RangeStats, SeriesKey, SeriesWindows, fetch_series_windows, fetch_windows
+from store.range_query import SeriesKey, SeriesWindows, WindowStats, fetch_series_windows, fetch_windows
 
 log = logging.getLogger("eventide.alerting")
 
@@ -110,7 +110,7 @@ def watermark_ms(client: Client) -> int | None:
     return ms_of(mark) if mark is not None else None
 
 
-def _series_value(rule: AlertRule) -> Callable[[RangeStats], float | None]:
+def _series_value(rule: AlertRule) -> Callable[[WindowStats], float | None]:
     """How ``rule``'s statistic is read from one window's stats: decided once per rule, applied per window."""
     stat, seconds = rule.statistic, rule.window_s
     q = quantile_of(stat)
@@ -152,15 +152,13 @@ def rule_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], star
         return {s: _counted_by_window(client, rule, start_ms, end_ms, _STRAGGLERS_SQL, {
             "app": s.app, "kind": s.kind, "name": s.name, "tags": s.series_tags}) for s in matches}
     q = quantile_of(rule.statistic)
-    width = rule.window_s * 1000
     if fetched is None:
         assert rule.series is not None
         fetched = fetch_series_windows(client, rule.series.kind, rule.series.name, sorted({s.app for s in matches}),
                                        rule.window_s, utc_of(start_ms), utc_of(end_ms), sketches=_sketches_of(rule))
-    by_series = fetched.buckets(matches, quantiles=[q] if q is not None else [0.5], sketches=_sketches_of(rule))
-    value, whole = _series_value(rule), timedelta(milliseconds=width)
-    return {s: [Sample(ms_of(b.end), value(b)) for b in buckets if b.end - b.start == whole]
-            for s, buckets in by_series.items()}
+    by_series = fetched.windows(matches, quantiles=[q] if q is not None else [0.5], sketches=_sketches_of(rule))
+    value = _series_value(rule)
+    return {s: [Sample(w.end_ms, value(w)) for w in windows] for s, windows in by_series.items()}
 
 
 _STRAGGLERS_SQL = (

@@ -227,6 +227,22 @@ def range_buckets(
     return _bucketed(rows, start_ms, end_ms, resolution_ms, length_ms, quantiles, hll_lg_k)
 
 
+class WindowStats(NamedTuple):
+    """One window's statistics, as :class:`RangeStats` of that window alone reads them (``SeriesWindows.windows``):
+    what the alert evaluator compares, window by window, for thousands of series a pass."""
+
+    end_ms: int
+    count: int
+    value_count: int
+    sum: float
+    min: float | None
+    max: float | None
+    quantiles: dict[float, float | None]
+    distinct_users: int
+    distinct_devices: int
+    levels: dict[str, int]
+
+
 SKETCHES = frozenset({"values", "users", "devices"})
 """The sketches of a window: its values' KLL (quantiles) and its users' and devices' HLL (distinct counts)."""
 
@@ -234,9 +250,9 @@ SKETCHES = frozenset({"values", "users", "devices"})
 @dataclass(frozen=True)
 class SeriesWindows:
     """The stored windows of one length of some series, as fetched (:func:`fetch_series_windows`); one fetch serves
-    every reader of the same series and range (the alert evaluator's rules on one series name). :meth:`buckets`
-    gives each series one :class:`RangeStats` per window of the range, windows without events included (count 0):
-    what ``range_buckets(client, s, start, end, length_s, source_length_s=length_s)`` gives it."""
+    every reader of the same series and range (the alert evaluator's rules on one series name). :meth:`windows`
+    gives each series one :class:`WindowStats` per window of the range, windows without events included (count 0):
+    the numbers ``range_buckets(client, s, start, end, length_s, source_length_s=length_s)`` gives it."""
 
     length_ms: int
     start_ms: int
@@ -244,16 +260,39 @@ class SeriesWindows:
     sketches: frozenset[str]
     rows: dict[SeriesKey, list[_Row]]
 
-    def buckets(self, matches: Sequence[SeriesKey], *, quantiles: Sequence[float] = DEFAULT_QUANTILES,
-                sketches: Collection[str] = SKETCHES, hll_lg_k: int | None = None) -> dict[SeriesKey, list[RangeStats]]:
-        """Each of ``matches``' windows, merging only ``sketches`` (of those fetched): the others read as no
-        quantiles and distinct counts 0."""
+    def windows(self, matches: Sequence[SeriesKey], *, quantiles: Sequence[float] = DEFAULT_QUANTILES,
+                sketches: Collection[str] = SKETCHES,
+                hll_lg_k: int | None = None) -> dict[SeriesKey, list[WindowStats]]:
+        """Each of ``matches``' whole windows of the range, oldest first, windows without events included (count
+        0), merging only ``sketches`` (of those fetched; the others read as no quantiles and distinct counts 0):
+        what :func:`range_buckets` at the window length gives, without a :class:`RangeStats` per window."""
         _check_quantiles(quantiles)
         missing = set(sketches) - self.sketches
         if missing:
             raise ValueError(f"sketches {sorted(missing)} were not fetched")
-        return {s: _bucketed(self.rows.get(s, []), self.start_ms, self.end_ms, self.length_ms, self.length_ms,
-                             quantiles, hll_lg_k, frozenset(sketches)) for s in matches}
+        length = self.length_ms
+        ends = range(-(-self.start_ms // length) * length + length, self.end_ms // length * length + 1, length)
+        wanted = frozenset(sketches)
+        none = dict.fromkeys(quantiles)
+        found = {}
+        for series in matches:
+            by_end = {row.end_ms: row for row in self.rows.get(series, ()) if row.end_ms - row.start_ms == length}
+            found[series] = [_window_stats(by_end[end], quantiles, hll_lg_k, wanted) if end in by_end else
+                             WindowStats(end, 0, 0, 0.0, None, None, dict(none), 0, 0, dict.fromkeys(LEVELS, 0))
+                             for end in ends]
+        return found
+
+
+def _window_stats(row: _Row, quantiles: Sequence[float], hll_lg_k: int | None,
+                  sketches: frozenset[str]) -> WindowStats:
+    """One stored window as :func:`_combine` of it alone reads it (the same merges of its one sketch)."""
+    values = merge_kll((row.value_sketch,)) if "values" in sketches else None
+    ranked = values.get_quantiles(list(quantiles), inclusive=True) if values is not None else [None] * len(quantiles)
+    users = merge_hll((row.users_sketch,), hll_lg_k) if "users" in sketches else None
+    devices = merge_hll((row.devices_sketch,), hll_lg_k) if "devices" in sketches else None
+    return WindowStats(row.end_ms, int(row.event_count), int(row.value_count), math.fsum((row.sum,)), row.min,
+                       row.max, dict(zip(quantiles, ranked, strict=True)), hll_estimate(users), hll_estimate(devices),
+                       {level: int(getattr(row, field)) for level, field in _LEVEL_FIELDS})
 
 
 def fetch_series_windows(client: Client, kind: str, name: str, apps: Sequence[str], length_s: float, start: datetime,
@@ -291,8 +330,7 @@ def fetch_windows(client: Client, names: Collection[tuple[str, str]], apps: Sequ
 
 
 def _bucketed(rows: list[_Row], start_ms: int, end_ms: int, resolution_ms: int, length_ms: int | None,
-              quantiles: Sequence[float], hll_lg_k: int | None,
-              sketches: frozenset[str] = SKETCHES) -> list[RangeStats]:
+              quantiles: Sequence[float], hll_lg_k: int | None) -> list[RangeStats]:
     """One series' windows combined into the buckets of ``resolution_ms`` overlapping the range."""
     lo, hi = _snap(start_ms, end_ms, length_ms)
     by_bucket: dict[int, list[_Row]] = {}
@@ -302,8 +340,7 @@ def _bucketed(rows: list[_Row], start_ms: int, end_ms: int, resolution_ms: int, 
     buckets = []
     for k in range(lo // resolution_ms, -(-hi // resolution_ms)):
         b_lo, b_hi = max(lo, k * resolution_ms), min(hi, (k + 1) * resolution_ms)
-        buckets.append(_combine(by_bucket.get(k, []), b_lo, b_hi, length_ms, quantiles, hll_lg_k, horizon,
-                                sketches))
+        buckets.append(_combine(by_bucket.get(k, []), b_lo, b_hi, length_ms, quantiles, hll_lg_k, horizon))
     return buckets
 
 
@@ -391,14 +428,14 @@ def _fetch(client: Client, series: SeriesKey, start_ms: int, end_ms: int, align_
 
 
 def _combine(rows: list[_Row], lo: int, hi: int, length_ms: int | None, quantiles: Sequence[float],
-             hll_lg_k: int | None, horizon_ms: int | None, sketches: frozenset[str] = SKETCHES) -> RangeStats:
+             hll_lg_k: int | None, horizon_ms: int | None) -> RangeStats:
     # Column-wise (one tuple per field): sums over tuples run in C, where a generator per field and bucket cost
     # more than the sketches for a day of 60 s buckets.
     cols = (_Row._make((v,) for v in rows[0]) if len(rows) == 1 else _Row(*zip(*rows, strict=True)) if rows
             else _NO_ROWS)
-    values = merge_kll(cols.value_sketch) if "values" in sketches else None
-    users = merge_hll(cols.users_sketch, hll_lg_k) if "users" in sketches else None
-    devices = merge_hll(cols.devices_sketch, hll_lg_k) if "devices" in sketches else None
+    values = merge_kll(cols.value_sketch)
+    users = merge_hll(cols.users_sketch, hll_lg_k)
+    devices = merge_hll(cols.devices_sketch, hll_lg_k)
     mins = [m for m in cols.min if m is not None]
     maxs = [m for m in cols.max if m is not None]
     # One sorted view of the sketch for all ranks (get_quantile per rank built it once per rank).
