@@ -275,10 +275,10 @@ class _PassReads:
 
 # Evaluation ------------------------------------------------------------------------------------------------
 def load_states(client: Client) -> dict[tuple[str, str], AlertState]:
-    rows = client.query("SELECT rule, series, state, breaches, calm, evaluated_until, since, value "
-                        "FROM alert_states FINAL").result_rows
-    return {(r[0], r[1]): AlertState(r[0], r[1], r[2], breaches=r[3], calm=r[4], evaluated_until_ms=ms_of(r[5]),
-                                     since_ms=ms_of(r[6]), value=r[7]) for r in rows}
+    # Times as epoch ms from the store: one state per (rule, series), tens of thousands of them, read every pass.
+    rows = client.query("SELECT rule, series, state, breaches, toUnixTimestamp64Milli(evaluated_until), "
+                        "toUnixTimestamp64Milli(since), value, calm FROM alert_states FINAL").result_rows
+    return {(r[0], r[1]): AlertState(*r) for r in rows}
 
 
 def described(config: Config, rule: AlertRule, transition: Transition,
@@ -330,8 +330,9 @@ def _save(config: Config, client: Client, evaluated: list[Evaluated], now_ms: in
         client.insert("alert_transitions", transition_rows, column_names=[
             "transition_key", "rule", "series", "to_state", "window_end", "value", "threshold", "severity",
             "notify", "recorded_at", "labels", "annotations"])
-    state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, utc_of(s.evaluated_until_ms), utc_of(s.since_ms),
-                   s.value, rule.threshold, rule.severity, now] for rule, states, _ in evaluated for s in states]
+    # DateTime64(3) columns as epoch ms, which the driver writes as they are: every state of every pass.
+    state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, s.evaluated_until_ms, s.since_ms, s.value,
+                   rule.threshold, rule.severity, now_ms] for rule, states, _ in evaluated for s in states]
     if state_rows:
         client.insert("alert_states", state_rows, column_names=[
             "rule", "series", "state", "breaches", "calm", "evaluated_until", "since", "value", "threshold",
