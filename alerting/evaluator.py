@@ -18,9 +18,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 from clickhouse_connect.driver.client import Client
@@ -41,9 +40,8 @@ log = logging.getLogger("eventide.alerting")
 WEEK_MS = 7 * 24 * 3600 * 1000
 
 
-@dataclass(frozen=True)
-class Sample:
-    """The statistic of one finished window."""
+class Sample(NamedTuple):
+    """The statistic of one finished window: the (window end, value) pair the state machine steps through."""
 
     window_end_ms: int
     value: float | None
@@ -403,8 +401,7 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
                 if end <= start:
                     continue
                 samples = _with_week_over_week(rule, samples_of(start, end), samples_of)
-                state, moved = run(rule, current, [(s.window_end_ms, s.value) for s in samples
-                                                   if start < s.window_end_ms <= end])
+                state, moved = run(rule, current, [s for s in samples if start < s.window_end_ms <= end])
                 if state != current:
                     new_states.append(state)
                 transitions += [(t, series_key) for t in moved]

@@ -292,7 +292,7 @@ def _window_stats(row: _Row, quantiles: Sequence[float], hll_lg_k: int | None,
     devices = merge_hll((row.devices_sketch,), hll_lg_k) if "devices" in sketches else None
     return WindowStats(row.end_ms, int(row.event_count), int(row.value_count), math.fsum((row.sum,)), row.min,
                        row.max, dict(zip(quantiles, ranked, strict=True)), hll_estimate(users), hll_estimate(devices),
-                       {level: int(getattr(row, field)) for level, field in _LEVEL_FIELDS})
+                       dict(zip(LEVELS, row[_LEVELS_AT], strict=True)))
 
 
 def fetch_series_windows(client: Client, kind: str, name: str, apps: Sequence[str], length_s: float, start: datetime,
@@ -367,6 +367,8 @@ class _Row(NamedTuple):
 
 
 _LEVEL_FIELDS = tuple((level, f"level_{level}") for level in LEVELS)
+_LEVELS_AT = slice(_Row._fields.index("level_debug"), _Row._fields.index("level_debug") + len(LEVELS))
+"""Where a row's per-level counts are, in the order of ``LEVELS``."""
 _NO_ROWS = _Row(*([()] * len(_Row._fields)))
 """Column-wise view of no windows (see ``_combine``)."""
 
