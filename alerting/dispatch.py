@@ -15,7 +15,7 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from alerting.alertmanager import Alert, fingerprint, label_set, postable_alerts, webhook_message
-from alerting.grouping import Dispatcher, GroupNotification, KnownAlert, Sent, routed_to
+from alerting.grouping import Dispatcher, GroupNotification, KnownAlert, Sent, group_key, routed_to
 from alerting.rules import AlertRules
 from alerting.silences import load as silences_of
 from alerting.silences import muting
@@ -158,7 +158,7 @@ def notification_status(rules: AlertRules, labels: dict[str, str], firing: bool,
             parts.append(f"{name}: {'sent' if known else 'sent at the next push'} to Alertmanager"
                          + (f" {_clock(last.at_ms)}" if known and last is not None else ""))
             continue
-        last = sent.get((name, f"{route.key}:{label_set(route.group_labels(labels))}"))
+        last = sent.get((name, group_key(route, labels)))
         if firing and last is not None and fp in last.firing:
             repeat = last.at_ms + round(route.repeat_interval_s * 1000)
             parts.append(f"{name}: sent {_clock(last.at_ms)}; repeated "
@@ -198,7 +198,7 @@ def current_groups(rules: AlertRules, alerts: list[tuple[dict[str, str], bool]],
     for labels, firing in alerts:
         for route in tree.routes_for(labels):
             grouped = route.receiver not in alertmanagers
-            key = f"{route.key}:{label_set(route.group_labels(labels))}" if grouped else PUSHED
+            key = group_key(route, labels) if grouped else PUSHED
             last = sent.get((route.receiver, key))
             if not firing and (last is None or fingerprint(labels) not in last.firing):
                 continue

@@ -47,8 +47,6 @@ class Sample(NamedTuple):
     value: float | None
 
 
-
-
 # Statistics ------------------------------------------------------------------------------------------------
 Selector = tuple[str, str, str, int]
 """What a series rule selects: (kind, name, app or ``*``, window length in s)."""
@@ -302,9 +300,7 @@ def dashboard_links(config: Config, rule: AlertRule, transition: Transition,
     minutes = max(15, -(-(rule.window_s * (rule.for_windows + 2)) // 60))
     links = {"dashboard_url": dashboard_link(config, f"{ALERTS_PAGE}?{urlencode({'minutes': minutes})}")}
     if series is not None and rule.logs is not None:
-        links["logs_url"] = dashboard_link(config, logs_url(
-            apps=[series.app], levels=rule.logs.levels, names=rule.logs.names, text=rule.logs.text,
-            tags=sorted(rule.logs.tags.items()), since=start, until=end))
+        links["logs_url"] = dashboard_link(config, rule.logs.link(series.app, start, end))
     elif series is not None and series.kind == "log":
         levels = ["error", "critical"] if rule.statistic == "error_ratio" else []
         links["logs_url"] = dashboard_link(config, logs_url(apps=[series.app], names=[series.name], levels=levels,

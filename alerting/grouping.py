@@ -89,6 +89,12 @@ def needs_update(last: Sent | None, firing: frozenset[str], resolved: frozenset[
     return last.at_ms + repeat_interval_ms <= now_ms
 
 
+def group_key(route: RouteNode, labels: dict[str, str]) -> str:
+    """The key of the group an alert with ``labels`` joins on ``route``: the route's key and the group's labels,
+    e.g. ``{}:{alertname="slow"}`` (Alertmanager's ``groupKey``)."""
+    return f"{route.key}:{label_set(route.group_labels(labels))}"
+
+
 def routed_to(tree: RouteNode, receiver: str, alerts: Iterable[KnownAlert]) -> list[KnownAlert]:
     """The alerts that end up on a route of ``receiver``."""
     return [k for k in alerts if any(r.receiver == receiver for r in tree.routes_for(k.alert.labels))]
@@ -131,7 +137,7 @@ class Dispatcher:
                 if not self.grouped(route.receiver):
                     continue
                 labels = route.group_labels(known.alert.labels)
-                key = f"{route.key}:{label_set(labels)}"
+                key = group_key(route, known.alert.labels)
                 members.setdefault(key, (route, labels, []))[2].append(known)
         decided = []
         for key in list(self._groups.keys() - members.keys()):

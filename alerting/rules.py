@@ -44,6 +44,7 @@ from alerting.labels import LABEL_NAME, OWN_LABELS, PLACEHOLDERS, unknown_placeh
 from alerting.routes import Receiver, RootRoute, Route, RouteNode, receivers_named, resolve
 from eventide.config import Config, ConfigError, SeriesSelector
 from eventide.envelope import LEVELS
+from eventide.links import logs_url
 from store.log_query import LogQuery, parse_text
 from store.range_query import SeriesKey
 
@@ -89,6 +90,12 @@ class LogSearch(BaseModel):
         """The search of ``app``'s lines (``*``: every app's) in ``[since, until)``."""
         return LogQuery(since, until, apps=() if app == "*" else (app,), levels=tuple(self.levels),
                         names=tuple(self.names), text=self.text, tags=tuple(sorted(self.tags.items())))
+
+    def link(self, app: str, since: datetime, until: datetime) -> str:
+        """The Logs page on this search of ``app``'s lines in ``[since, until)`` (relative to the dashboard): the
+        lines an alert of the rule counted."""
+        return logs_url(apps=[app], levels=self.levels, names=self.names, text=self.text,
+                        tags=sorted(self.tags.items()), since=since, until=until)
 
     def series(self, app: str) -> SeriesKey:
         """The series an alert of this search on ``app``'s lines is about: ``app``, kind ``log``, and the search

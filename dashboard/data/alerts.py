@@ -66,14 +66,18 @@ def alerts_data(reader: Reader, since: datetime, until: datetime, rules: AlertRu
         shown = shown.assign(state=[s.state(at) for s in found],
                              matchers=[" ".join(m) for m in shown["matchers"]])
     current = [(labels, row.to_state == "firing") for row in known.values()
-               if not muting(found, labels := _labels(row) or {"alertname": str(row.rule)}, at)]
+               if not muting(found, labels := _labels(row), at)]
     groups = pd.DataFrame(current_groups(rules or AlertRules(), current, data["last_sent"]),
                           columns=["receiver", "group", "firing", "to_clear", "last_notified", "firing_notified"])
     return AlertsData(data["batches"], states, data["history"], data["failures"], shown, data["sent"], groups)
 
 
 def _labels(row: Any) -> dict[str, str]:
-    return json.loads(row.labels or "{}") if row is not None else {}
+    """An alert's labels as its newest notified transition has them; one stored before labels were (sql/0016)
+    has its rule's name, as the dispatcher reads it (``alerting.dispatch.current_alerts``)."""
+    if row is None:
+        return {}
+    return json.loads(row.labels or "{}") or {"alertname": str(row.rule)}
 
 
 def _notified(rules: AlertRules, row: Any, sent: dict[tuple[str, str], Sent], silenced: list[str], at: int) -> str:
@@ -81,5 +85,5 @@ def _notified(rules: AlertRules, row: Any, sent: dict[tuple[str, str], Sent], si
     never fired."""
     if row is None:
         return ""
-    labels = _labels(row) or {"alertname": str(row.rule)}
-    return notification_status(rules, labels, row.to_state == "firing", ms_of(row.known_at), sent, silenced, at)
+    return notification_status(rules, _labels(row), row.to_state == "firing", ms_of(row.known_at), sent, silenced,
+                               at)

@@ -170,8 +170,7 @@ def _logs_link(rules: list[AlertRule], state: Any) -> str | None:
     until = pd.Timestamp(state.evaluated_until).tz_localize(None).to_pydatetime()
     since = fired - timedelta(seconds=rule.window_s * rule.for_windows)
     if rule.logs is not None:
-        return log_search.logs_url(apps=[app], levels=rule.logs.levels, names=rule.logs.names, text=rule.logs.text,
-                                   tags=sorted(rule.logs.tags.items()), since=since, until=max(until, fired))
+        return rule.logs.link(app, since, max(until, fired))
     return log_search.logs_url(apps=[app], levels=["error", "critical"], names=[name], since=since,
                                until=max(until, fired))
 
