@@ -1,7 +1,8 @@
 """The alert evaluator: one pass per tick over every rule, on finished windows only.
 
-Series statistics come from the tumbling windows of length ``window_s`` through :mod:`store.range_query` (merged
-sketches, never averaged percentiles). A window is finished when the ``windows`` query's watermark has reached its
+Series statistics are those of each tumbling window of length ``window_s``, read through :mod:`store.range_query`
+(``SeriesWindows``: the job's own per-window quantiles and distinct counts, a window's sketch only for a rank the job
+does not store). A window is finished when the ``windows`` query's watermark has reached its
 end (the same clock as ``window_results.is_final``), so a window still receiving events is never judged.
 Pipeline statistics are measured by processing time: ``dead_letters`` and ``dropped_stragglers`` count what the
 job detected during the window (finished once the window is over), as does ``skipped_offsets`` (Kafka offsets
@@ -15,9 +16,11 @@ window, so a restart re-evaluates nothing it already evaluated.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
@@ -33,7 +36,14 @@ from eventide.links import ALERTS_PAGE, dashboard_link, logs_url
 from store import pipeline
 from store.client import connect
 from store.log_query import window_counts
-from store.range_query import SeriesKey, SeriesWindows, WindowStats, fetch_series_windows, fetch_windows
+from store.range_query import (
+    STORED_QUANTILES,
+    SeriesKey,
+    SeriesWindows,
+    WindowStats,
+    fetch_series_windows,
+    fetch_windows,
+)
 
 log = logging.getLogger("eventide.alerting")
 
@@ -131,19 +141,17 @@ def _series_value(rule: AlertRule) -> Callable[[WindowStats], float | None]:
     raise ValueError(f"not a series statistic: {stat}")
 
 
-def _sketches_of(rule: AlertRule) -> frozenset[str]:
-    """The window sketches a rule's statistic reads (``store.range_query.SKETCHES``): none for counts and sums."""
-    if quantile_of(rule.statistic) is not None:
-        return frozenset({"values"})
-    return frozenset({"users"} if rule.statistic == "distinct_users" else
-                     {"devices"} if rule.statistic == "distinct_devices" else ())
+def _needs_value_sketch(rule: AlertRule) -> bool:
+    """Whether the rule's statistic is a quantile the job does not store per window, read from the window's sketch."""
+    q = quantile_of(rule.statistic)
+    return q is not None and q not in STORED_QUANTILES
 
 
 def rule_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], start_ms: int, end_ms: int,
                  fetched: SeriesWindows | None = None) -> dict[SeriesKey, list[Sample]]:
     """Per series (of the rule's matches), the statistic of every window of ``rule.window_s`` ending in
     ``(start_ms, end_ms]``: from one query for all of them (or ``fetched``, the same windows already read for
-    another rule), merging only the sketches the statistic needs."""
+    another rule), deserializing a window's sketch only for a quantile the job does not store."""
     if rule.statistic == "dropped_stragglers":
         return {s: _counted_by_window(client, rule, start_ms, end_ms, _STRAGGLERS_SQL, {
             "app": s.app, "kind": s.kind, "name": s.name, "tags": s.series_tags}) for s in matches}
@@ -151,8 +159,9 @@ def rule_samples(client: Client, rule: AlertRule, matches: list[SeriesKey], star
     if fetched is None:
         assert rule.series is not None
         fetched = fetch_series_windows(client, rule.series.kind, rule.series.name, sorted({s.app for s in matches}),
-                                       rule.window_s, utc_of(start_ms), utc_of(end_ms), sketches=_sketches_of(rule))
-    by_series = fetched.windows(matches, quantiles=[q] if q is not None else [0.5], sketches=_sketches_of(rule))
+                                       rule.window_s, utc_of(start_ms), utc_of(end_ms),
+                                       value_sketches=_needs_value_sketch(rule))
+    by_series = fetched.windows(matches, quantiles=(q,) if q is not None else ())
     value = _series_value(rule)
     return {s: [Sample(w.end_ms, value(w)) for w in windows] for s, windows in by_series.items()}
 
@@ -206,8 +215,8 @@ def pipeline_samples(config: Config, client: Client, rule: AlertRule, start_ms: 
 
 class _PassReads:
     """What one evaluation pass reads from the store, once for every rule that needs it: the series a selector
-    matches, and the windows (every sketch) of one series name, length and range. The 200 rules of a deployment
-    mostly share a few dozen series names; each rule then merges only the sketches its statistic reads."""
+    matches, and the windows of one series name, length and range. The 200 rules of a deployment mostly share a few
+    dozen series names; each rule then reads only the statistic it compares."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -243,30 +252,33 @@ class _PassReads:
         for (window_s, start_ms, end_ms), members in groups.items():
             fetched = fetch_windows(self.client, {(s.kind, s.name) for _, m in members for s in m},
                                     sorted({s.app for _, m in members for s in m}), window_s, utc_of(start_ms),
-                                    utc_of(end_ms))
+                                    utc_of(end_ms), value_sketches=any(_needs_value_sketch(r) for r, _ in members))
             for _, matches in members:
                 kind, name = matches[0].kind, matches[0].name
                 key = (kind, name, tuple(sorted({s.app for s in matches})), window_s, start_ms, end_ms)
                 self._windows.setdefault(key, fetched[(kind, name)])
 
-    def samples(self, rule: AlertRule, series: SeriesKey, start_ms: int, end_ms: int) -> list[Sample]:
-        """``series``' samples of ``rule`` in ``(start_ms, end_ms]``, read with every series the rule matches."""
-        if rule.logs is not None and (rule.name, start_ms, end_ms) not in self._samples:
-            self._samples[(rule.name, start_ms, end_ms)] = search_samples(self.client, rule, self.matching(rule),
-                                                                          start_ms, end_ms)
-        if (rule.name, start_ms, end_ms) not in self._samples:
-            matches = self.matching(rule)
-            fetched = None
-            if rule.statistic != "dropped_stragglers":
-                key = (series.kind, series.name, tuple(sorted({s.app for s in matches})), rule.window_s, start_ms,
-                       end_ms)
-                if key not in self._windows:
-                    self._windows[key] = fetch_series_windows(self.client, series.kind, series.name, key[2],
-                                                              rule.window_s, utc_of(start_ms), utc_of(end_ms))
-                fetched = self._windows[key]
-            self._samples[(rule.name, start_ms, end_ms)] = rule_samples(self.client, rule, matches, start_ms,
-                                                                        end_ms, fetched)
-        return self._samples[(rule.name, start_ms, end_ms)][series]
+    def samples(self, rule: AlertRule, start_ms: int, end_ms: int) -> dict[SeriesKey, list[Sample]]:
+        """The samples of ``rule`` in ``(start_ms, end_ms]`` of every series it matches."""
+        key = (rule.name, start_ms, end_ms)
+        if key in self._samples:
+            return self._samples[key]
+        matches = self.matching(rule)
+        if rule.logs is not None:
+            found = search_samples(self.client, rule, matches, start_ms, end_ms)
+        elif rule.statistic == "dropped_stragglers" or not matches:
+            found = rule_samples(self.client, rule, matches, start_ms, end_ms)
+        else:
+            kind, name = matches[0].kind, matches[0].name
+            windows = (kind, name, tuple(sorted({s.app for s in matches})), rule.window_s, start_ms, end_ms)
+            known = self._windows.get(windows)
+            if known is None or (_needs_value_sketch(rule) and not known.value_sketches):
+                self._windows[windows] = fetch_series_windows(self.client, kind, name, windows[2], rule.window_s,
+                                                              utc_of(start_ms), utc_of(end_ms),
+                                                              value_sketches=_needs_value_sketch(rule))
+            found = rule_samples(self.client, rule, matches, start_ms, end_ms, self._windows[windows])
+        self._samples[key] = found
+        return found
 
 
 # Evaluation ------------------------------------------------------------------------------------------------
@@ -308,6 +320,9 @@ def dashboard_links(config: Config, rule: AlertRule, transition: Transition,
     return links
 
 
+SamplesOf = Callable[[int, int], dict[SeriesKey | None, list[Sample]]]
+"""A rule's samples in ``(lo, hi]``, per series (None: a pipeline statistic)."""
+
 Evaluated = tuple[AlertRule, list[AlertState], list[tuple[Transition, SeriesKey | None]]]
 """One rule's pass: its new states, and its transitions with their series (None: a pipeline statistic)."""
 
@@ -325,11 +340,14 @@ def _save(config: Config, client: Client, evaluated: list[Evaluated], now_ms: in
             "transition_key", "rule", "series", "to_state", "window_end", "value", "threshold", "severity",
             "notify", "recorded_at", "labels", "annotations"])
     # DateTime64(3) columns as epoch ms, which the driver writes as they are: every state of every pass.
-    state_rows = [[s.rule, s.series, s.state, s.breaches, s.calm, s.evaluated_until_ms, s.since_ms, s.value,
-                   rule.threshold, rule.severity, now_ms] for rule, states, _ in evaluated for s in states]
-    if state_rows:
-        client.insert("alert_states", state_rows, column_names=[
-            "rule", "series", "state", "breaches", "calm", "evaluated_until", "since", "value", "threshold",
+    # Column by column, in AlertState's field order: tens of thousands of states every pass.
+    states = [s for _, moved, _ in evaluated for s in moved]
+    if states:
+        columns = [*map(list, zip(*states, strict=True)),
+                   [rule.threshold for rule, moved, _ in evaluated for _ in moved],
+                   [rule.severity for rule, moved, _ in evaluated for _ in moved], [now_ms] * len(states)]
+        client.insert("alert_states", columns, column_oriented=True, column_names=[
+            "rule", "series", "state", "breaches", "evaluated_until", "since", "value", "calm", "threshold",
             "severity", "updated_at"])
 
 
@@ -348,7 +366,25 @@ def _with_week_over_week(rule: AlertRule, samples: list[Sample],
 def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[Transition]:
     """One evaluation pass: every rule, every matching series, every window finished since the last pass.
     Stores states and transitions; returns the new transitions (oldest first per series)."""
-    now = now_ms() if now is None else now
+    # A pass makes a few tuples per (rule, series) and window, tens of thousands, and keeps none: freed by their
+    # reference counts, they would still set off the cyclic collector, whose full scans of the heap cost a tenth to
+    # a fifth of a pass.
+    with _cyclic_gc_paused():
+        return _evaluate(config, rules, now_ms() if now is None else now)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _evaluate(config: Config, rules: AlertRules, now: int) -> list[Transition]:
     found: list[Transition] = []
     evaluated: list[Evaluated] = []
     # Reads as the store's read-only user; only the evaluator's own state and transitions are written.
@@ -358,45 +394,45 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
         reads = _PassReads(client)
         # First what each rule needs, so that windows are read in one query per window length and range; then the
         # rules, in file order.
-        plans: list[tuple[AlertRule, int, int, list[tuple[SeriesKey | None, str, Callable[[int, int],
-                                                                                 list[Sample]]]]]] = []
+        plans: list[tuple[AlertRule, int, int, int, list[tuple[SeriesKey | None, AlertState]], SamplesOf]] = []
         needs: list[tuple[AlertRule, list[SeriesKey], int, int]] = []
         if mark is not None:
             reads.match_all(rules.rule)
         for rule in rules.rule:
             width = rule.window_s * 1000
-            first_window = now - (rule.for_windows + 2) * width    # a new rule looks back a few windows only
-            keys: list[tuple[SeriesKey | None, str, Callable[[int, int], list[Sample]]]]
+            floor = (now - (rule.for_windows + 2) * width) // width * width   # a new rule looks back a few windows
+            samples_of: SamplesOf
             if rule.series is None and rule.logs is None:
                 finished = now - round(config.stream.trigger_interval_s * 1000)   # the job's last writes are in
-                keys = [(None, series_label(None),
-                         lambda lo, hi, r=rule: pipeline_samples(config, client, r, lo, hi, now))]
+                matches: list[SeriesKey | None] = [None]
+                samples_of = lambda lo, hi, r=rule: {None: pipeline_samples(config, client, r, lo, hi, now)}  # noqa: E731
+            elif mark is None:
+                continue
             else:
-                if mark is None:
-                    continue
-                finished = mark
-                labelled = [(s, series_label(s)) for s in reads.matching(rule)]
-                # Every series of the rule from one read over the earliest range any of them needs.
-                earliest = min((max(states[(rule.name, label)].evaluated_until_ms if (rule.name, label) in states
-                                    else 0, first_window // width * width) for _, label in labelled), default=0)
-                if finished // width * width <= earliest:
-                    continue     # no series of the rule has a window finished since the last pass
-                needs.append((rule, [s for s, _ in labelled], earliest, finished // width * width))
-                keys = [(series, label, lambda lo, hi, r=rule, s=series, e=earliest: reads.samples(r, s, min(lo, e),
-                                                                                                   hi))
-                        for series, label in labelled]
-            plans.append((rule, finished, first_window, keys))
-        reads.prefetch(needs)
-        for rule, finished, first_window, keys in plans:
-            width = rule.window_s * 1000
-            new_states, transitions = [], []
+                finished, matches = mark, [*reads.matching(rule)]
             end = finished // width * width
-            for series_key, label, samples_of in keys:
-                current = states.get((rule.name, label)) or AlertState(rule.name, label)
-                start = max(current.evaluated_until_ms, first_window // width * width)
+            currents = [(s, states.get((rule.name, label := series_label(s))) or AlertState(rule.name, label))
+                        for s in matches]
+            # Every series of the rule from one read over the earliest range any of them needs.
+            earliest = min((max(current.evaluated_until_ms, floor) for _, current in currents), default=end)
+            if end <= earliest:
+                continue     # no series of the rule has a window finished since the last pass
+            if rule.series is not None or rule.logs is not None:
+                needs.append((rule, [s for s in matches if s is not None], earliest, end))
+                samples_of = lambda lo, hi, r=rule, e=earliest: reads.samples(r, min(lo, e), hi)  # noqa: E731
+            plans.append((rule, end, floor, earliest, currents, samples_of))
+        reads.prefetch(needs)
+        for rule, end, floor, earliest, currents, samples_of in plans:
+            by_series = samples_of(earliest, end)
+            new_states, transitions = [], []
+            for series_key, current in currents:
+                start = max(current.evaluated_until_ms, floor)
                 if end <= start:
                     continue
-                samples = _with_week_over_week(rule, samples_of(start, end), samples_of)
+                samples = by_series[series_key]
+                if rule.week_over_week:
+                    samples = _with_week_over_week(rule, samples,
+                                                   lambda lo, hi, k=series_key, f=samples_of: f(lo, hi)[k])
                 state, moved = run(rule, current, [s for s in samples if start < s.window_end_ms <= end])
                 if state != current:
                     new_states.append(state)

@@ -73,39 +73,41 @@ def step(rule: AlertRule, current: AlertState, window_end_ms: int,
     """Evaluate one finished window; returns the new state and the transition it caused, if any."""
     if window_end_ms <= current.evaluated_until_ms:
         return current, None
-
-    def moved(state: State, count: int, calm: int, since_ms: int) -> AlertState:
-        return AlertState(current.rule, current.series, state, count, window_end_ms, since_ms, value, calm)
-
-    def to(state: State, transition: Literal["pending", "firing", "resolved", "ok"],
-           count: int) -> tuple[AlertState, Transition]:
-        return (moved(state, count, 0, window_end_ms),
-                Transition(rule.name, current.series, transition, window_end_ms, value, rule.threshold,
-                           rule.severity))
-
     if breaches(rule, value):
         count = current.breaches + 1
         if current.state == "firing":
-            return moved("firing", count, 0, current.since_ms), None
+            return _moved(current, "firing", count, 0, current.since_ms, window_end_ms, value), None
         if count >= rule.for_windows:
-            return to("firing", "firing", count)
+            return _to(rule, current, "firing", "firing", count, window_end_ms, value)
         if current.state == "ok":
-            return to("pending", "pending", count)
-        return moved(current.state, count, current.calm, current.since_ms), None
+            return _to(rule, current, "pending", "pending", count, window_end_ms, value)
+        return _moved(current, current.state, count, current.calm, current.since_ms, window_end_ms, value), None
     if current.state == "firing":
         if current.calm < rule.keep_firing_for:
-            return moved("firing", 0, current.calm + 1, current.since_ms), None
-        return to("ok", "resolved", 0)
+            return _moved(current, "firing", 0, current.calm + 1, current.since_ms, window_end_ms, value), None
+        return _to(rule, current, "ok", "resolved", 0, window_end_ms, value)
     if current.state == "pending":
-        return to("ok", "ok", 0)
-    return moved(current.state, 0, current.calm, current.since_ms), None
+        return _to(rule, current, "ok", "ok", 0, window_end_ms, value)
+    return _moved(current, current.state, 0, current.calm, current.since_ms, window_end_ms, value), None
+
+
+# Module-level rather than closures in step: step runs once per (rule, series) and window, every pass.
+def _moved(current: AlertState, state: State, count: int, calm: int, since_ms: int, window_end_ms: int,
+           value: float | None) -> AlertState:
+    return AlertState(current.rule, current.series, state, count, window_end_ms, since_ms, value, calm)
+
+
+def _to(rule: AlertRule, current: AlertState, state: State, transition: Literal["pending", "firing", "resolved", "ok"],
+        count: int, window_end_ms: int, value: float | None) -> tuple[AlertState, Transition]:
+    return (_moved(current, state, count, 0, window_end_ms, window_end_ms, value),
+            Transition(rule.name, current.series, transition, window_end_ms, value, rule.threshold, rule.severity))
 
 
 def run(rule: AlertRule, current: AlertState,
         windows: list[tuple[int, float | None]]) -> tuple[AlertState, list[Transition]]:
     """``step`` over (window_end_ms, value) pairs in time order."""
     transitions = []
-    for window_end_ms, value in sorted(windows, key=lambda w: w[0]):
+    for window_end_ms, value in (sorted(windows, key=lambda w: w[0]) if len(windows) > 1 else windows):
         current, transition = step(rule, current, window_end_ms, value)
         if transition is not None:
             transitions.append(transition)

@@ -37,9 +37,9 @@ _MS = timedelta(milliseconds=1)
 _SKETCH_FORMATS = {"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"}
 
 
-@dataclass(frozen=True)
-class SeriesKey:
-    """One series: (app, kind, name) and its configured tags as ``"k=v,k=v"`` (sorted), ``""`` when none."""
+class SeriesKey(NamedTuple):
+    """One series: (app, kind, name) and its configured tags as ``"k=v,k=v"`` (sorted), ``""`` when none. A tuple:
+    the alert evaluator keys tens of thousands of them a pass."""
 
     app: str
     kind: str
@@ -227,106 +227,145 @@ def range_buckets(
     return _bucketed(rows, start_ms, end_ms, resolution_ms, length_ms, quantiles, hll_lg_k)
 
 
-class WindowStats(NamedTuple):
+class WindowStats:
     """One window's statistics, as :class:`RangeStats` of that window alone reads them (``SeriesWindows.windows``):
-    what the alert evaluator compares, window by window, for thousands of series a pass."""
+    what the alert evaluator compares, window by window, for thousands of series a pass. Each statistic is read
+    from the stored window when asked for, so a rule on counts never deserializes a sketch."""
 
-    end_ms: int
-    count: int
-    value_count: int
-    sum: float
-    min: float | None
-    max: float | None
-    quantiles: dict[float, float | None]
-    distinct_users: int
-    distinct_devices: int
-    levels: dict[str, int]
+    __slots__ = ("_quantiles", "_row", "_sketches", "_stored")
+
+    def __init__(self, stored: _StoredWindow, quantiles: Sequence[float], sketches: frozenset[str]) -> None:
+        self._stored, self._row, self._quantiles, self._sketches = stored, stored.window, quantiles, sketches
+
+    @property
+    def end_ms(self) -> int:
+        return self._row.end_ms
+
+    @property
+    def count(self) -> int:
+        return int(self._row.event_count)
+
+    @property
+    def value_count(self) -> int:
+        return int(self._row.value_count)
+
+    @property
+    def sum(self) -> float:
+        return float(self._row.sum)
+
+    @property
+    def min(self) -> float | None:
+        return self._row.min
+
+    @property
+    def max(self) -> float | None:
+        return self._row.max
+
+    @property
+    def quantiles(self) -> dict[float, float | None]:
+        """Each requested rank's value: the job's own for the ranks it stores (:data:`STORED_QUANTILES`), else from
+        the window's KLL sketch (``None`` without values, or when the sketch was not fetched)."""
+        if all(q in STORED_QUANTILES for q in self._quantiles):
+            return {q: self._stored.quantiles[STORED_QUANTILES.index(q)] for q in self._quantiles}
+        values = merge_kll((self._row.value_sketch,)) if "values" in self._sketches else None
+        ranked = (values.get_quantiles(list(self._quantiles), inclusive=True) if values is not None
+                  else [None] * len(self._quantiles))
+        return dict(zip(self._quantiles, ranked, strict=True))
+
+    @property
+    def distinct_users(self) -> int:
+        return self._stored.distinct_users
+
+    @property
+    def distinct_devices(self) -> int:
+        return self._stored.distinct_devices
+
+    @property
+    def levels(self) -> dict[str, int]:
+        return dict(zip(LEVELS, self._row[_LEVELS_AT], strict=True))
 
 
-SKETCHES = frozenset({"values", "users", "devices"})
-"""The sketches of a window: its values' KLL (quantiles) and its users' and devices' HLL (distinct counts)."""
+STORED_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99, 0.999)
+"""The ranks the job stores for each window (``p50`` … ``p999``), read without deserializing its sketch."""
 
 
 @dataclass(frozen=True)
 class SeriesWindows:
     """The stored windows of one length of some series, as fetched (:func:`fetch_series_windows`); one fetch serves
     every reader of the same series and range (the alert evaluator's rules on one series name). :meth:`windows`
-    gives each series one :class:`WindowStats` per window of the range, windows without events included (count 0):
-    the numbers ``range_buckets(client, s, start, end, length_s, source_length_s=length_s)`` gives it."""
+    gives each series one :class:`WindowStats` per window of the range, windows without events included (count 0).
+
+    A window's statistics are the job's own for it: its counts, its stored quantiles (the value sketch's, as
+    :func:`range_buckets` of that window alone reads them) and its distinct counts (the estimate of its HLL sketch,
+    which a union of that one sketch equals within the sketch's error)."""
 
     length_ms: int
     start_ms: int
     end_ms: int
-    sketches: frozenset[str]
-    rows: dict[SeriesKey, list[_Row]]
+    value_sketches: bool
+    """Whether each window's KLL sketch was fetched: needed only for ranks not in :data:`STORED_QUANTILES`."""
+    rows: dict[SeriesKey, list[_StoredWindow]]
 
-    def windows(self, matches: Sequence[SeriesKey], *, quantiles: Sequence[float] = DEFAULT_QUANTILES,
-                sketches: Collection[str] = SKETCHES,
-                hll_lg_k: int | None = None) -> dict[SeriesKey, list[WindowStats]]:
+    def windows(self, matches: Sequence[SeriesKey], *,
+                quantiles: Sequence[float] = DEFAULT_QUANTILES) -> dict[SeriesKey, list[WindowStats]]:
         """Each of ``matches``' whole windows of the range, oldest first, windows without events included (count
-        0), merging only ``sketches`` (of those fetched; the others read as no quantiles and distinct counts 0):
-        what :func:`range_buckets` at the window length gives, without a :class:`RangeStats` per window."""
+        0), without a :class:`RangeStats` per window. A rank outside :data:`STORED_QUANTILES` is read from the
+        window's sketch, so it needs ``value_sketches``."""
         _check_quantiles(quantiles)
-        missing = set(sketches) - self.sketches
-        if missing:
-            raise ValueError(f"sketches {sorted(missing)} were not fetched")
+        quantiles = tuple(quantiles)
+        if not self.value_sketches and not set(quantiles) <= set(STORED_QUANTILES):
+            raise ValueError(f"quantiles {sorted(set(quantiles) - set(STORED_QUANTILES))} need the value sketches, "
+                             "which were not fetched")
         length = self.length_ms
         ends = range(-(-self.start_ms // length) * length + length, self.end_ms // length * length + 1, length)
-        wanted = frozenset(sketches)
-        none = dict.fromkeys(quantiles)
+        sketches = frozenset({"values"} if self.value_sketches else ())
         found = {}
         for series in matches:
-            by_end = {row.end_ms: row for row in self.rows.get(series, ()) if row.end_ms - row.start_ms == length}
-            found[series] = [_window_stats(by_end[end], quantiles, hll_lg_k, wanted) if end in by_end else
-                             WindowStats(end, 0, 0, 0.0, None, None, dict(none), 0, 0, dict.fromkeys(LEVELS, 0))
+            by_end = {row.window.end_ms: row for row in self.rows.get(series, ())
+                      if row.window.end_ms - row.window.start_ms == length}
+            found[series] = [WindowStats(by_end.get(end) or _no_events(length, end), quantiles, sketches)
                              for end in ends]
         return found
 
 
-def _window_stats(row: _Row, quantiles: Sequence[float], hll_lg_k: int | None,
-                  sketches: frozenset[str]) -> WindowStats:
-    """One stored window as :func:`_combine` of it alone reads it (the same merges of its one sketch)."""
-    values = merge_kll((row.value_sketch,)) if "values" in sketches else None
-    ranked = values.get_quantiles(list(quantiles), inclusive=True) if values is not None else [None] * len(quantiles)
-    users = merge_hll((row.users_sketch,), hll_lg_k) if "users" in sketches else None
-    devices = merge_hll((row.devices_sketch,), hll_lg_k) if "devices" in sketches else None
-    return WindowStats(row.end_ms, int(row.event_count), int(row.value_count), math.fsum((row.sum,)), row.min,
-                       row.max, dict(zip(quantiles, ranked, strict=True)), hll_estimate(users), hll_estimate(devices),
-                       dict(zip(LEVELS, row[_LEVELS_AT], strict=True)))
+def _no_events(length_ms: int, end_ms: int) -> _StoredWindow:
+    """A window nobody sent an event in: what the store would hold for it (count 0, no values, empty sketches)."""
+    return _StoredWindow(_Row(length_ms, end_ms - length_ms, end_ms, 0, 0, 0.0, None, None, b"", b"", b"",
+                              0, 0, 0, 0, 0, 0), (None,) * len(STORED_QUANTILES), 0, 0)
 
 
 def fetch_series_windows(client: Client, kind: str, name: str, apps: Sequence[str], length_s: float, start: datetime,
-                         end: datetime, *, sketches: Collection[str] = SKETCHES) -> SeriesWindows:
+                         end: datetime, *, value_sketches: bool = False) -> SeriesWindows:
     """One query: the tumbling windows of ``length_s`` inside ``[start, end)`` of every series of ``kind`` and
-    ``name`` in ``apps`` (each tag set its own series), with ``sketches`` (of :data:`SKETCHES`)."""
-    return fetch_windows(client, [(kind, name)], apps, length_s, start, end, sketches=sketches)[(kind, name)]
+    ``name`` in ``apps`` (each tag set its own series), with each window's value sketch if ``value_sketches``."""
+    return fetch_windows(client, [(kind, name)], apps, length_s, start, end,
+                         value_sketches=value_sketches)[(kind, name)]
 
 
 def fetch_windows(client: Client, names: Collection[tuple[str, str]], apps: Sequence[str], length_s: float,
                   start: datetime, end: datetime, *,
-                  sketches: Collection[str] = SKETCHES) -> dict[tuple[str, str], SeriesWindows]:
+                  value_sketches: bool = False) -> dict[tuple[str, str], SeriesWindows]:
     """:func:`fetch_series_windows` of several (kind, name) pairs in one query, one scan of the table: each pair's
     windows of ``apps``. What one alert evaluation pass reads for all its rules of one window length."""
-    unknown = set(sketches) - SKETCHES
-    if unknown:
-        raise ValueError(f"unknown sketches {sorted(unknown)}; a window has {sorted(SKETCHES)}")
     start_ms, end_ms, length_ms = _epoch_ms(start), _epoch_ms(end), round(length_s * 1000)
     if length_ms <= 0:
         raise ValueError(f"length_s must be positive, got {length_s}")
-    sql = _SERIES_WINDOWS_SQL
-    for sketch, column in (("values", "value_sketch"), ("users", "users_sketch"), ("devices", "devices_sketch")):
-        if sketch not in sketches:
-            sql = sql.replace(f"{column},", f"'' AS {column},")
+    # The HLL sketches are never read (a window's distinct counts are stored); the KLL one only when asked for.
+    sql = _SERIES_WINDOWS_SQL.replace("users_sketch,", "'' AS users_sketch,").replace(
+        "devices_sketch,", "'' AS devices_sketch,")
+    if not value_sketches:
+        sql = sql.replace("value_sketch,", "'' AS value_sketch,")
     result = client.query(sql, parameters={
         "kinds": sorted({k for k, _ in names}), "names": sorted({n for _, n in names}), "apps": list(apps),
         "length_ms": length_ms, "start_ms": start_ms, "end_ms": end_ms}, column_formats=_SKETCH_FORMATS)
-    rows: dict[tuple[str, str], dict[SeriesKey, list[_Row]]] = {pair: {} for pair in names}
+    rows: dict[tuple[str, str], dict[SeriesKey, list[_StoredWindow]]] = {pair: {} for pair in names}
+    stored_at = len(_Row._fields)
     for kind, name, app, tags, *window in result.result_rows:
         # kinds x names may pair a kind with a name not asked for it: those rows are not kept.
         if (kind, name) in rows:
-            rows[(kind, name)].setdefault(SeriesKey(app, kind, name, tags), []).append(_Row(*window))
-    return {pair: SeriesWindows(length_ms, start_ms, end_ms, frozenset(sketches), series)
-            for pair, series in rows.items()}
+            rows[(kind, name)].setdefault(SeriesKey(app, kind, name, tags), []).append(_StoredWindow(
+                _Row(*window[:stored_at]), tuple(window[stored_at:-2]), window[-2], window[-1]))
+    return {pair: SeriesWindows(length_ms, start_ms, end_ms, value_sketches, series) for pair, series in rows.items()}
 
 
 def _bucketed(rows: list[_Row], start_ms: int, end_ms: int, resolution_ms: int, length_ms: int | None,
@@ -366,6 +405,16 @@ class _Row(NamedTuple):
     is_final: int
 
 
+class _StoredWindow(NamedTuple):
+    """One window of :class:`SeriesWindows`: its :class:`_Row` and the statistics the job computed for it alone."""
+
+    window: _Row
+    quantiles: tuple[float | None, ...]
+    """In the order of :data:`STORED_QUANTILES`."""
+    distinct_users: int
+    distinct_devices: int
+
+
 _LEVEL_FIELDS = tuple((level, f"level_{level}") for level in LEVELS)
 _LEVELS_AT = slice(_Row._fields.index("level_debug"), _Row._fields.index("level_debug") + len(LEVELS))
 """Where a row's per-level counts are, in the order of ``LEVELS``."""
@@ -397,7 +446,8 @@ _WINDOWS_SQL = (
 _SERIES_WINDOWS_SQL = (
     "SELECT kind, name, app, series_tags, window_length_ms, toUnixTimestamp64Milli(window_start), "
     "toUnixTimestamp64Milli(window_end), event_count, value_count, sum, min, max, value_sketch, users_sketch, "
-    "devices_sketch, " + ", ".join(f"level_{level}" for level in LEVELS) + ", is_final "
+    "devices_sketch, " + ", ".join(f"level_{level}" for level in LEVELS) + ", is_final, "
+    "p50, p90, p95, p99, p999, distinct_users, distinct_devices "   # p…: STORED_QUANTILES
     "FROM window_results WHERE window_kind = 'tumbling' AND kind IN {kinds:Array(String)} "
     "AND name IN {names:Array(String)} AND app IN {apps:Array(String)} AND window_length_ms = {length_ms:UInt64} "
     "AND window_start >= fromUnixTimestamp64Milli({start_ms:Int64}, 'UTC') "

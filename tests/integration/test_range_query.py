@@ -367,16 +367,19 @@ def test_the_windows_of_many_series_from_one_query_are_each_series_buckets_at_it
     with connect(store.config) as client:
         fetched = fetch_series_windows(client, "metric", "latency_ms", ["shop", "closed-shop"], 60, start, end)
         together = fetched.windows([LATENCY, eu, absent], quantiles=[0.5, 0.99])
-        reduced = fetch_series_windows(client, "metric", "latency_ms", ["shop"], 60, start, end, sketches=()).windows(
-            [LATENCY], quantiles=[0.99], sketches=())
+        sketched = fetch_series_windows(client, "metric", "latency_ms", ["shop"], 60, start, end,
+                                        value_sketches=True).windows([LATENCY], quantiles=[0.75])
     # each series gets exactly the buckets a query of its own gives, empty minutes (count 0) included;
     for series in (LATENCY, eu, absent):
         alone = buckets(store, series, start, end, 60, source_length_s=60, quantiles=[0.5, 0.99])
-        assert [tuple(w) for w in together[series]] == [
+        assert [(w.end_ms, w.count, w.value_count, w.sum, w.min, w.max, w.quantiles, w.distinct_users,
+                 w.distinct_devices, w.levels) for w in together[series]] == [
             (int(b.end.timestamp() * 1000), b.count, b.value_count, b.sum, b.min, b.max, b.quantiles, b.distinct_users,
              b.distinct_devices, b.levels) for b in alone], series
     assert len(together[absent]) == 62 and {b.count for b in together[absent]} == {0}   # the whole minutes in range
-    # and without sketches, counts and sums are the same, quantiles and distinct counts are not read.
-    assert [(b.count, b.sum, b.max) for b in reduced[LATENCY]] == [(b.count, b.sum, b.max) for b in together[LATENCY]]
-    assert {b.quantiles[0.99] for b in reduced[LATENCY]} == {None}
-    assert {b.distinct_users for b in reduced[LATENCY]} == {0}
+    # A rank the job does not store comes from each window's sketch, which must then be fetched.
+    assert [b.quantiles for b in sketched[LATENCY]] == [
+        b.quantiles for b in buckets(store, LATENCY, start, end, 60, source_length_s=60, quantiles=[0.75])]
+    assert any(b.quantiles[0.75] is not None for b in sketched[LATENCY])
+    with pytest.raises(ValueError, match="value sketches"):
+        fetched.windows([LATENCY], quantiles=[0.75])
