@@ -127,6 +127,15 @@ def test_p99_over_threshold_for_two_finished_windows_fires_then_resolves(store: 
     assert state == "ok" and value is not None and value < 500
 
 
+def test_a_rank_the_job_does_not_store_is_read_from_each_windows_sketch(store: Config) -> None:
+    # Given minutes whose p75 (stored by no column: the job keeps p50 … p999) is 10, 600, 600, 10,
+    fast, slow = [10.0] * 100, [10.0] * 20 + [600.0] * 80
+    insert(store, [minute_of(store, m, lat) for m, lat in enumerate([fast, slow, slow, fast])])
+    # a p75 rule reads it from each window's KLL sketch, and fires and resolves on it.
+    rules = P99_FOR_2.replace('statistic = "p99"', 'statistic = "p75"').replace("checkout p99", "checkout p75")
+    assert evaluate_minutes(store, rules, range(1, 5)) == [("pending", 2), ("firing", 3), ("resolved", 4)]
+
+
 def test_keep_firing_for_rides_out_a_dip_and_its_count_is_stored_between_evaluations(store: Config) -> None:
     # Given a rule kept firing one window past its last breach, evaluated once a minute (state read from the store),
     fast, slow = [10.0] * 100, [900.0] * 100
