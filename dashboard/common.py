@@ -73,11 +73,11 @@ def literal(text: object) -> str:
 
 
 def url_select(label: str, key: str, options: Sequence[T], format_func: Callable[[T], str] = str,
-               to_param: Callable[[T], str] = str) -> T:
-    """A sidebar selectbox whose choice lives in the URL as ``?key=...``."""
+               to_param: Callable[[T], str] = str, default: T | None = None) -> T:
+    """A sidebar selectbox whose choice lives in the URL as ``?key=...``; without one, ``default`` (or the first)."""
     params = [to_param(o) for o in options]
     wanted = st.query_params.get(key)
-    index = params.index(wanted) if wanted in params else 0
+    index = params.index(wanted) if wanted in params else options.index(default) if default in options else 0
     chosen = st.sidebar.selectbox(label, options, index=index, format_func=format_func, key=f"url_{key}")
     st.query_params[key] = to_param(chosen)
     return chosen

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +13,7 @@ import pandas as pd
 from clickhouse_connect.driver.client import Client
 
 from eventide.config import Config
+from eventide.envelope import LEVELS
 from store import range_query
 from store.client import connect
 from store.range_query import SeriesKey
@@ -51,29 +52,40 @@ class SeriesCatalog:
     """Stored tumbling window lengths, as :func:`window_lengths_ms`."""
     hopping: dict[SeriesKey, list[tuple[int, int]]]
     """Per series with hopping windows: their (length_ms, hop_ms), in order."""
+    events: dict[SeriesKey, int] = field(default_factory=dict)
+    """Per series, its events in the catalog's range: the sum over its tumbling windows of its shortest length (each
+    event counted once)."""
+
+    def busiest(self, kind: str) -> SeriesKey | None:
+        """The series of ``kind`` (``metric``, ``log``) with the most events in the range; None when none has any."""
+        return next((s for s in self.series if s.kind == kind and self.events.get(s, 0) > 0), None)
 
 
-def series_catalog(client: Client) -> SeriesCatalog:
-    """Every series that has at least one window (most active first: most events summed over the newest version of
-    all its windows), the tumbling lengths and each series' hopping windowings, from one pass over the windows.
+def series_catalog(client: Client, since: datetime | None = None) -> SeriesCatalog:
+    """Every series that has at least one window (most active first: most events since ``since``, or ever), the
+    tumbling lengths and each series' hopping windowings, from one pass over the windows.
 
     One query where the explorer made three (series, lengths, hopping specs), each a scan of ``window_aggregates``.
     """
     rows = client.query(
-        "SELECT app, kind, name, series_tags, window_kind, window_length_ms, window_hop_ms, sum(event_count) "
-        "FROM window_aggregates FINAL GROUP BY ALL ORDER BY window_length_ms, window_hop_ms"
-    ).result_rows
+        "SELECT app, kind, name, series_tags, window_kind, window_length_ms, window_hop_ms, "
+        "sumIf(event_count, window_end > {since:DateTime64(3)}) "
+        "FROM window_aggregates FINAL GROUP BY ALL ORDER BY window_length_ms, window_hop_ms",
+        parameters={"since": (since or datetime(1970, 1, 1)).replace(tzinfo=None)}).result_rows
     events: dict[SeriesKey, int] = {}
     lengths: set[int] = set()
     hopping: dict[SeriesKey, list[tuple[int, int]]] = {}
+    seen: dict[SeriesKey, None] = {}
     for app, kind, name, tags, window_kind, length, hop, count in rows:
         series = SeriesKey(app, kind, name, tags)
-        events[series] = events.get(series, 0) + int(count)
+        seen[series] = None
         if window_kind == "tumbling":
             lengths.add(int(length))
+            events.setdefault(series, int(count))     # rows come shortest length first
         elif window_kind == "hopping":
             hopping.setdefault(series, []).append((int(length), int(hop)))
-    return SeriesCatalog(sorted(events, key=lambda s: -events[s]), sorted(lengths), hopping)
+    events = {s: events.get(s, 0) for s in seen}
+    return SeriesCatalog(sorted(events, key=lambda s: -events[s]), sorted(lengths), hopping, events)
 
 
 def window_lengths_ms(client: Client) -> list[int]:
@@ -88,6 +100,9 @@ def resolutions_s(lengths_ms: list[int], extra_s: tuple[int, ...] = (300, 3600))
     lengths_s = [ms // 1000 for ms in lengths_ms if ms % 1000 == 0]
     return sorted({*lengths_s, *(r for r in extra_s if any(r % n == 0 for n in lengths_s))})
 
+
+_LEVEL_COLUMNS = ", ".join(f"level_{level} AS {level}" for level in LEVELS)
+"""A window's lines per level, each column named as the level (a log series' buckets)."""
 
 CHARTED_QUANTILES = (0.5, 0.9, 0.99)
 """The percentiles the explorer charts: only these are read from each bucket's merged sketch."""
@@ -106,8 +121,8 @@ def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: 
     """
     if round(resolution_s * 1000) in stored_lengths_ms:
         return _frame(client,
-            "SELECT window_start, event_count, rate, p50, p90, p99, distinct_users, is_final = 1 AS final "
-            "FROM window_results WHERE window_kind = 'tumbling' AND window_length_ms = {l:UInt64} "
+            "SELECT window_start, event_count, rate, p50, p90, p99, distinct_users, is_final = 1 AS final, "
+            f"{_LEVEL_COLUMNS} FROM window_results WHERE window_kind = 'tumbling' AND window_length_ms = {{l:UInt64}} "
             f"AND {_series_filter()} AND window_start >= {{lo:DateTime64(3)}} AND window_end <= {{hi:DateTime64(3)}} "
             "ORDER BY window_start", since, until, l=round(resolution_s * 1000), **_series_params(series))
     buckets = range_query.range_buckets(client, series, since, until, resolution_s, quantiles=CHARTED_QUANTILES,
@@ -115,7 +130,7 @@ def series_buckets(client: Client, series: SeriesKey, resolution_s: int, since: 
     return pd.DataFrame([{
         "window_start": b.start.replace(tzinfo=None), "event_count": b.count, "rate": b.rate,
         "p50": b.quantiles.get(0.5), "p90": b.quantiles.get(0.9), "p99": b.quantiles.get(0.99),
-        "distinct_users": b.distinct_users, "final": b.final,
+        "distinct_users": b.distinct_users, "final": b.final, **{level: b.levels[level] for level in LEVELS},
     } for b in buckets if b.windows])
 
 
@@ -385,7 +400,8 @@ def hopping_windows(client: Client, series: SeriesKey, length_ms: int, hop_ms: i
                     until: datetime) -> pd.DataFrame:
     """Each hopping window's own aggregates (newest version), by window start."""
     return _frame(client,
-        "SELECT window_start, event_count, rate, p50, p90, p99, distinct_users FROM window_aggregates FINAL "
+        f"SELECT window_start, event_count, rate, p50, p90, p99, distinct_users, {_LEVEL_COLUMNS} "
+        "FROM window_aggregates FINAL "
         f"WHERE window_kind = 'hopping' AND window_length_ms = {{l:UInt64}} AND window_hop_ms = {{h:UInt64}} "
         f"AND {_series_filter()} AND window_start >= {{lo:DateTime64(3)}} AND window_start < {{hi:DateTime64(3)}} "
         "ORDER BY window_start", since, until, l=length_ms, h=hop_ms, **_series_params(series))

@@ -29,10 +29,10 @@ class ExplorerCatalog:
     how fresh the store is instead of drawing pickers)."""
 
 
-def explorer_catalog(reader: Reader) -> ExplorerCatalog:
-    """The series (most active first), their tumbling lengths and hopping windowings; the freshness batches too
-    when there is no series."""
-    catalog = reader.one("series_catalog", queries.series_catalog)
+def explorer_catalog(reader: Reader, since: datetime | None = None) -> ExplorerCatalog:
+    """The series (most active since ``since`` first), their tumbling lengths and hopping windowings; the freshness
+    batches too when there is no series."""
+    catalog = reader.one("series_catalog", lambda client: queries.series_catalog(client, since))
     batches = None if catalog.series else reader.one("batches", pipeline.last_batches)
     return ExplorerCatalog(catalog, batches)
 

@@ -1,4 +1,5 @@
-"""Metric explorer: rate, percentiles and distinct users over time for any series, at any resolution.
+"""Metric explorer: rate, percentiles and distinct users over time for any series, at any resolution; for a log
+series its lines per level and error ratio.
 
 A bucket as long as a stored tumbling window is that window; a longer one is merged from its windows' sketches
 (``store.range_query``): percentiles are never averaged.
@@ -7,15 +8,17 @@ A bucket as long as a stored tumbling window is that window; a longer one is mer
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import common, queries
+from dashboard import common, log_search, queries
 from dashboard.data.explorer import explorer_catalog, explorer_data
 from dashboard.figure_cache import reused
 from dashboard.live import last_minutes_when_new
+from eventide.envelope import LEVELS
 from store import pipeline
 from store.range_query import SeriesKey
 
@@ -31,6 +34,19 @@ def line_chart(df: pd.DataFrame, columns: list[str], title: str, unit: str, span
     return common.time_axis(common.chart_layout(fig, height=340), span, x_title)
 
 
+def _log_charts(left: Any, right: Any, df: pd.DataFrame, series: SeriesKey, label: str,
+                span: tuple[datetime, datetime]) -> None:
+    """What a log series has, in the page's two columns: its lines per level, its error ratio and a link to the
+    lines themselves (a percentile or a distinct-user count of log lines means nothing)."""
+    levels = [level for level in LEVELS if df[level].any()] or ["info"]
+    left.plotly_chart(line_chart(df, levels, f"Lines per level · {label}", "lines", span), width="stretch")
+    errors = (df["error"] + df["critical"]) / df["event_count"].where(df["event_count"] > 0)
+    right.plotly_chart(line_chart(df.assign(error_ratio=errors), ["error_ratio"], f"Error ratio · {label}",
+                                  "(error + critical) / lines", span), width="stretch")
+    link = log_search.logs_url(apps=[series.app], names=[series.name], since=span[0], until=span[1])
+    st.markdown(f":material/search: [Open these lines on the Logs page]({link})")
+
+
 def _param(series: SeriesKey) -> str:
     return "|".join((series.app, series.kind, series.name, series.series_tags))
 
@@ -38,17 +54,22 @@ def _param(series: SeriesKey) -> str:
 def page() -> None:
     st.title("Metric explorer")
     config = common.config_or_stop()
-    picked = common.page_data(config, explorer_catalog)
+    minutes = common.range_minutes(config)
+    picked = common.page_data(config, explorer_catalog, common.last(minutes)[0])
     catalog = picked.catalog
-    series, lengths = catalog.series, catalog.lengths_ms
-    if series:
-        chosen = common.url_select("Series", "series", series, lambda s: s.label, _param)
-        hopping = catalog.hopping.get(chosen, [])
-    if not series:
+    if not catalog.series:
         common.show_freshness(config, picked.batches or {}, pipeline.WINDOWS_QUERY)
         st.info(f"No windows yet in {common.store_origin(config)}. Start the job and send events (`./run demo`); "
                 "the first windows appear once a micro-batch has run.")
         return
+    # Grouped by app, then kind (metrics first); it opens on the busiest metric of the range, where percentiles
+    # and distinct users mean something.
+    listed = sorted(catalog.series, key=lambda s: (s.app, s.kind != "metric", s.kind, s.name, s.series_tags))
+    chosen = common.url_select(
+        "Series", "series", listed, lambda s: f"{s.label} · {catalog.events.get(s, 0):,} events", _param,
+        default=catalog.busiest("metric") or catalog.series[0])
+    st.sidebar.caption(f"Events in the last {minutes} min beside each series.")
+    hopping, lengths = catalog.hopping.get(chosen, []), catalog.lengths_ms
     kinds = ["tumbling", *(["hopping"] if hopping else []), "sliding"]
     kind = common.url_select("Window kind", "kind", kinds)
     resolution_s: int | None = None
@@ -59,7 +80,6 @@ def page() -> None:
     elif kind == "hopping":
         spec = common.url_select("Hopping window", "hopping", hopping,
                                  lambda s: f"{s[0] // 1000} s every {s[1] // 1000} s", lambda s: f"{s[0]}-{s[1]}")
-    minutes = common.range_minutes(config)
     st.sidebar.caption(f"store: {common.store_origin(config)}")
 
     @common.refreshing(config)
@@ -86,11 +106,14 @@ def page() -> None:
             st.caption(f"{len(df)} sliding windows (one per event; quantiles and distinct counts are kept for "
                        "tumbling and hopping windows only)")
             return
-        left.plotly_chart(line_chart(df, ["rate"], f"Rate · {label}", "events / s", span), width="stretch")
-        right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {label}", "value", span),
-                           width="stretch")
-        st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {label}", "users", span),
-                        width="stretch")
+        if chosen.kind == "log":
+            _log_charts(left, right, df, chosen, label, span)
+        else:
+            left.plotly_chart(line_chart(df, ["rate"], f"Rate · {label}", "events / s", span), width="stretch")
+            right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {label}", "value", span),
+                               width="stretch")
+            st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {label}", "users", span),
+                            width="stretch")
         if kind == "tumbling":
             source = "stored windows" if resolution_s * 1000 in lengths else "merged sketches"
             st.caption(f"{len(df)} buckets of {resolution_s} s ({source})")

@@ -134,6 +134,40 @@ def test_series_page_charts_rate_and_p99(store):
     assert _time_charts_span_the_range(at) == 3
 
 
+def test_explorer_opens_on_the_busiest_metric_and_shows_a_log_series_its_levels_and_error_ratio(store):
+    # Given, in the last minutes, a logger with many more lines than the one metric has events,
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    now -= timedelta(seconds=now.second % 10)
+    metric = [_window(now - timedelta(seconds=10 * i), 5, 9.0) for i in range(1, 4)]
+    logs = []
+    for i in range(1, 4):
+        row = dict(zip(WINDOW_COLUMNS, _window(now - timedelta(seconds=10 * i), 100, 0.0), strict=True))
+        row.update(app="checkout", kind="log", name="payments", value_count=0, sum=0.0, min=None, max=None,
+                   mean=None, p50=None, p90=None, p95=None, p99=None, p999=None, value_sketch=b"",
+                   level_info=90, level_error=10 * i - 5, level_critical=5 * (i == 3))
+        logs.append([row[c] for c in WINDOW_COLUMNS])
+    with connect(store) as client:
+        client.insert("window_aggregates", [[*r, 1, now] for r in metric + logs],
+                      column_names=[*WINDOW_COLUMNS, "version", "written_at"])
+    # the explorer opens on the metric (its percentiles mean something), listing each series with its events;
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert at.sidebar.selectbox[0].value.label == "shop · metric · latency_ms"
+    assert at.sidebar.selectbox[0].options == ["checkout · log · payments · 300 events",
+                                               "shop · metric · latency_ms · 15 events"]
+    # and the log series shows its lines per level and error ratio, never percentiles, and links to its lines.
+    at.sidebar.selectbox[0].select(at.sidebar.selectbox[0].options[0]).run()
+    assert not at.exception
+    specs = _specs(at)
+    assert [s["layout"]["title"]["text"] for s in specs] == [
+        "Lines per level · checkout · log · payments", "Error ratio · checkout · log · payments"]
+    levels = {t["name"]: _values(t["y"]) for t in specs[0]["data"]}
+    assert levels == {"info": [90, 90, 90], "error": [25, 15, 5], "critical": [5, 0, 0]}
+    [ratio] = specs[1]["data"]
+    assert _values(ratio["y"]) == [0.3, 0.15, 0.05]
+    assert any("Open these lines on the Logs page" in m.value and "app=checkout" in m.value for m in at.markdown)
+
+
 def test_unreachable_store_shows_the_url_it_tried(store, monkeypatch):
     tried = f"http://127.0.0.1:{free_port()}"          # nothing listens there; not a prefix of any other URL shown
     monkeypatch.setenv("EVENTIDE_STORE__URL", tried)
