@@ -368,6 +368,39 @@ def last(minutes: int) -> tuple[datetime, datetime]:
     return until - timedelta(minutes=minutes), until
 
 
+MISSING = "—"
+"""What a table cell with nothing in it shows."""
+
+
+def shown(df: pd.DataFrame, links: Sequence[str] = ()) -> pd.DataFrame:
+    """``df`` as a page's table shows it: a missing value (None, NaN, NaT) or an empty text reads :data:`MISSING`,
+    where Streamlit would draw "None" or nothing. Only the columns that have one are turned into text; in ``links``
+    (link columns) a missing link is an empty cell, which draws no link."""
+    out = df
+    for column in df.columns:
+        values = df[column]
+        if column in links:
+            if values.isna().any():     # an empty link cell shows nothing, a missing one "None"
+                out = df.copy() if out is df else out
+                out[column] = values.fillna("")
+            continue
+        textual = values.dtype == object or pd.api.types.is_string_dtype(values)
+        missing = values.isna() | (values.astype(str) == "") if textual else values.isna()
+        if missing.any():
+            if out is df:
+                out = df.copy()
+            out[column] = [MISSING if gone else _cell(v) for v, gone in zip(values, missing, strict=True)]
+    return out
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, datetime | pd.Timestamp):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 # Chart look ----------------------------------------------------------------------------------------------------
 # Every figure goes through chart_layout, every time chart also through time_axis, so a fix applies to all pages.
 
@@ -395,11 +428,25 @@ def plot_texts(df: pd.DataFrame, *columns: str | None) -> pd.DataFrame:
                         for c in named}) if named else df
 
 
-def chart_layout(fig: go.Figure, height: int = 300) -> go.Figure:
-    """The layout every dashboard figure shares: title at the top, legend between it and the plot."""
+NOTHING_TO_DRAW = "No values in the chosen range yet"
+"""What an empty chart says unless its page knows better (e.g. a metric whose events carry no value)."""
+
+
+def chart_layout(fig: go.Figure, height: int = 300, empty: str = NOTHING_TO_DRAW) -> go.Figure:
+    """The layout every dashboard figure shares: title at the top, legend between it and the plot; a figure with
+    nothing to draw says so in its middle (``empty``), where it would otherwise show bare axes."""
     fig.update_layout(height=height, margin=MARGIN, legend=LEGEND_ABOVE,
                       title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 12}})
+    if not any(_drawn(trace) for trace in fig.data):
+        fig.add_annotation(text=empty, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                           font={"size": 14, "color": "#6b6b6b"})
     return fig
+
+
+def _drawn(trace: Any) -> bool:
+    """Whether a trace has a value to draw: a y (or, for horizontal bars and histograms, an x) that is not missing."""
+    values = trace.x if trace.type == "histogram" or getattr(trace, "orientation", None) == "h" else trace.y
+    return values is not None and bool(pd.notna(pd.Series(values, dtype=object)).any())
 
 
 def time_axis(fig: go.Figure, span: tuple[datetime, datetime], title: str = "UTC") -> go.Figure:

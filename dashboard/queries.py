@@ -171,7 +171,9 @@ def kafka_data_loss(client: Client, since: datetime, until: datetime, limit: int
 def alert_states(client: Client) -> pd.DataFrame:
     """Current state of every (rule, series), firing first."""
     result = client.query(
-        "SELECT rule, series, state, severity, value, threshold, since, evaluated_until FROM alert_states FINAL "
+        # since is 0 (1970) for a series that never left "ok": no time to show.
+        "SELECT rule, series, state, severity, value, threshold, "
+        "nullIf(since, toDateTime64(0, 3, 'UTC')) AS since, evaluated_until FROM alert_states FINAL "
         "ORDER BY state = 'firing' DESC, state = 'pending' DESC, rule, series")
     return pd.DataFrame(result.result_rows, columns=result.column_names)
 

@@ -56,7 +56,9 @@ def page() -> None:
             st.info("No rule has been evaluated yet (the evaluator runs with `./run demo` or `./run alerts`).")
         else:
             links = [_logs_link(rules, row) for row in states.itertuples()]
-            st.dataframe(states.assign(logs=links), hide_index=True, width="stretch",
+            # The links column only when an alert has lines to open (firing): a column of nothing else.
+            shown = states.assign(logs=links) if any(links) else states
+            st.dataframe(common.shown(shown, links=["logs"]), hide_index=True, width="stretch",
                          column_config={"logs": st.column_config.LinkColumn(
                              "logs", display_text="lines", help="A firing error_ratio alert: open its app's "
                              "error and critical lines of the breaching windows on the Logs page; a firing rule on "
@@ -66,14 +68,14 @@ def page() -> None:
                     rule = _rule(rules, str(row.rule))
                     what = "Lines" if rule is not None and rule.logs is not None else "Error lines"
                     # Names verbatim (a series holds ingested app, logger and tag names): see common.literal.
-                    st.markdown(f"🔎 [{what} of {common.literal(row.rule)} · {common.literal(row.series)}]"
-                                f"({link})")
+                    st.markdown(f":material/search: [{what} of {common.literal(row.rule)} · "
+                                f"{common.literal(row.series)}]({link})")
         if not data.groups.empty:
             st.subheader("Groups")
             st.caption("The current alerts as the routes group them, per receiver: one notification carries a "
                        "group's alerts; `to_clear`: resolved, to be sent as resolved in the group's next one; "
                        "`firing_notified`: how many were firing in the last one.")
-            st.dataframe(data.groups, hide_index=True, width="stretch")
+            st.dataframe(common.shown(data.groups), hide_index=True, width="stretch")
         st.subheader("Silences")
         if data.silences.empty:
             st.info("No silence is active or pending. Mute alerts during a deploy with "
@@ -81,13 +83,13 @@ def page() -> None:
         else:
             st.caption("Alerts a silence matches are still evaluated and shown (column `silenced` above) but not "
                        "sent to receivers. End one with `eventide alerts silence expire ID`.")
-            st.dataframe(data.silences[["silence_id", "state", "matchers", "starts_at", "ends_at", "created_by",
-                                        "comment"]], hide_index=True, width="stretch")
+            st.dataframe(common.shown(data.silences[["silence_id", "state", "matchers", "starts_at", "ends_at",
+                                                     "created_by", "comment"]]), hide_index=True, width="stretch")
         if not data.sent.empty:
             st.subheader("Sent to receivers")
             st.caption("Group notifications of the routes in the rules file, newest first; `alerts` 0: recorded, "
                        "not sent (an all-clear to a receiver without `send_resolved`).")
-            st.dataframe(data.sent, hide_index=True, width="stretch")
+            st.dataframe(common.shown(data.sent), hide_index=True, width="stretch")
         st.subheader("Failed deliveries")
         if failures.empty:
             st.info("No notification was given up in the chosen range.")
@@ -96,17 +98,17 @@ def page() -> None:
                        "that cannot be encoded); they are not tried again.")
             # Reasons stored before the channel stopped quoting its URL may still hold the webhook's secret.
             hook = config.alerting.webhook_url
-            st.dataframe(failures.assign(reason=[scrub_url(str(r), hook) for r in failures["reason"]]),
+            st.dataframe(common.shown(failures.assign(reason=[scrub_url(str(r), hook) for r in failures["reason"]])),
                          hide_index=True, width="stretch")
 
     live()
     _silence_forms(config)
     st.subheader(f"Rules ({config.alert_rules_file})")
     if rules:
-        st.dataframe(pd.DataFrame([{
+        st.dataframe(common.shown(pd.DataFrame([{
             "name": r.name, "series": _series_label(r), "window_s": r.window_s, "statistic": r.statistic,
             "comparator": r.comparator, "threshold": r.threshold, "for": r.for_windows, "severity": r.severity,
-            "week_over_week": r.week_over_week} for r in rules]), hide_index=True, width="stretch")
+            "week_over_week": r.week_over_week} for r in rules])), hide_index=True, width="stretch")
 
 
 def _silence_forms(config: Config) -> None:

@@ -25,13 +25,14 @@ from store.range_query import SeriesKey
 
 @reused
 def line_chart(df: pd.DataFrame, columns: list[str], title: str, unit: str, span: tuple[datetime, datetime],
-               x_title: str = "window start (UTC)") -> go.Figure:
-    """One line per column over ``window_start``, across the chosen range ``span``."""
+               x_title: str = "window start (UTC)", empty: str = common.NOTHING_TO_DRAW) -> go.Figure:
+    """One line per column over ``window_start``, across the chosen range ``span``; ``empty`` says why when no
+    column has a value."""
     fig = go.Figure()
     for col in columns:
         fig.add_trace(go.Scatter(x=df["window_start"], y=df[col], mode="lines+markers", name=col))
     fig.update_layout(title=title, yaxis_title=unit)
-    return common.time_axis(common.chart_layout(fig, height=340), span, x_title)
+    return common.time_axis(common.chart_layout(fig, height=340, empty=empty), span, x_title)
 
 
 def _log_charts(left: Any, right: Any, df: pd.DataFrame, series: SeriesKey, label: str,
@@ -110,7 +111,8 @@ def page() -> None:
             _log_charts(left, right, df, chosen, label, span)
         else:
             left.plotly_chart(line_chart(df, ["rate"], f"Rate · {label}", "events / s", span), width="stretch")
-            right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {label}", "value", span),
+            right.plotly_chart(line_chart(df, ["p50", "p90", "p99"], f"Percentiles · {label}", "value", span,
+                                          empty="No values: this series' events carry none (counted, not measured)"),
                                width="stretch")
             st.plotly_chart(line_chart(df, ["distinct_users"], f"Distinct users · {label}", "users", span),
                             width="stretch")

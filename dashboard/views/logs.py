@@ -178,7 +178,7 @@ def _lines(config: Any, query: LogQuery, followed: Callable[[], tuple[datetime, 
         "tags": [" ".join(f"{k}={v}" for k, v in sorted(t.items())) for t in lines["tags"]],
         "late": ["late" if x else "" for x in lines["late"]],
         "logger": lines["name"], "user": lines["user"], "event id": lines["event_id"]})
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
+    st.dataframe(common.shown(table), hide_index=True, width="stretch", column_config={
         "time (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss.SSS"),
         "message": st.column_config.TextColumn(width="large"),
         "late": st.column_config.TextColumn(help="The event arrived after a window it belonged to had closed: "
@@ -209,7 +209,8 @@ def _patterns(config: Any, query: LogQuery) -> None:
                                  until=query.until, tags=query.tags,
                                  text=" ".join([query.text, *_fixed_words(pattern)]).strip())
              for pattern, level in zip(patterns["pattern"], patterns["level"], strict=True)]
-    st.dataframe(patterns.assign(search=links), hide_index=True, width="stretch", column_config={
+    st.dataframe(common.shown(patterns.assign(search=links), links=["search"]), hide_index=True, width="stretch",
+                 column_config={
         "pattern": st.column_config.TextColumn(width="large"),
         "example": st.column_config.TextColumn(width="medium"),
         "newest": st.column_config.DatetimeColumn("newest (UTC)", format="YYYY-MM-DD HH:mm:ss"),
@@ -229,7 +230,7 @@ def _dead_letters(config: Any, query: LogQuery) -> None:
     if dead.empty:
         st.info("No log record was dead-lettered in this range.")
         return
-    st.dataframe(dead, hide_index=True, width="stretch", column_config={
+    st.dataframe(common.shown(dead), hide_index=True, width="stretch", column_config={
         "kafka_timestamp": st.column_config.DatetimeColumn("arrived (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
         "reason": st.column_config.TextColumn(width="medium"),
         "raw": st.column_config.TextColumn(width="large")})

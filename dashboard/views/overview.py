@@ -41,7 +41,7 @@ def page() -> None:
                      "from every window. The job fell further behind than `kafka.events_retention_ms`; raise it "
                      "and watch the consumer lag (docs/operations.md, \"Retention and lag\"). Counts are Kafka "
                      "offsets, which may include transaction markers.")
-            st.dataframe(loss.ranges, hide_index=True, width="stretch")
+            st.dataframe(common.shown(loss.ranges), hide_index=True, width="stretch")
         if rates.empty:
             st.info(f"No windows yet in {common.store_origin(config)}. Start the job and send events (`./run demo`).")
             return
@@ -79,7 +79,7 @@ def page() -> None:
         firing = states[states["state"] == "firing"] if not states.empty else states
         if not firing.empty:
             st.subheader("Alerts firing")
-            st.dataframe(firing, hide_index=True, width="stretch")
+            st.dataframe(common.shown(firing), hide_index=True, width="stretch")
         st.caption(f"buckets of {resolution} s · click a point of the error chart to read its lines")
 
     live()

@@ -51,7 +51,7 @@ def page() -> None:
             right.plotly_chart(common.histogram(lateness, "lateness_s", "Lateness behind the watermark (s)",
                                                 "window_kind"), width="stretch")
             st.caption("Windows that lost the most events")
-            st.dataframe(worst_windows, hide_index=True, width="stretch")
+            st.dataframe(common.shown(worst_windows), hide_index=True, width="stretch")
         st.subheader("Corrections")
         if corrected.empty:
             st.info("No window was corrected by late events in the chosen range.")
