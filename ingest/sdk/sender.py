@@ -116,6 +116,7 @@ class Sender:
         self._probe_now = False          # Client.flush asked for a probe without waiting for _next_probe
         self._probes_started = self._probes_done = 0
         self._in_hand = 0
+        self._chunk_failures: list[bytes] | None = None     # while a spool chunk is replayed: its failed lines
         self._users: dict[object, str] = {}
         self._tag_sets: dict[tuple[tuple[Any, Any], ...], str] = {}
         self.produced = self.acknowledged_failed = self.send_errors = self.spooled = self.replayed = 0
@@ -271,15 +272,27 @@ class Sender:
         if chunk is None:           # spool drained (segments of other live processes are theirs to replay)
             self.online, self._replaying = True, False
             return
-        self._produce(chunk.lines)
-        self.replayed += len(chunk.lines)
-        deadline = time.monotonic() + self.config.sdk.delivery_timeout_s
-        while len(self._producer) and time.monotonic() < deadline:
-            self._producer.flush(0.1)
-            if self._brokers_down():
-                self._go_offline()  # the unacknowledged rest of the chunk is purged back into the spool
-                break
-        self.spool.commit(chunk)    # every line is now acknowledged or spooled again
+        # The chunk's unacknowledged lines go back to the spool's head, in their order, not to its tail: newer
+        # events may have been spooled meanwhile.
+        self._chunk_failures = []
+        try:
+            self._produce(chunk.lines)
+            self.replayed += len(chunk.lines)
+            deadline = time.monotonic() + self.config.sdk.delivery_timeout_s
+            while len(self._producer) and time.monotonic() < deadline:
+                self._producer.flush(0.1)
+                if self._brokers_down():
+                    self._go_offline()
+                    # In flight too: their answers cannot come, and waiting for their timeout would leave them
+                    # to be spooled after whatever is recorded until then. Unanswered, they may be sent twice.
+                    self._producer.purge(in_queue=True, in_flight=True, blocking=True)
+                    self._producer.poll(0)
+                    break
+            failed = set(self._chunk_failures)
+        finally:
+            self._chunk_failures = None
+        self.spooled += self.spool.put_back(chunk, [line for line in chunk.lines if line in failed])
+        self.spool.commit(chunk)    # every line is now acknowledged or back in the spool
 
     # Encoding and hand-off -------------------------------------------------------------------------------
     def _bodies(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
@@ -374,7 +387,10 @@ class Sender:
         if err.code() in _RETRIABLE_LOCAL or err.retriable():
             mark = value.rfind(_SENT_TIME_MARK)
             body = value[:mark] if mark > 0 and value.startswith(b"{") else RAW_SPOOL_PREFIX + value.hex().encode()
-            self._to_spool([body])
+            if self._chunk_failures is not None:
+                self._chunk_failures.append(body)   # a replayed line: _replay_chunk puts it back in order
+            else:
+                self._to_spool([body])
         else:
             self.send_errors += 1
             log.error("Kafka rejected an event for good (%s); dropped", err)

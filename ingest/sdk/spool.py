@@ -278,6 +278,36 @@ class Spool:
                     tmp.unlink(missing_ok=True)
                     log.warning("eventide spool position %s not saved (%s)", position, e)
 
+    def put_back(self, chunk: SpoolChunk, lines: list[bytes]) -> int:
+        """Before committing ``chunk``: these of its lines (Kafka did not acknowledge them) go back to the head, in a
+        segment named to sort just before the chunk's own, so they are replayed next, ahead of the rest of it (and
+        of everything spooled since). Appended at the tail they would come after newer events. A crash before the
+        chunk's commit replays them twice, which the event ids make recognisable. Returns how many were written
+        (a failed write drops and counts them all, as :meth:`append` does)."""
+        if not lines:
+            return 0
+        with self._lock:
+            self._seq += 1
+            written_ms = int(chunk.segment.name.split("-", 1)[0])
+            path = chunk.segment.with_name(f"{written_ms - 1:013d}-{os.getpid()}-{self._seq:06d}{SEGMENT_SUFFIX}")
+            data = b"".join(line + b"\n" for line in lines)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    written = 0
+                    while written < len(data):
+                        written += os.write(fd, data[written:])
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                sync_directory(self.directory, best_effort=True)
+            except OSError as e:
+                path.unlink(missing_ok=True)
+                self._count_failure(e, len(lines))
+                return 0
+            self.size_bytes += len(data)
+            return len(lines)
+
     def close(self) -> None:
         with self._lock:
             self._close_writer()

@@ -87,6 +87,26 @@ def test_a_damaged_line_inside_a_segment_is_skipped_and_the_lines_after_it_repla
     assert spool.torn_lines == 2 and spool.size_bytes == 0
 
 
+# Lines a replay could not deliver ------------------------------------------------------------------------------
+def test_lines_a_replay_chunk_could_not_deliver_are_replayed_next_in_order_ahead_of_newer_ones(tmp_path):
+    # Given a spool of events 0-9 read in chunks of 4, whose first chunk's last two lines Kafka did not acknowledge
+    # (the broker went away mid-chunk) while events 10 and 11 were spooled,
+    spool = Spool(tmp_path / "spool", 1 << 20, 1 << 20)
+    spool.append([body(i) for i in range(10)])
+    chunk = spool.read(4)
+    spool.append([body(10), body(11)])
+    assert spool.put_back(chunk, [body(2), body(3)]) == 2
+    spool.commit(chunk)
+    # the next replay sends 2 and 3 first, then the rest, then the newer events; and a chunk of the put-back lines
+    # that fails again goes back ahead of them in turn.
+    again = spool.read(1)
+    assert again.lines == [body(2)]
+    spool.put_back(again, again.lines)
+    spool.commit(again)
+    assert drain(spool) == [body(i) for i in range(2, 12)]
+    assert spool.is_empty() and spool.size_bytes == 0
+
+
 # Appends that the disk refuses ---------------------------------------------------------------------------------
 _FILL = """
 import json, random, resource, signal, sys
