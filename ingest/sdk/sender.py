@@ -203,10 +203,11 @@ class Sender:
         self.online = False
         self._replaying = False
         self._next_probe = time.monotonic() + self.config.sdk.reconnect_probe_s
-        # Queued (not yet sent) records are older than anything still in the buffer: spool them first. Blocking:
-        # without it the broker threads purge their queues later, and the reports of those records could come
-        # (and be spooled) after newer events, out of order.
-        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
+        # Records queued or in flight are older than anything still in the buffer: spool them first. In flight too:
+        # the down broker cannot answer them, and their failures would come (and be spooled) only at their
+        # timeout, after newer events. Unanswered, they may reach Kafka twice (same id). Blocking: otherwise the
+        # broker threads purge later, with the same effect.
+        self._producer.purge(in_queue=True, in_flight=True, blocking=True)
         self._producer.poll(0)
 
     def _offline_step(self) -> None:
@@ -282,11 +283,7 @@ class Sender:
             while len(self._producer) and time.monotonic() < deadline:
                 self._producer.flush(0.1)
                 if self._brokers_down():
-                    self._go_offline()
-                    # In flight too: their answers cannot come, and waiting for their timeout would leave them
-                    # to be spooled after whatever is recorded until then. Unanswered, they may be sent twice.
-                    self._producer.purge(in_queue=True, in_flight=True, blocking=True)
-                    self._producer.poll(0)
+                    self._go_offline()      # every unacknowledged line of the chunk fails now, into the list
                     break
             failed = set(self._chunk_failures)
         finally:
