@@ -228,9 +228,10 @@ def range_buckets(
 
 
 class WindowStats:
-    """One window's statistics, as :class:`RangeStats` of that window alone reads them (``SeriesWindows.windows``):
-    what the alert evaluator compares, window by window, for thousands of series a pass. Each statistic is read
-    from the stored window when asked for, so a rule on counts never deserializes a sketch."""
+    """One window's statistics as the job stored them (``SeriesWindows.windows``; see :class:`SeriesWindows` for how
+    they relate to :class:`RangeStats`): what the alert evaluator compares, window by window, for thousands of series
+    a pass. Each statistic is read from the stored window when asked for, so a rule on counts never deserializes a
+    sketch."""
 
     __slots__ = ("_quantiles", "_row", "_sketches", "_stored")
 
