@@ -253,7 +253,7 @@ def test_alerts_page_marks_silenced_alerts_and_lists_silences_and_what_receivers
     states, groups, silences, sent = (at.dataframe[i].value for i in range(4))
     silence_id = silences["silence_id"][0]
     assert dict(zip(states["series"], states["silenced"], strict=True)) == {
-        "checkout · metric · latency_ms": silence_id, "search · metric · latency_ms": ""}
+        "checkout · metric · latency_ms": silence_id, "search · metric · latency_ms": common.MISSING}
     # and says why the one is not notified and when the other's repeat is due,
     sent_at, repeat = (t.strftime("%H:%M:%S UTC") for t in (now, now + timedelta(hours=4)))
     assert dict(zip(states["series"], states["notified"], strict=True)) == {
