@@ -5,7 +5,7 @@
 - chart with nothing drawn in it and no words saying why (an annotation of the figure);
 - placeholder date (``1970``) anywhere in the page's text or its tables' cells;
 - table cell that shows a missing value (Streamlit draws ``None`` for it; its accessible text is empty);
-- legend title drawn over a legend entry (their boxes overlap).
+- legend title drawn over a legend entry, or legend over the chart's title (their boxes overlap).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from playwright.sync_api import BrowserContext
 from tests.support.browser import settle
 
 # Per chart: its title, how many points its traces hold as Plotly decoded them (non-null y, or x for horizontal bars
-# and histograms of x), its annotations' texts, and its legend title's box against each legend entry's.
+# and histograms of x), its annotations' texts, and the boxes of its title, legend title and legend entries.
 _CHARTS = """() => [...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].map(gd => {
     const filled = v => v !== null && v !== undefined && !(typeof v === 'number' && isNaN(v));
     const count = a => !a ? 0 : (ArrayBuffer.isView(a) ? a.length : Array.from(a).filter(filled).length);
@@ -26,9 +26,11 @@ _CHARTS = """() => [...document.querySelectorAll('[data-testid="stPlotlyChart"] 
     const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
     const title = gd.querySelector('.legendtitletext');
     const entries = [...gd.querySelectorAll('.legend .traces .legendtext')].map(box);
+    const chartTitle = gd.querySelector('.gtitle');
     return {title: ((gd.layout || {}).title || {}).text || '', points,
             notes: ((gd.layout || {}).annotations || []).map(a => a.text || ''),
-            legendTitle: title ? box(title) : null, entries};
+            legendTitle: title && title.textContent ? box(title) : null, entries,
+            chartTitle: chartTitle && chartTitle.textContent ? box(chartTitle) : null};
 })"""
 
 
@@ -74,6 +76,9 @@ def problems(browser: BrowserContext, url: str, name: str) -> list[str]:
                 found.append(f"{name}: chart {chart['title']!r} is empty and does not say why")
             if chart["legendTitle"] and any(_overlap(chart["legendTitle"], e) for e in chart["entries"]):
                 found.append(f"{name}: chart {chart['title']!r}: its legend title overlaps a legend entry")
+            legend = [*chart["entries"], *([chart["legendTitle"]] if chart["legendTitle"] else [])]
+            if chart["chartTitle"] and any(_overlap(chart["chartTitle"], b) for b in legend):
+                found.append(f"{name}: chart {chart['title']!r}: its legend is drawn over its title")
     finally:
         page.close()
     return found
