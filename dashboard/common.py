@@ -404,8 +404,16 @@ def _cell(value: Any) -> str:
 # Chart look ----------------------------------------------------------------------------------------------------
 # Every figure goes through chart_layout, every time chart also through time_axis, so a fix applies to all pages.
 
-LEGEND_ABOVE = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0}
-"""A horizontal legend in the top margin: below the plot it covered the x-axis title and the date under the ticks."""
+TITLE_BAND_PX = 40
+"""The band at the top of every figure that holds its title; the legend starts under it."""
+
+
+def legend_under_title(height: int) -> dict[str, Any]:
+    """A horizontal legend between the title and the plot, placed in the figure (container) just under the title
+    band, so however many rows its entries wrap to, the plot moves down rather than the legend over the title.
+    Below the plot it covered the x-axis title and the dates under the ticks."""
+    return {"orientation": "h", "xanchor": "left", "x": 0, "yref": "container", "yanchor": "top",
+            "y": 1 - TITLE_BAND_PX / height}
 MARGIN = {"l": 40, "r": 20, "t": 80, "b": 40}
 """The top margin holds the title and a row or two of legend."""
 NO_SUB_SECOND_TICKS = [{"dtickrange": [None, 1000], "value": "%H:%M:%S"}]
@@ -435,7 +443,7 @@ NOTHING_TO_DRAW = "No values in the chosen range yet"
 def chart_layout(fig: go.Figure, height: int = 300, empty: str = NOTHING_TO_DRAW) -> go.Figure:
     """The layout every dashboard figure shares: title at the top, legend between it and the plot; a figure with
     nothing to draw says so in its middle (``empty``), where it would otherwise show bare axes."""
-    fig.update_layout(height=height, margin=MARGIN, legend=LEGEND_ABOVE,
+    fig.update_layout(height=height, margin=MARGIN, legend=legend_under_title(height),
                       title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 12}})
     if not any(_drawn(trace) for trace in fig.data):
         fig.add_annotation(text=empty, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,

@@ -69,15 +69,16 @@ def _time_charts_span_the_range(at: AppTest, minutes: int = 15) -> int:
     """Checks what every chart of the page shares (common.chart_layout, common.time_axis); returns how many time
     charts there were, so a caller can tell the check was not vacuous.
 
-    Every legend sits above its plot (below, it covered the x-axis title); every time axis spans exactly the
-    chosen range, ending now, whatever the data covers, and the data lies in it (a bucket may start up to a bucket
-    before); no tick is labelled finer than a second.
+    Every legend sits above its plot, under the title (below, it covered the x-axis title); every time axis spans
+    exactly the chosen range, ending now, whatever the data covers, and the data lies in it (a bucket may start up to
+    a bucket before); no tick is labelled finer than a second.
     """
     now = datetime.now(UTC).replace(tzinfo=None)
     time_charts = 0
     for spec in _specs(at):
         layout = spec["layout"]
-        assert layout["legend"]["yanchor"] == "bottom" and layout["legend"]["y"] >= 1, layout["title"]
+        legend = layout["legend"]     # in the figure, from just under the title band down
+        assert (legend["yref"], legend["yanchor"]) == ("container", "top") and legend["y"] < 1, layout["title"]
         if layout["xaxis"].get("type") != "date":
             continue
         time_charts += 1
