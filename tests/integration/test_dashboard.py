@@ -6,6 +6,7 @@ import base64
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,17 +41,19 @@ def store(tmp_path, monkeypatch, store_url):
     return config
 
 
-def _window(start: datetime, count: int, p99: float) -> list:
-    """A 10 s window as the job writes it, with a real KLL sketch of ``count`` values up to ``p99``."""
+def _window(start: datetime, count: int, top: float, /, **changes: Any) -> list:
+    """A 10 s window as the job writes it, with a real KLL sketch of ``count`` values up to ``top`` (its p99);
+    ``changes`` replace any of its columns."""
     sketch = kll_doubles_sketch(200)
     for i in range(count):
-        sketch.update(1.0 + (p99 - 1.0) * i / max(count - 1, 1))
+        sketch.update(1.0 + (top - 1.0) * i / max(count - 1, 1))
     row = dict.fromkeys(WINDOW_COLUMNS, 0)
     row.update(window_kind="tumbling", window_length_ms=10_000, window_start=start,
                window_end=start + timedelta(seconds=10), app="shop", kind="metric", name="latency_ms",
-               series_tags="", event_count=count, value_count=count, sum=float(count), min=1.0, max=p99,
-               mean=1.0, rate=count / 10, p50=1.0, p90=2.0, p95=3.0, p99=p99, p999=p99,
+               series_tags="", event_count=count, value_count=count, sum=float(count), min=1.0, max=top,
+               mean=1.0, rate=count / 10, p50=1.0, p90=2.0, p95=3.0, p99=top, p999=top,
                window_hop_ms=10_000, value_sketch=sketch.serialize(), users_sketch=b"", devices_sketch=b"")
+    row.update(changes)
     return [row[c] for c in WINDOW_COLUMNS]
 
 
@@ -140,13 +143,10 @@ def test_explorer_opens_on_the_busiest_metric_and_shows_a_log_series_its_levels_
     now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
     now -= timedelta(seconds=now.second % 10)
     metric = [_window(now - timedelta(seconds=10 * i), 5, 9.0) for i in range(1, 4)]
-    logs = []
-    for i in range(1, 4):
-        row = dict(zip(WINDOW_COLUMNS, _window(now - timedelta(seconds=10 * i), 100, 0.0), strict=True))
-        row.update(app="checkout", kind="log", name="payments", value_count=0, sum=0.0, min=None, max=None,
-                   mean=None, p50=None, p90=None, p95=None, p99=None, p999=None, value_sketch=b"",
-                   level_info=90, level_error=10 * i - 5, level_critical=5 * (i == 3))
-        logs.append([row[c] for c in WINDOW_COLUMNS])
+    logs = [_window(now - timedelta(seconds=10 * i), 100, 0.0, app="checkout", kind="log", name="payments",
+                    value_count=0, sum=0.0, min=None, max=None, mean=None, p50=None, p90=None, p95=None, p99=None,
+                    p999=None, value_sketch=b"", level_info=90, level_error=10 * i - 5, level_critical=5 * (i == 3))
+            for i in range(1, 4)]
     with connect(store) as client:
         client.insert("window_aggregates", [[*r, 1, now] for r in metric + logs],
                       column_names=[*WINDOW_COLUMNS, "version", "written_at"])
@@ -493,12 +493,9 @@ def test_explorer_shows_hopping_and_sliding_windows_of_the_series(store):
     now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
     now -= timedelta(seconds=now.second % 60)
     tumbling = [_window(now - timedelta(seconds=10 * i), 10, 5.0) for i in range(1, 3)]
-    hopping = []
-    for i in range(1, 4):
-        row = dict(zip(WINDOW_COLUMNS, _window(now - timedelta(minutes=5 + i), 20 * i, 7.0 * i), strict=True))
-        row.update(window_kind="hopping", window_length_ms=300_000, window_hop_ms=60_000,
-                   window_end=row["window_start"] + timedelta(minutes=5))
-        hopping.append([row[c] for c in WINDOW_COLUMNS])
+    hopping = [_window(start, 20 * i, 7.0 * i, window_kind="hopping", window_length_ms=300_000, window_hop_ms=60_000,
+                       window_end=start + timedelta(minutes=5))
+               for i in range(1, 4) for start in [now - timedelta(minutes=5 + i)]]
     slides = [[300_000, "shop", "metric", "latency_ms", "", now - timedelta(seconds=300 - i),
                now - timedelta(seconds=60 - i), 0, i, f"e{i}", 3 + i, 3 + i, 10.0, 1.0, 9.0 + i, 3.0, (3 + i) / 300,
                0, 0, 0, 0, 0, 1, now] for i in range(4)]
@@ -560,12 +557,10 @@ def test_device_clock_offsets_equal_the_newest_row_of_each_device_in_any_range(s
 def test_the_series_catalog_lists_series_by_events_with_their_tumbling_lengths_and_hopping_windows(store):
     now = datetime.now(UTC).replace(microsecond=0, second=0, tzinfo=None)
     quiet = [_window(now - timedelta(minutes=i), 5, 1.0) for i in range(1, 3)]            # shop: 10 events
-    busy = []                                                                            # search: 40, in 2 kinds
-    for i, (kind, length, hop) in enumerate([("tumbling", 60_000, 60_000), ("hopping", 300_000, 60_000)]):
-        row = dict(zip(WINDOW_COLUMNS, _window(now - timedelta(minutes=5 + i), 20, 2.0), strict=True))
-        row.update(app="search", window_kind=kind, window_length_ms=length, window_hop_ms=hop,
-                   window_end=row["window_start"] + timedelta(milliseconds=length))
-        busy.append([row[c] for c in WINDOW_COLUMNS])
+    busy = [_window(start, 20, 2.0, app="search", window_kind=kind, window_length_ms=length,   # search: 40, in 2 kinds
+                    window_hop_ms=hop, window_end=start + timedelta(milliseconds=length))
+            for i, (kind, length, hop) in enumerate([("tumbling", 60_000, 60_000), ("hopping", 300_000, 60_000)])
+            for start in [now - timedelta(minutes=5 + i)]]
     with connect(store) as client:
         client.insert("window_aggregates", [[*r, 1, now] for r in quiet + busy],
                       column_names=[*WINDOW_COLUMNS, "version", "written_at"])
@@ -582,13 +577,11 @@ def _consistent_window(start: datetime, values: list[float], users: list[str]) -
         values_sketch.update(v)
     for u in users:
         users_sketch.update(u)
-    row = dict(zip(WINDOW_COLUMNS, _window(start, len(values), max(values)), strict=True))
-    row.update(value_sketch=values_sketch.serialize(), users_sketch=users_sketch.serialize_compact(),
-               sum=float(sum(values)), min=min(values), mean=sum(values) / len(values),
-               distinct_users=round(users_sketch.get_estimate()),
-               **{col: values_sketch.get_quantile(q, inclusive=True)
-                  for col, q in (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999))})
-    return [row[c] for c in WINDOW_COLUMNS]
+    return _window(start, len(values), max(values), value_sketch=values_sketch.serialize(),
+                   users_sketch=users_sketch.serialize_compact(), sum=float(sum(values)), min=min(values),
+                   mean=sum(values) / len(values), distinct_users=round(users_sketch.get_estimate()),
+                   **{col: values_sketch.get_quantile(q, inclusive=True)
+                      for col, q in (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999))})
 
 
 def test_explorer_buckets_of_the_stored_length_are_the_windows_and_coarser_ones_merge_their_sketches(store):
