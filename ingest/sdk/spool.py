@@ -296,7 +296,10 @@ class Spool:
                 try:
                     written = 0
                     while written < len(data):
-                        written += os.write(fd, data[written:])
+                        n = os.write(fd, data[written:])
+                        if n <= 0:      # as in append: a write that makes no progress is a full disk, not a loop
+                            raise OSError(errno.ENOSPC, "no progress writing the spool")
+                        written += n
                     os.fsync(fd)
                 finally:
                     os.close(fd)
