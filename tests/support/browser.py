@@ -186,12 +186,13 @@ def browser() -> Iterator[BrowserContext]:
 
 
 @contextmanager
-def opened(browser: BrowserContext, url: str) -> Iterator[Page]:
-    """A new page of ``browser`` at ``url``, settled (:func:`settle`); closed when the block ends."""
+def opened(browser: BrowserContext, url: str, settle_s: float = 30.0) -> Iterator[Page]:
+    """A new page of ``browser`` at ``url``, settled (:func:`settle`, within ``settle_s``); closed when the block
+    ends."""
     page = browser.new_page()
     try:
         page.goto(url)
-        settle(page)
+        settle(page, settle_s)
         yield page
     finally:
         page.close()

@@ -14,7 +14,7 @@ from typing import Any
 
 from playwright.sync_api import BrowserContext
 
-from tests.support.browser import settle
+from tests.support.browser import opened
 
 # Per chart: its title, how many points its traces hold as Plotly decoded them (non-null y, or x for horizontal bars
 # and histograms of x), its annotations' texts, and the boxes of its title, legend title and legend entries.
@@ -43,11 +43,8 @@ def _overlap(a: list[float], b: list[float]) -> bool:
 
 def problems(browser: BrowserContext, url: str, name: str) -> list[str]:
     """Everything wrong on the page at ``url`` (``name`` prefixes each finding), once it settled."""
-    page = browser.new_page()
     found: list[str] = []
-    try:
-        page.goto(url)
-        settle(page, timeout_s=90)
+    with opened(browser, url, settle_s=90) as page:
         # Tables are drawn on a canvas; their accessible grid (cells' text) mounts a moment after.
         page.wait_for_timeout(1500)
         for box in page.locator('[data-testid="stException"]').all_inner_texts():
@@ -79,6 +76,4 @@ def problems(browser: BrowserContext, url: str, name: str) -> list[str]:
             legend = [*chart["entries"], *([chart["legendTitle"]] if chart["legendTitle"] else [])]
             if chart["chartTitle"] and any(_overlap(chart["chartTitle"], b) for b in legend):
                 found.append(f"{name}: chart {chart['title']!r}: its legend is drawn over its title")
-    finally:
-        page.close()
     return found
