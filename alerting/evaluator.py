@@ -367,8 +367,8 @@ def evaluate(config: Config, rules: AlertRules, now: int | None = None) -> list[
     """One evaluation pass: every rule, every matching series, every window finished since the last pass.
     Stores states and transitions; returns the new transitions (oldest first per series)."""
     # A pass makes a few tuples per (rule, series) and window, tens of thousands, and keeps none: freed by their
-    # reference counts, they would still set off the cyclic collector, whose full scans of the heap cost a tenth to
-    # a fifth of a pass.
+    # reference counts, they would still set off the cyclic collector, whose full scans of the heap are a large
+    # share of a pass (docs/alerting.md).
     with _cyclic_gc_paused():
         return _evaluate(config, rules, now_ms() if now is None else now)
 
