@@ -20,6 +20,8 @@ from store.range_query import SeriesKey
 
 DISTRIBUTION_ROWS = 100_000
 """Rows a histogram query ships to the page at most (the newest): enough for its shape, cheap to draw."""
+OPEN_SESSION_ROWS = 200
+"""Open sessions listed on the Sessions page (the newest by last event; the counts cover all)."""
 
 
 DUPLICATE_BUCKET_S = 60   # duplicates are reported per app and minute
@@ -328,6 +330,36 @@ def session_shapes(client: Client, since: datetime, until: datetime, limit: int 
         "ORDER BY session_end DESC LIMIT {n:UInt32}", since, until, n=limit)
 
 
+def active_sessions(client: Client, since: datetime, until: datetime, resolution_s: int) -> pd.DataFrame:
+    """Per bucket and app: sessions active in the bucket, closed or still open. A session is active from its first
+    to its last event (so far), and counts once in every bucket that span touches within the range."""
+    spans = ("SELECT app, session_start, last_event_time FROM {table} FINAL WHERE {open}last_event_time >= "
+             "{{lo:DateTime64(3)}} AND session_start < {{hi:DateTime64(3)}}")
+    return _bucketed(client,
+        "SELECT toDateTime(b * {r:UInt32}) AS t, app, count() AS sessions FROM (SELECT app, arrayJoin(range("
+        "intDiv(greatest(toUnixTimestamp(session_start), toUnixTimestamp({lo:DateTime64(3)})), {r:UInt32}), "
+        "intDiv(least(toUnixTimestamp(last_event_time), toUnixTimestamp({hi:DateTime64(3)}) - 1), {r:UInt32}) + 1"
+        ")) AS b FROM (" + spans.format(table="sessions", open="") + " UNION ALL "
+        + spans.format(table="open_sessions", open="is_open AND ") + ")) GROUP BY t, app ORDER BY t, app",
+        since, until, resolution_s)
+
+
+def open_sessions_per_app(client: Client) -> pd.DataFrame:
+    """Per app: sessions open now (the job's latest batch) and the events they hold so far."""
+    return _arrow_frame(client,
+        "SELECT app, count() AS open_sessions, sum(event_count) AS events FROM open_sessions FINAL WHERE is_open "
+        "GROUP BY app ORDER BY app")
+
+
+def newest_open_sessions(client: Client, limit: int = OPEN_SESSION_ROWS) -> pd.DataFrame:
+    """The open sessions with the latest events (at most ``limit``), as they stand so far."""
+    return _arrow_frame(client,
+        "SELECT app, key_kind, session_key, session_start AS started, last_event_time AS last_event, "
+        "duration_ms / 1000 AS duration_s, event_count AS events, log_count AS log_lines FROM open_sessions FINAL "
+        "WHERE is_open ORDER BY last_event_time DESC, app, session_key LIMIT {n:UInt32}",
+        n=limit)
+
+
 def _frame(client: Client, sql: str, since: datetime, until: datetime, **parameters: Any) -> pd.DataFrame:
     """The result of ``sql`` over ``[since, until)`` (``{lo}``, ``{hi}``) as a DataFrame, read as Arrow columns.
 
@@ -336,9 +368,12 @@ def _frame(client: Client, sql: str, since: datetime, until: datetime, **paramet
     ``DateTime64`` columns are given back naive (UTC), as the row API gives them, so tables show them as before;
     Arrow carries a plain ``DateTime`` as seconds since the epoch (UInt32), see :func:`_bucketed`.
     """
-    table = client.query_arrow(sql, parameters={"lo": since.replace(tzinfo=None), "hi": until.replace(tzinfo=None),
-                                                **parameters})
-    df = table.to_pandas()
+    return _arrow_frame(client, sql, lo=since.replace(tzinfo=None), hi=until.replace(tzinfo=None), **parameters)
+
+
+def _arrow_frame(client: Client, sql: str, **parameters: Any) -> pd.DataFrame:
+    """:func:`_frame` of a query without a range."""
+    df = client.query_arrow(sql, parameters=parameters).to_pandas()
     for column in df.columns:
         if isinstance(df[column].dtype, pd.DatetimeTZDtype):
             df[column] = df[column].dt.tz_convert(None)

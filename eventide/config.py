@@ -628,7 +628,7 @@ class RetentionConfig(_Section):
     window_results_days: float = Field(90.0, gt=0, le=MAX_RETENTION_DAYS)
     """Tumbling and hopping window results and their corrections (``window_aggregates``, ``corrections``)."""
     keyed_windows_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)
-    """Sliding windows and sessions (``sliding_windows``, ``sessions``)."""
+    """Sliding windows and sessions (``sliding_windows``, ``sessions``, ``open_sessions`` counted from when written)."""
     rejected_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)
     """Dropped stragglers, duplicates and dead letters (``stragglers``, ``duplicates``, ``dead_letters``)."""
     progress_days: float = Field(30.0, gt=0, le=MAX_RETENTION_DAYS)

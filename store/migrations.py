@@ -40,6 +40,7 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "corrections": ("window_results", "window_start"),
     "sliding_windows": ("keyed_windows", "window_end"),
     "sessions": ("keyed_windows", "session_start"),
+    "open_sessions": ("keyed_windows", "written_at"),
     "stragglers": ("rejected", "window_start"),
     "duplicates": ("rejected", "kafka_timestamp"),
     "dead_letters": ("rejected", "kafka_timestamp"),

@@ -22,6 +22,8 @@ from analytics.keyed.events import Events
 from analytics.keyed.schema import (
     DROPPED_RUN,
     ID_SEPARATOR,
+    OPEN_SESSION,
+    OPEN_SESSION_GONE,
     OUTPUT_SCHEMA,
     RUN_EVENTS,
     RUN_LAST,
@@ -161,11 +163,14 @@ class KeyedWindowsLogic:
             registered = self._sessions_due(bucket)
             first = events.t
             last = frame[RUN_LAST].to_numpy(np.int64)
+            session_keys = frame["session"].to_numpy(object)
+            before = sessions.open_before(bucket, session_keys)
             dropped_keys, dropped_at, start, end = sessions.add_bucket_runs(
-                bucket, frame["session"].to_numpy(object), first, last, _run_counts(frame), watermark,
-                self.session_gap_ms)
+                bucket, session_keys, first, last, _run_counts(frame), watermark, self.session_gap_ms)
+            opened = sessions.open_changes(bucket, before, watermark, self.session_gap_ms)
             self._save_sessions(bucket)
             self._move_timer(registered, self._sessions_due(bucket))
+            yield from self._open_sessions(key, opened, watermark)
             if len(dropped_at):
                 apps, kinds, names = _session_keys(key, dropped_keys.tolist())
                 # The head's Kafka partition and the run's size let the writer find the run's events within
@@ -215,6 +220,22 @@ class KeyedWindowsLogic:
                     "event_time_ms": emitted["last_event_time"]})
 
     # Output rows ---------------------------------------------------------------------------------------------
+    def _open_sessions(self, key: Any, opened: sessions.OpenSessions, watermark: int) -> Iterator[pd.DataFrame]:
+        """Sessions in progress: each changed open session as it stands, and the starts no longer open."""
+        if len(opened.keys):
+            apps, kinds, names = _session_keys(key, opened.keys.tolist())
+            yield _output(len(opened.keys), {
+                **self._key_columns(key, OPEN_SESSION, watermark), "app": apps, "kind": kinds, "name": names,
+                "window_start_ms": opened.first, "window_end_ms": opened.last + self.session_gap_ms,
+                "event_time_ms": opened.last,
+                **{c: opened.counts[:, i] for i, c in enumerate(sessions.COUNT_COLUMNS)}})
+        if len(opened.gone_keys):
+            apps, kinds, names = _session_keys(key, opened.gone_keys.tolist())
+            yield _output(len(opened.gone_keys), {
+                **self._key_columns(key, OPEN_SESSION_GONE, watermark), "app": apps, "kind": kinds, "name": names,
+                "window_start_ms": opened.gone_first, "window_end_ms": opened.gone_first + self.session_gap_ms,
+                "event_time_ms": opened.gone_first})
+
     @staticmethod
     def _key_columns(key: Any, row_type: str, watermark: int) -> dict[str, Any]:
         family, app, kind, name, tags = key

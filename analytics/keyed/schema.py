@@ -23,5 +23,8 @@ OUTPUT_SCHEMA = ", ".join([
 RUN_LAST, RUN_EVENTS = "run_last_ms", "run_events"
 RUN_LEVELS = tuple(f"run_{level}" for level in LEVEL_COLUMNS)
 DROPPED_RUN = "dropped_run"   # output row: a run of session events dropped whole, expanded by the writer
+# Output rows of sessions in progress (analytics.keyed.sessions.OpenSessions): an open session as it stands after the
+# batch, and the start of one that is no longer open under that start (merged into a run that starts earlier).
+OPEN_SESSION, OPEN_SESSION_GONE = "open_session", "open_session_gone"
 SESSION_KEY = "\x1e"   # joins key kind (user | device) and key in a bucket's session keys
 ID_SEPARATOR = "\x1f"

@@ -214,6 +214,57 @@ def _latest_end_per_key(key: np.ndarray, last: np.ndarray) -> np.ndarray:
     return latest
 
 
+@dataclass(frozen=True)
+class OpenSessions:
+    """What a batch changed of the open sessions of the keys it touched: every open session of a changed key as it
+    now stands (``keys``, ``first``, ``last``, ``counts``), and the starts of the ones no longer open under that start
+    (``gone_keys``, ``gone_first``: merged into a run that starts earlier). Written as provisional rows keyed by
+    (session key, start), so a newer version of the same row replaces an older one (BRIEF §3's correction rule); the
+    final row of a session, once the watermark passes its end, retires its provisional one."""
+
+    keys: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    counts: np.ndarray
+    gone_keys: np.ndarray
+    gone_first: np.ndarray
+
+
+def open_before(bucket: SessionBucket, session_keys: np.ndarray) -> dict[str, np.ndarray | None]:
+    """Each of a batch's session keys with its open sessions' starts before the batch is taken in (None: a key the
+    bucket did not hold), for :func:`open_changes`. Only keys in the batch can change, and
+    :func:`add_bucket_runs` gives a key whose open sessions change new arrays, so the arrays' identity tells."""
+    return {name: bucket[name].open_first if name in bucket else None
+            for name in pd.unique(pd.Series(session_keys, dtype=object))}
+
+
+def open_changes(bucket: SessionBucket, before: dict[str, np.ndarray | None], watermark: int,
+                 gap_ms: int) -> OpenSessions:
+    """The open sessions the batch changed (see :class:`OpenSessions`), after :func:`add_bucket_runs`. A session the
+    watermark has reached (``last + G <= W``) is left out: it is closed, and its timer emits it in this batch."""
+    changed = [(name, old) for name, old in before.items()
+               if name in bucket and bucket[name].open_first is not old]
+    states = [bucket[name] for name, _ in changed]
+    still_open = [state.open_last + gap_ms > watermark for state in states]
+    names = np.array([name for name, _ in changed], dtype=object)
+    gone = [(name, old[~np.isin(old, state.open_first)])
+            for (name, old), state in zip(changed, states, strict=True) if old is not None and len(old)]
+
+    def cat(arrays: list[np.ndarray], dtype: type, width: int = 0) -> np.ndarray:
+        if not arrays:
+            return np.empty((0, width) if width else 0, dtype=dtype)
+        return np.concatenate(arrays).astype(dtype, copy=False)
+
+    width = len(COUNT_COLUMNS)
+    return OpenSessions(
+        keys=np.repeat(names, [int(m.sum()) for m in still_open]).astype(object),
+        first=cat([s.open_first[m] for s, m in zip(states, still_open, strict=True)], np.int64),
+        last=cat([s.open_last[m] for s, m in zip(states, still_open, strict=True)], np.int64),
+        counts=cat([s.open_counts[m] for s, m in zip(states, still_open, strict=True)], np.int64, width),
+        gone_keys=np.array([name for name, starts in gone for _ in range(len(starts))], dtype=object),
+        gone_first=cat([starts for _, starts in gone], np.int64))
+
+
 def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -> dict[str, np.ndarray]:
     """Emit the open sessions the watermark has closed (``last + G <= W``); forget closed sessions that ended
     more than ``memory_ms`` before the watermark. Returns columns ``session_start``, ``last_event_time`` and the

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from analytics import accepted_log
 from analytics.keyed import runs as session_runs
-from analytics.keyed.schema import DROPPED_RUN, RUN_LAST, SESSION, SLIDING
+from analytics.keyed.schema import DROPPED_RUN, OPEN_SESSION, OPEN_SESSION_GONE, RUN_LAST, SESSION, SLIDING
 from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, renamed, timed, with_constants
 from analytics.spark.checkpoint import batch_info, files_read
 from analytics.vocabulary import KEYED_WINDOWS_QUERY, LEVEL_FIELDS, SERIES, epoch_ms
@@ -29,6 +29,10 @@ SESSION_COLUMNS = (
     "gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time", "duration_ms",
     "event_count", "metric_count", "log_count", *LEVEL_FIELDS,
 )
+
+OPEN_SESSION_COLUMNS = (*SESSION_COLUMNS, "is_open")
+_SESSION_NAMES = {"window_length_ms": "gap_ms", "kind": "key_kind", "name": "session_key",
+                  "window_start": "session_start", "window_end": "session_end", "event_time": "last_event_time"}
 
 
 def keyed_windows_writer(config: Config) -> BatchWriter:
@@ -85,6 +89,13 @@ class KeyedRows(TaskWriter):
         is_window = pc.equal(out["row_type"], "window")
         sliding = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SLIDING)))
         sessions = out.filter(pc.and_(is_window, pc.equal(out["window_kind"], SESSION)))
+        # Sessions in progress, and the provisional rows that no longer stand: a start gone, or a session closed
+        # (its final row retires its provisional one; inserted before the final rows, so a reader may miss a closing
+        # session for an instant but never counts it both open and closed).
+        provisional = out.filter(pc.is_in(out["row_type"], pa.array([OPEN_SESSION, OPEN_SESSION_GONE])))
+        provisional = pa.concat_tables([
+            provisional.append_column("is_open", pc.equal(provisional["row_type"], OPEN_SESSION).cast(pa.uint8())),
+            sessions.append_column("is_open", pa.array([0] * sessions.num_rows, pa.uint8()))])
         dropped = out.filter(pc.equal(out["row_type"], "straggler")).select(list(_KEYED_STRAGGLER_COLUMNS))
         dropped_runs = out.filter(pc.equal(out["row_type"], DROPPED_RUN))
         if dropped_runs.num_rows:
@@ -95,10 +106,10 @@ class KeyedRows(TaskWriter):
         return [
             ("sliding_windows", with_constants(sliding.select(list(SLIDING_COLUMNS)),
                                                 version=batch_id, written_at=now)),
-            ("sessions", with_constants(renamed(sessions, {
-                "window_length_ms": "gap_ms", "kind": "key_kind", "name": "session_key",
-                "window_start": "session_start", "window_end": "session_end", "event_time": "last_event_time",
-            }).select(list(SESSION_COLUMNS)), version=batch_id, written_at=now)),
+            ("open_sessions", with_constants(renamed(provisional, _SESSION_NAMES).select(list(OPEN_SESSION_COLUMNS)),
+                                             version=batch_id, written_at=now)),
+            ("sessions", with_constants(renamed(sessions, _SESSION_NAMES).select(list(SESSION_COLUMNS)),
+                                        version=batch_id, written_at=now)),
             ("stragglers", with_constants(renamed(dropped, {"event_time": "corrected_event_time"}).append_column(
                 "window_hop_ms", pa.array([0] * dropped.num_rows, pa.int64())).select(list(STRAGGLER_COLUMNS)),
                 query_name=KEYED_WINDOWS_QUERY, batch_id=batch_id, detected_at=now)),

@@ -437,19 +437,35 @@ def test_sessions_page_counts_sessions_and_shows_duration_and_size_distributions
     rows = [[300_000, app, "user", f"u{i}", now - timedelta(minutes=9), ended - timedelta(seconds=i),
              now - timedelta(minutes=6), 1000 * (60 + i), 2 + i, 2 + i, 0, 0, 0, 0, 0, 0, 1, now]
             for i in range(10) for app in ("shop", "search")]
+    columns = ["gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time",
+               "duration_ms", "event_count", "metric_count", "log_count", "level_debug", "level_info",
+               "level_warning", "level_error", "level_critical", "version", "written_at"]
+    # Two sessions in progress, a third retired by a newer version (merged or closed): not open.
+    started = now - timedelta(minutes=3)
+    in_progress = [[300_000, "shop", "user", key, started, last + timedelta(minutes=5), last,
+                    int((last - started).total_seconds() * 1000), n, n, 0, 0, 0, 0, 0, 0, is_open, version, now]
+                   for key, last, n, is_open, version in (
+                       ("ann", now - timedelta(seconds=30), 7, 1, 1), ("bob", now - timedelta(seconds=10), 3, 1, 1),
+                       ("cy", now - timedelta(seconds=20), 4, 1, 1), ("cy", now - timedelta(seconds=20), 4, 0, 2))]
     with connect(store) as client:
-        client.insert("sessions", rows, column_names=[
-            "gap_ms", "app", "key_kind", "session_key", "session_start", "session_end", "last_event_time",
-            "duration_ms", "event_count", "metric_count", "log_count", "level_debug", "level_info", "level_warning",
-            "level_error", "level_critical", "version", "written_at"])
+        client.insert("sessions", rows, column_names=columns)
+        client.insert("open_sessions", in_progress, column_names=[*columns[:-2], "is_open", *columns[-2:]])
     at = AppTest.from_file(str(REPO / "dashboard" / "views" / "sessions.py"), default_timeout=30).run()
     assert not at.exception
     assert {m.label: m.value for m in at.metric} == {
-        "sessions ended": "20", "median duration": "64 s", "median events": "6"}
+        "open now": "2", "sessions ended": "20", "median duration": "64 s", "median events": "6"}
+    [open_sessions] = at.dataframe
+    assert open_sessions.value[["session_key", "events"]].values.tolist() == [["bob", 3], ["ann", 7]]
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     # No tumbling windows are stored, so buckets fall back to 60 s.
-    assert titles == ["Sessions ended per 60 s by app", "Session duration (s)", "Events per session"]
-    assert _time_charts_span_the_range(at) == 1      # all ended in one minute: one bucket, still 15 min wide
+    assert titles == ["Active sessions per 60 s by app", "Sessions ended per 60 s by app", "Session duration (s)",
+                      "Events per session"]
+    # Active: every ended session from its start to its last event (minutes -9 to -6), then ann's and bob's open
+    # sessions from theirs (minute -3) on; cy's retired row counts nowhere.
+    active = json.loads(at.get("plotly_chart")[0].proto.spec)["data"]
+    assert {t["name"]: (max(_values(t["y"])), _values(t["y"])[-1]) for t in active} == {
+        "search": (10, 10), "shop": (10, 2)}
+    assert _time_charts_span_the_range(at) == 2      # all ended in one minute: one bucket, still 15 min wide
 
 
 def test_stragglers_page_charts_drops_lateness_and_the_worst_device_clocks(store):

@@ -112,6 +112,36 @@ def test_sessions_split_at_the_gap_and_late_events_cannot_change_an_emitted_sess
     assert dropped(config, "session") == [(0.0, 90.0, "late", 950.0)]
 
 
+def open_and_closed_sessions(config) -> tuple[list[tuple], list[tuple]]:
+    """(sessions in progress, final sessions) as (key, start s, last event s, events)."""
+    def read(sql: str) -> list[tuple]:
+        return [(r["session_key"], (r["s"] - T0) / S, (r["l"] - T0) / S, r["event_count"]) for r in rows(config, sql)]
+    columns = ("session_key, toUnixTimestamp64Milli(session_start) AS s, toUnixTimestamp64Milli(last_event_time) AS l, "
+               "event_count")
+    return (read(f"SELECT {columns} FROM open_sessions FINAL WHERE is_open ORDER BY session_key, session_start"),
+            read(f"SELECT {columns} FROM sessions FINAL ORDER BY session_key, session_start"))
+
+
+def test_a_session_is_shown_open_as_it_grows_and_then_only_as_its_final_row(stack, spark):
+    config = configured(stack, session_gap_s=60)
+    produce_events(config, [Event(at(0), user="ann"), Event(at(30), user="ann"), Event(at(10), device="kiosk-9")])
+    run_job(spark, config)
+    # One batch in: both sessions are open, with their events so far, and none is final.
+    assert open_and_closed_sessions(config) == ([("ann", 0.0, 30.0, 2), ("kiosk-9", 10.0, 10.0, 1)], [])
+
+    produce_events(config, [Event(at(50), user="ann")])
+    run_job(spark, config)
+    # ann's session grew: the same row, a newer version; kiosk-9's stands.
+    assert open_and_closed_sessions(config) == ([("ann", 0.0, 50.0, 3), ("kiosk-9", 10.0, 10.0, 1)], [])
+
+    produce_events(config, [Event(at(1000), user="bob")])   # watermark -> 970 s: ann's and kiosk-9's close
+    run_job(spark, config)
+    run_job(spark, config)
+    # Each closed session is now only its final row, with the events it last showed; bob's is open.
+    assert open_and_closed_sessions(config) == (
+        [("bob", 1000.0, 1000.0, 1)], [("ann", 0.0, 50.0, 3), ("kiosk-9", 10.0, 10.0, 1)])
+
+
 def test_keyed_windows_reads_only_the_events_it_uses_but_all_of_a_batch_chosen_under_other_settings(stack, spark):
     """``accept`` writes the rows ``keyed_windows`` takes (run heads, sliding series) first in each batch file and
     marks them for the settings that chose them: the query skips the rest, unless the settings changed since."""

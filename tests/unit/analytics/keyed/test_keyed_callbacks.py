@@ -115,3 +115,48 @@ def test_a_shared_bucket_holds_sessions_of_several_apps_and_each_session_keeps_i
     out = pd.concat(out, ignore_index=True)
     dropped = out[out["row_type"] == "dropped_run"]
     assert dropped[["app", "kind", "name"]].values.tolist() == [["shop", "user", "ann"]]
+
+
+def test_open_sessions_are_published_as_they_grow_and_each_is_retired_once_when_merged_or_closed():
+    # Given a bucket with ann and bob (G = 60 s), where a late run of ann's lands before her open session,
+    spark = InMemoryKeyedState()
+    logic = _logic(spark)
+    bucket = _key(SESSION, "7")
+    ann, bob = "user\x1eann", "user\x1ebob"
+    batches = [({bucket: _rows([100_000, 100_000], 0, [ann, bob])}, 0),
+               ({bucket: _rows([130_000], 2, [ann])}, 50_000),
+               ({bucket: _rows([50_000], 3, [ann])}, 60_000),    # 50 s: less than G before 100 s, after W
+               ({}, 200_000)]                                     # the watermark passes both sessions' ends
+
+    # when each batch's rows are applied to a table keyed by (session key, start), a newer batch replacing a row,
+    table: dict[tuple[str, int], tuple[int, int]] = {}
+    provisional_per_batch, open_per_batch, closed = [], [], []
+    for rows, watermark in batches:
+        out = pd.concat(spark.batch(logic, rows, watermark), ignore_index=True)
+        provisional = out[out["row_type"].isin(["open_session", "open_session_gone"])]
+        provisional_per_batch.append(sorted(zip(provisional["name"], provisional["row_type"], strict=True)))
+        for row in out.itertuples():
+            if row.row_type == "open_session":
+                table[(row.name, row.window_start_ms)] = (1, row.event_count)
+            elif row.row_type in ("open_session_gone", "window"):
+                table[(row.name, row.window_start_ms)] = (0, 0)
+            if row.row_type == "window":
+                closed.append((row.name, row.window_start_ms, row.event_time_ms, row.event_count))
+        open_per_batch.append(sorted((k, n) for k, (is_open, n) in table.items() if is_open))
+
+    # then the open sessions after each batch are the sessions as they stand, ann's moved to its earlier start,
+    assert open_per_batch == [
+        [(("ann", 100_000), 1), (("bob", 100_000), 1)],
+        [(("ann", 100_000), 2), (("bob", 100_000), 1)],
+        [(("ann", 50_000), 3), (("bob", 100_000), 1)],
+        [],
+    ]
+    # a batch publishes only the keys it changed (bob's row stands untouched in batches 2 and 3),
+    assert provisional_per_batch == [
+        [("ann", "open_session"), ("bob", "open_session")],
+        [("ann", "open_session")],
+        [("ann", "open_session"), ("ann", "open_session_gone")],
+        [],
+    ]
+    # and every open session ends as exactly one final session with the events it showed last.
+    assert sorted(closed) == [("ann", 50_000, 130_000, 3), ("bob", 100_000, 100_000, 1)]

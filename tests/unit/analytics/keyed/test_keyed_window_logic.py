@@ -191,6 +191,37 @@ def test_a_bucket_takes_its_keys_events_in_one_pass_as_a_pass_per_key_would(batc
         _emit_and_compare(ours, theirs, watermark)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 400_000)), max_size=25),
+                          st.integers(0, 120_000)), min_size=1, max_size=6))
+def test_the_published_open_sessions_are_always_the_open_sessions_of_the_state(batches):
+    # Given any batches of a bucket's keys, each batch's provisional rows applied to a table keyed by (key, start)
+    # and each emitted session retiring its row,
+    bucket: sessions.SessionBucket = {}
+    table: dict[tuple[str, int], tuple[int, int, int] | None] = {}
+    watermark = 0
+    for batch, advance in batches:
+        watermark += advance
+        keys = np.array([k for k, _ in batch], dtype=object)
+        before = sessions.open_before(bucket, keys)
+        sessions.add_bucket_events(bucket, keys, _events([t for _, t in batch]), watermark, G)
+        opened = sessions.open_changes(bucket, before, watermark, G)
+        for key, first, last, count in zip(opened.keys, opened.first, opened.last, opened.counts[:, 0], strict=True):
+            table[(key, int(first))] = (int(last), int(count))
+        for key, first in zip(opened.gone_keys, opened.gone_first, strict=True):
+            table[(key, int(first))] = None
+        for key, state in bucket.items():
+            emitted = sessions.emit_due(state, watermark, G, memory_ms=150_000)
+            for first in emitted["session_start"].tolist():
+                assert table.get((key, first)) is not None   # a session closes only after it was shown open
+                table[(key, first)] = None
+        # then the table's open rows are exactly the sessions the state holds open, with their last event and count.
+        shown = {k: v for k, v in table.items() if v is not None}
+        held = {(key, int(f)): (int(last), int(n)) for key, state in bucket.items()
+                for f, last, n in zip(state.open_first, state.open_last, state.open_counts[:, 0], strict=True)}
+        assert shown == held
+
+
 def _emit_and_compare(ours: sessions.SessionBucket, theirs: sessions.SessionBucket, watermark: int) -> None:
     """Emit what the watermark closed in both buckets; then both hold the same sessions, open and closed."""
     for bucket in (ours, theirs):
