@@ -255,6 +255,23 @@ def _other_tables(load: Load, t0_ms: int, rng: np.random.Generator) -> Iterator[
         **{f"level_{lvl}": np.zeros(n, np.uint64) for lvl in LEVELS}, "version": np.ones(n, np.uint64),
         "written_at": _ms(end)})
 
+    # Sessions in progress: a sixth of the users, each with its last event in the last gap; as many rows retired
+    # (sessions that closed or merged), which FINAL must read past.
+    n = load.apps * load.users_per_app // 6
+    last = t0_ms + span_ms - rng.integers(0, 300_000, 2 * n)
+    duration = rng.exponential(600_000, 2 * n).astype(np.int64)
+    count = 1 + rng.poisson(40, 2 * n)
+    apps, users = rng.integers(0, load.apps, 2 * n), rng.integers(0, load.users_per_app, 2 * n)
+    yield "open_sessions", pa.table({
+        "gap_ms": np.full(2 * n, 300_000, np.uint64), "app": [f"app-{a}" for a in apps], "key_kind": ["user"] * (2 * n),
+        "session_key": [f"app-{a}-user-{u}" for a, u in zip(apps, users, strict=True)],
+        "session_start": _ms(last - duration), "session_end": _ms(last + 300_000), "last_event_time": _ms(last),
+        "duration_ms": duration.astype(np.uint64), "event_count": count.astype(np.uint64),
+        "metric_count": (count * 0.8).astype(np.uint64), "log_count": (count - (count * 0.8).astype(int)),
+        **{f"level_{lvl}": np.zeros(2 * n, np.uint64) for lvl in LEVELS},
+        "is_open": (np.arange(2 * n) < n).astype(np.uint8), "version": np.ones(2 * n, np.uint64),
+        "written_at": _ms(last)})
+
     # Sliding windows: one per log event at warning or above (the default sliding series).
     log_series = [s for s in series if s.kind == "log"]
     n = int(len(log_series) * load.hours * 60 * load.events_per_minute * sum(LEVEL_P[2:]))

@@ -21,7 +21,7 @@ from eventide.config import Config, load_config, to_environ
 from stack import cli
 from stack.services import free_port
 from store.client import connect
-from tests.support.browser import browser
+from tests.support.browser import browser, opened
 from tests.support.page_walk import problems
 from tests.support.stack import REPO
 
@@ -76,6 +76,17 @@ def test_every_page_shows_data_or_says_why_in_the_first_minute_and_after_six(
     time.sleep(60)
     first = _walk(browser, config)
     print("one minute in:", *first, sep="\n")
+    # Sessions in progress: the first keyed_windows batch that took events published its open sessions, and the
+    # Sessions page counts them while no session has ended yet.
+    with connect(config) as client:
+        [(first_batch, first_published)] = client.query(
+            "SELECT (SELECT min(batch_id) FROM pipeline_progress WHERE query_name = 'keyed_windows' "
+            "AND input_rows > 0), (SELECT min(version) FROM open_sessions)").result_rows
+    assert first_published == first_batch
+    with opened(browser, f"{cli.dashboard_url(config)}/sessions?refresh=off", settle_s=90) as page:
+        metrics = dict([line.strip() for line in text.splitlines() if line.strip()][:2]
+                       for text in page.locator('[data-testid="stMetric"]').all_inner_texts())
+    assert int(metrics["open now"].replace(",", "")) > 0, metrics
     time.sleep(max(0.0, started + 6 * 60 - time.monotonic()))
     later = _walk(browser, config)
     assert not first and not later, "\n".join(["one minute in:", *first, "six minutes in:", *later])
