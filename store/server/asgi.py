@@ -9,6 +9,7 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
+from store.server import native
 from store.server.bodies import decompressor, inflate
 from store.server.engine import Answer, Cancel, Engine, HandleState, checked_database
 from store.server.errors import ClientGone, StoreError, refused
@@ -368,7 +370,7 @@ class StoreApp:
         cancel = Cancel()
         held.enter_context(self.slot(role))
         work = asyncio.ensure_future(self.blocking(role, self._guarded_query, text, role, read_only, state, bound,
-                                                   default_format, cancel))
+                                                   default_format, _protocol_revision(params), cancel))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -392,12 +394,19 @@ class StoreApp:
         return await self.blocking(role, split_insert, bytes(head))
 
     def _guarded_query(self, text: str, role: str, read_only: bool, state: HandleState, bound: dict[str, str],
-                       default_format: str, cancel: Cancel) -> Answer:
-        """The guard, then the query, on one pool thread (one hop off the event loop, not two)."""
+                       default_format: str, revision: int, cancel: Cancel) -> Answer:
+        """The guard, then the query, on one pool thread (one hop off the event loop, not two); a Native answer in
+        the layout of the client's protocol revision (``store.server.native``)."""
         verdict = guard(text, role, read_only, self.limits, self.engine)
         explicit = verdict.format if verdict.kind == "select" else None     # the parser's, never the text's
-        return self.engine.query(text, state, bound, default_format, explicit,
-                                 cancel if verdict.kind == "select" else None)
+        answer = self.engine.query(text, state, bound, default_format, explicit,
+                                   cancel if verdict.kind == "select" else None)
+        if revision and answer.fmt == "Native":
+            try:
+                return dataclasses.replace(answer, body=native.for_revision(answer.body, revision))
+            except native.UnsupportedNative as exc:
+                raise StoreError.of(48, "NOT_IMPLEMENTED", str(exc), 400) from None
+        return answer
 
     def _log_limited(self, message: str, *args: Any) -> None:
         """An info line, unless more than ``ERRORS_LOGGED_PER_S`` were logged this second (a flood of refusals
@@ -459,3 +468,11 @@ def _too_large(limit: int) -> StoreError:
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _protocol_revision(params: dict[str, str]) -> int:
+    """The client's ``client_protocol_version`` (0 when absent), which sets the layout of a Native answer."""
+    text = params.get("client_protocol_version", "0")
+    if not text.isdigit() or len(text) > 9:
+        raise StoreError.of(36, "BAD_ARGUMENTS", f"client_protocol_version must be a number, not {text[:40]!r}", 400)
+    return int(text)
