@@ -275,6 +275,9 @@ class StoreApp:
         settings.update(ENFORCED_SETTINGS)     # after the client's: they cannot be undone
         database = checked_database(headers.get("x-clickhouse-database") or params.get("database", ""))
         if database.lower() in PROTECTED_DATABASES:
+            if role == READER:   # the guard judges system tables by their qualified names (READER_SYSTEM_TABLES)
+                raise StoreError.of(497, "ACCESS_DENIED", f"the reader's database may not be {database}: name a "
+                                    "system table as system.<table>", 403)
             readonly = readonly or 1    # unqualified names there are the engine's own tables: read them only
         ordered = tuple(sorted(settings.items()))
         if readonly:     # applied last: once it is set, the handle cannot change it

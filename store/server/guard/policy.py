@@ -135,6 +135,19 @@ WRITER_STATEMENTS = frozenset({"InsertQuery", "CreateQuery", "AlterQuery", "Opti
 #: every later request (the guard's own parse included) relies on.
 PROTECTED_DATABASES = frozenset({"system", "information_schema"})
 
+#: The ``system`` tables the reader may read (lower case): what describes the databases, their tables and columns,
+#: and the engine's vocabulary (what clients such as Grafana's ClickHouse data source and clickhouse-connect ask);
+#: never what shows the host or other users' work (``processes``, ``query_log``, ``stack_trace``, ``symbols``,
+#: ``disks``, ``parts``, ``errors``, ``server_settings``, ...).
+READER_SYSTEM_TABLES = frozenset({
+    "one", "numbers", "numbers_mt", "zeros", "zeros_mt", "databases", "tables", "columns", "functions",
+    "table_functions", "data_type_families", "formats", "settings", "time_zones", "collations", "table_engines",
+    "database_engines", "aggregate_function_combinators", "keywords", "merge_tree_settings",
+})
+#: Columns of those tables that name host paths (``system.databases``, ``system.tables``): a reader's statement that
+#: reads a system table may not name them, nor ask for all columns (``*``, ``COLUMNS(...)``).
+SYSTEM_PATH_COLUMNS = frozenset({"data_path", "data_paths", "metadata_path", "path", "loading_dependencies_table"})
+
 #: Longest database name :func:`is_database_name` accepts.
 DATABASE_NAME_MAX = 128
 

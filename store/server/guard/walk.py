@@ -23,8 +23,10 @@ from store.server.guard.policy import (
     KNOWN_TABLE_FUNCTIONS,
     NODE_TYPES,
     PROTECTED_DATABASES,
+    READER_SYSTEM_TABLES,
     SCALAR_TABLE_FUNCTION_NAMES,
     STATEMENTS,
+    SYSTEM_PATH_COLUMNS,
     TABLE_ENGINES,
     TABLE_FUNCTIONS,
     TABLE_SETTINGS,
@@ -33,7 +35,14 @@ from store.server.guard.policy import (
     Role,
     is_database_name,
 )
-from store.server.guard.refusal import READONLY, SETTING_CONSTRAINT_VIOLATION, UNKNOWN_FORMAT, Refused, refuse
+from store.server.guard.refusal import (
+    ACCESS_DENIED,
+    READONLY,
+    SETTING_CONSTRAINT_VIOLATION,
+    UNKNOWN_FORMAT,
+    Refused,
+    refuse,
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,10 @@ def _children(node: Any) -> Iterator[tuple[str, Any]]:
             yield "", item
 
 
+_ALL_COLUMNS = frozenset({"Asterisk", "QualifiedAsterisk", "ColumnsRegexpMatcher", "ColumnsListMatcher",
+                          "QualifiedColumnsRegexpMatcher", "QualifiedColumnsListMatcher"})
+
+
 class Walk:
     """One pass over a statement's JSON AST, refusing as it goes and collecting what the Verdict needs."""
 
@@ -92,6 +105,9 @@ class Walk:
         self.caps = caps
         self.settings: dict[str, Any] = {}
         self.stored = False    # a CREATE or ALTER: what it holds is kept and may run later, in the background
+        self.reads_system = False      # a system table is read (the reader's column rule applies)
+        self.all_columns = False       # ``*`` or a COLUMNS matcher
+        self.path_column = ""          # a column named like one of SYSTEM_PATH_COLUMNS
 
     def statement(self, root: dict[str, Any]) -> Verdict:
         kind, read_only, name = self._root(root)
@@ -100,6 +116,13 @@ class Walk:
         uses_input = self._walk(root)
         # After the walk, so that a statement refused for everyone says why, whichever the role.
         self._role(root)
+        if self.reads_system and self.role == "reader":
+            if self.all_columns:
+                raise refuse("all columns of a system table are not allowed for the reader (some name host paths): "
+                             "name the columns")
+            if self.path_column:
+                raise refuse(f"column {self.path_column} of a system table is not allowed for the reader: it names "
+                             "a host path")
         if not STATEMENTS[str(inner.get("type"))][1]:
             _check_write(inner)
         verdict = Verdict(kind=kind, statement=name, read_only=read_only, settings=dict(self.settings))
@@ -183,6 +206,14 @@ class Walk:
             raise refuse("INTO OUTFILE is not allowed: it writes a host file")
         if node_type == "Function":
             self._function(node, key, parent)
+        elif node_type == "TableIdentifier":
+            self._table(node)
+        elif node_type in _ALL_COLUMNS:
+            self.all_columns = True
+        elif node_type == "Identifier" and self.role == "reader":
+            column = str(node.get("name", "")).rsplit(".", 1)[-1].lower()
+            if column in SYSTEM_PATH_COLUMNS:
+                self.path_column = column
         elif node_type == "SetQuery":
             self._set(node, key, parent)
         elif node_type == "InsertQuery" and node.get("table_function") is not None:
@@ -204,6 +235,15 @@ class Walk:
                 raise refuse("dictionaries and temporary tables are not allowed")
         elif node_type == "RenameQuery" and node.get("dictionary"):
             raise refuse("dictionaries are not allowed")
+
+    def _table(self, node: dict[str, Any]) -> None:
+        """A table a statement names: for the reader, a system table only of :data:`READER_SYSTEM_TABLES`."""
+        parts = [str(p) for p in node.get("name_parts") or str(node.get("name", "")).split(".")]
+        if len(parts) == 2 and parts[0].lower() == "system":
+            self.reads_system = True
+            if self.role == "reader" and parts[1].lower() not in READER_SYSTEM_TABLES:
+                raise Refused(*ACCESS_DENIED, f"system.{parts[1][:100]} is not readable by the reader: it shows the "
+                                              "host or other users' work, not the data")
 
     def _function(self, node: dict[str, Any], key: str, parent: str | None) -> None:
         name = str(node.get("name", ""))
@@ -229,6 +269,9 @@ class Walk:
                 why = "it reaches the host" if lower.startswith(HOST_TABLE_FUNCTIONS) else "not on the allow-list"
                 raise refuse(f"table function {name} is not allowed: {why} "
                               f"(allowed: {', '.join(sorted(TABLE_FUNCTIONS))})")
+            if lower == "merge" and self.role == "reader":
+                raise Refused(*ACCESS_DENIED, "table function merge is not allowed for the reader: it reads tables "
+                                              "by pattern, the system ones too; name the tables")
             if lower == "format":
                 if self.stored:
                     raise refuse("table function format is not allowed in CREATE or ALTER: what a table or view "

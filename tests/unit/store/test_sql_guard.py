@@ -385,7 +385,7 @@ def test_given_ordinary_ddl_then_the_writer_may_run_it(parse: Callable[[str], st
     "CASE WHEN 1 THEN 2 ELSE 3 END, x ? 1 : 2, t.1, t.*, dictGet('d', 'v', 1), x ILIKE '%a', now() - INTERVAL 1 HOUR",
     "SELECT 1 EXCEPT SELECT 2 INTERSECT SELECT 3",
     "SELECT * FROM numbers(10) AS n, zeros(3), values('x Int8', 1, 2), generateRandom('a Int8') LIMIT 1",
-    "SELECT * FROM view(SELECT 1) UNION ALL SELECT * FROM merge('system', '^one$')",
+    "SELECT * FROM view(SELECT 1)", "SELECT dummy FROM system.one CROSS JOIN system.tables",
     "SELECT * FROM format(JSONEachRow, '{\"a\": 1}')",
     "SELECT * FROM {t:Identifier} WHERE x = {x:UInt64} FORMAT JSONCompact",
     "SELECT now() SETTINGS session_timezone = 'UTC', max_threads = 2",
@@ -395,6 +395,52 @@ def test_given_ordinary_ddl_then_the_writer_may_run_it(parse: Callable[[str], st
 def test_given_ordinary_reads_then_the_reader_may_run_them(parse: Callable[[str], str], statement: str) -> None:
     verdict = check(statement, role="reader", parse=parse, caps=CAPS)
     assert (verdict.kind, verdict.read_only) == ("select", True)
+
+
+# What Grafana's ClickHouse data source asks when a user picks a database, a table and its columns, or edits a query
+# (grafana/clickhouse-datasource: src/data/CHDatasource.ts, CHVariableSupport.tsx), and clickhouse-go's hello.
+GRAFANA_SCHEMA_QUERIES = [
+    "SELECT displayName(), version(), revision(), timezone()", "SELECT 1", "SELECT version()", "SHOW DATABASES",
+    'SHOW TABLES FROM "eventide"', 'DESC TABLE "eventide"."sessions"',
+    "SELECT name FROM system.databases ORDER BY name",
+    "SELECT name FROM system.tables WHERE database = 'eventide' ORDER BY name",
+    "SELECT name FROM system.columns WHERE database = 'eventide' AND table = 'sessions' ORDER BY name",
+    "SELECT name, type, table FROM system.columns WHERE database IN ('eventide')",
+    "SELECT name, is_aggregate, case_insensitive, alias_to, origin, description, syntax, arguments, returned_value, "
+    "examples, categories FROM system.functions LIMIT 10000",
+]
+
+
+@pytest.mark.parametrize("statement", GRAFANA_SCHEMA_QUERIES)
+def test_given_grafanas_schema_queries_then_the_reader_may_run_them(
+        parse: Callable[[str], str], statement: str) -> None:
+    assert check(statement, role="reader", parse=parse, caps=CAPS).read_only
+
+
+@pytest.mark.parametrize(("statement", "named"), [
+    ("SELECT query FROM system.processes", "system.processes"),
+    ("SELECT * FROM system.stack_trace", "system.stack_trace"),
+    ("SELECT name FROM system.symbols", "system.symbols"),
+    ("SELECT path FROM system.disks", "system.disks"),
+    ("SELECT name FROM `system`.`parts`", "system.parts"),
+    ("SELECT name FROM SYSTEM.query_log", "system.query_log"),
+    ("WITH x AS (SELECT message FROM system.text_log) SELECT * FROM x", "system.text_log"),
+    ("SELECT * FROM view(SELECT query FROM system.processes)", "system.processes"),
+    ("SELECT name FROM system.tables UNION ALL SELECT name FROM system.server_settings", "system.server_settings"),
+    ("SELECT * FROM system.tables", "all columns"),
+    ("SELECT t.* FROM system.databases AS t", "all columns"),
+    ("SELECT COLUMNS('path') FROM system.databases", "all columns"),
+    ("SELECT name, data_paths FROM system.tables", "data_paths"),
+    ("SELECT t.metadata_path FROM system.databases AS t", "metadata_path"),
+    ("SELECT * FROM merge('system', '^processes$')", "merge"),
+])
+def test_given_a_system_table_that_shows_the_host_then_the_reader_is_refused_and_the_writer_is_not(
+        parse: Callable[[str], str], statement: str, named: str) -> None:
+    # A system table describes the data (databases, tables, columns, functions) or shows the host and other users'
+    # work (queries, stack traces, disks, paths): the reader, which a Grafana instance holds, reads only the former.
+    error = refused(statement, parse, role="reader")
+    assert (error.code, error.http_status) == (497, 403) and named in error.message
+    check(statement, role="writer", parse=parse, caps=CAPS)
 
 
 def test_given_the_migration_runner_and_clickhouse_connect_then_their_own_statements_are_allowed(
