@@ -1,0 +1,121 @@
+"""Grafana and other ClickHouse clients read the local store as they read a ClickHouse server, as its read-only user.
+
+clickhouse-go v2 (the client inside Grafana's ClickHouse data source, in its HTTP mode: every request a POST with the
+SQL in the body, ``default_format=Native`` with its protocol revision) runs the plugin's connection sequence, its
+schema queries and a time-series query with the plugin's macros expanded; every value it reads equals what
+clickhouse-connect reads for the same SQL. As the reader it is refused DDL, writes, table functions that reach the host,
+raised settings and the system tables that show the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from eventide.config import Config
+from store.client import connect
+from store.migrations import apply_migrations
+from tests.support.browser import populate
+from tests.support.grafana import comparable, expand_macros, go_client
+from tests.support.stack import served_store
+
+GRAFANA_HELLO = ["SELECT displayName(), version(), revision(), timezone()", "SELECT 1"]
+# The data source's schema pickers and query editor (grafana/clickhouse-datasource src/data/CHDatasource.ts,
+# CHVariableSupport.tsx).
+SCHEMA = [
+    "SHOW DATABASES", 'SHOW TABLES FROM "eventide"', 'DESC TABLE "eventide"."window_aggregates"',
+    "SELECT name FROM system.databases ORDER BY name",
+    "SELECT name FROM system.tables WHERE database = 'eventide' ORDER BY name",
+    "SELECT name FROM system.columns WHERE database = 'eventide' AND table = 'sessions' ORDER BY name",
+    "SELECT name, type, table FROM system.columns WHERE database IN ('eventide') ORDER BY table, name",
+    "SELECT name, is_aggregate, case_insensitive, alias_to, origin FROM system.functions ORDER BY name LIMIT 200",
+]
+TIME_SERIES = [
+    # events/s per app, as the dashboard's Overview: $__timeInterval and $__timeFilter
+    "SELECT $__timeInterval(window_start) AS time, app, sum(event_count) / $__interval_s AS events_per_s "
+    "FROM window_aggregates FINAL WHERE window_kind = 'tumbling' AND $__timeFilter(window_start) "
+    "GROUP BY time, app ORDER BY time, app",
+    # the millisecond forms
+    "SELECT $__timeInterval_ms(window_start) AS time, max(max) AS worst FROM window_aggregates FINAL "
+    "WHERE $__timeFilter_ms(window_start) AND window_end <= $__toTime_ms GROUP BY time ORDER BY time",
+]
+TYPES = [
+    "SELECT toLowCardinality(toString(number % 3)) AS lc, [toLowCardinality('x'), 'y'] AS lcs, "
+    "if(number % 2, NULL, number) AS maybe, map('k', number, 'l', number * 2) AS m, toDecimal64(number / 4, 3) AS d, "
+    "toUUID('61f0c404-5cb3-11e7-907b-a6006ad3dba0') AS u, toDateTime64('2026-11-29 10:00:00.125', 3, 'UTC') AS t64, "
+    "toDateTime('2026-11-29 10:00:00', 'UTC') AS t, toDate('2026-11-29') AS day, 18446744073709551615 AS big, "
+    "nan AS n, [[1, 2], [], [3]] :: Array(Array(UInt16)) AS nested, toFixedString('ab', 2) AS fixed, "
+    "repeat('long ', 40) AS text, "
+    "CAST('b', 'Enum8(\\'a\\' = 1, \\'b\\' = 2)') AS e, toIPv4('10.0.0.1') AS ip, [] :: Array(LowCardinality(String)) "
+    "AS none FROM numbers(5)",
+    "SELECT number FROM numbers(0)",
+]
+REFUSED = {
+    "CREATE TABLE grafana_made (a UInt8) ENGINE = Memory": "code: 164",
+    "INSERT INTO sessions SELECT * FROM sessions": "code: 164",
+    "SELECT * FROM file('/etc/passwd', 'LineAsString')": "code: 497",
+    "SELECT * FROM url('http://127.0.0.1:1/', 'LineAsString')": "code: 497",
+    "SELECT 1 SETTINGS max_execution_time = 100000": "code: 452",
+    "SELECT 1 SETTINGS readonly = 0": "code: 164",
+    "SELECT query FROM system.processes": "code: 497",
+    "SELECT name, data_paths FROM system.tables": "code: 497",
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
+    """A store server of its own (its reader has a password of its own) with the demo-like tables of the browser
+    tests: ten minutes of two apps."""
+    with served_store(tmp_path_factory.mktemp("grafana-store")) as (config, _):
+        apply_migrations(config)
+        populate(config)
+        yield config
+
+
+def _python(config: Config, sql: str) -> tuple[list[str], list[list]]:
+    with connect(config, role="reader") as client:
+        result = client.query(sql)
+        return list(result.column_names), [list(row) for row in result.result_rows]
+
+
+def _same_as_python(config: Config, results: list[dict]) -> None:
+    for result in results:
+        assert result["error"] is None, result
+        columns, rows = _python(config, result["query"])
+        types = result["types"]
+        assert result["columns"] == columns, result["query"]
+        assert [[comparable(v, t) for v, t in zip(row, types, strict=True)] for row in result["rows"]] == \
+            [[comparable(v, t) for v, t in zip(row, types, strict=True)] for row in rows], result["query"]
+
+
+def test_grafanas_client_connects_as_the_reader_and_reads_the_schema_as_clickhouse_connect_does(store: Config) -> None:
+    hello, results = go_client(store, GRAFANA_HELLO + SCHEMA)
+    assert hello["ping"] is None and hello["server_version"]["timezone"]
+    _same_as_python(store, results)
+    tables = {row[0] for row in results[len(GRAFANA_HELLO) + 1]["rows"]}
+    assert {"window_aggregates", "sessions", "open_sessions", "logs"} <= tables
+
+
+def test_a_panel_query_with_the_plugins_macros_reads_the_same_values_as_clickhouse_connect(store: Config) -> None:
+    until = datetime.now(UTC)
+    queries = [expand_macros(sql, until - timedelta(minutes=15), until, 30) for sql in TIME_SERIES]
+    _, results = go_client(store, queries)
+    _same_as_python(store, results)
+    assert all(result["rows"] for result in results)
+    assert {row[1] for row in results[0]["rows"]} == {"shop", "search"}
+
+
+def test_every_column_type_reads_the_same_through_native_as_through_clickhouse_connect(store: Config) -> None:
+    _, results = go_client(store, TYPES)
+    _same_as_python(store, results)
+    assert len(results[0]["rows"]) == 5 and results[1]["rows"] == []
+
+
+def test_the_reader_is_refused_ddl_writes_host_access_raised_settings_and_host_system_tables(store: Config) -> None:
+    _, results = go_client(store, list(REFUSED))
+    for result in results:
+        assert result["error"] and REFUSED[result["query"]] in result["error"], result
+    _, [count] = go_client(store, ["SELECT count() FROM system.tables WHERE name = 'grafana_made'"], role="writer")
+    assert count["rows"] == [[0]]
