@@ -9,17 +9,21 @@ raised settings and the system tables that show the host.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dashboard import queries
 from eventide.config import Config
 from store.client import connect
 from store.migrations import apply_migrations
 from tests.support.browser import populate
 from tests.support.grafana import comparable, expand_macros, go_client
-from tests.support.stack import served_store
+from tests.support.stack import REPO, served_store
+
+DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "eventide.json"
 
 GRAFANA_HELLO = ["SELECT displayName(), version(), revision(), timezone()", "SELECT 1"]
 # The data source's schema pickers and query editor (grafana/clickhouse-datasource src/data/CHDatasource.ts,
@@ -70,7 +74,14 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
     tests: ten minutes of two apps."""
     with served_store(tmp_path_factory.mktemp("grafana-store")) as (config, _):
         apply_migrations(config)
-        populate(config)
+        now = populate(config)
+        lines = [[now - timedelta(seconds=7 * k), now - timedelta(seconds=7 * k), now, ("shop", "search")[k % 2],
+                  ("info", "error")[k % 3 == 0], "app.server", "d", f"u{k}", f"request {k} served", {"route": "/"},
+                  f"line-{k}", 0, k] for k in range(40)]
+        with connect(config) as client:
+            client.insert("logs", lines, column_names=[
+                "corrected_event_time", "event_time", "received_time", "app", "level", "name", "device", "user",
+                "message", "tags", "event_id", "source_partition", "source_offset"])
         yield config
 
 
@@ -119,3 +130,23 @@ def test_the_reader_is_refused_ddl_writes_host_access_raised_settings_and_host_s
         assert result["error"] and REFUSED[result["query"]] in result["error"], result
     _, [count] = go_client(store, ["SELECT count() FROM system.tables WHERE name = 'grafana_made'"], role="writer")
     assert count["rows"] == [[0]]
+
+
+def test_every_panel_of_the_grafana_dashboard_runs_as_the_reader_and_shows_what_the_pages_show(store: Config) -> None:
+    until = datetime.now(UTC).replace(microsecond=0)
+    since = until - timedelta(minutes=15)
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    sql = [expand_macros(target["rawSql"], since, until, 30) for panel in panels for target in panel["targets"]]
+    _, results = go_client(store, sql)
+    for panel, result in zip(panels, results, strict=True):
+        assert result["error"] is None and result["rows"], (panel["title"], result)
+    # Events per second: the numbers of the Overview's own query, bucket by bucket (the last bucket, which the page
+    # reads up to the range's end and Grafana through it, aside).
+    with connect(store, role="reader") as client:
+        page = queries.app_rates(client, since, until, 30, 10_000)
+    shown = {(datetime.fromisoformat(t).astimezone(UTC), app): rate for t, app, rate in results[0]["rows"]}
+    expected = {(t.to_pydatetime(), app): rate for t, app, rate in page[["t", "app", "events_per_s"]].itertuples(
+        index=False)}
+    last = max(t for t, _ in expected)
+    assert {k: v for k, v in shown.items() if k[0] < last} == {k: v for k, v in expected.items() if k[0] < last}
+    assert len(expected) > 20
