@@ -11,6 +11,7 @@ one, and each service holds only the store credentials it uses.
 from __future__ import annotations
 
 import base64
+import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,6 +24,7 @@ import yaml
 from eventide.config import Config, load_config
 from stack import broker
 from stack.cli import build_parser
+from store.server.guard.policy import READER_SYSTEM_TABLES
 from tests.support.stack import REPO
 
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -34,7 +36,8 @@ SPARK_WORKERS = sorted(name for name, s in SERVICES.items() if "org.apache.spark
 # What an operator must export; stand-ins here. ${VAR:-default} takes its default.
 SECRETS = {"CLICKHOUSE_PASSWORD": "writer-s3cret", "CLICKHOUSE_READER_PASSWORD": "reader-s3cret",
            "EVENTIDE_GATEWAY_TOKENS": '["t0ken-of-at-least-16-chars"]',
-           "DASHBOARD_SIGN_IN": "password", "DASHBOARD_PASSWORD": "a shared passphrase"}
+           "DASHBOARD_SIGN_IN": "password", "DASHBOARD_PASSWORD": "a shared passphrase",
+           "GRAFANA_ADMIN_PASSWORD": "grafana-s3cret"}
 STORE_WRITERS = {"init", "stream-job", "alerting"}          # migrations, the job's sinks, the alert tables
 STORE_READERS = {"dashboard", "alerting"}
 REFERENCE = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
@@ -116,7 +119,8 @@ def test_brokers_carry_the_settings_eventide_gives_its_own_brokers():
 
 def test_only_the_gateway_and_the_dashboard_are_published_on_the_host():
     published = {name for name, service in SERVICES.items() if service.get("ports")}
-    assert published == {"gateway", "dashboard"}
+    assert published == {"gateway", "dashboard", "grafana"}
+    assert SERVICES["grafana"]["profiles"] == ["grafana"]     # started only when asked for
     for name, service in SERVICES.items():
         assert "network_mode" not in service, name     # host networking would publish every port
 
@@ -145,12 +149,14 @@ def test_clickhouse_has_a_writer_and_a_read_only_user_with_passwords_from_the_en
         assert env[variable].startswith("${") and ":?" in env[variable]          # required, no default
         assert not any("password" in child.tag and child is not password for child in user), name
         grants = [q.text for q in user.find("grants")]
-        assert all(re.fullmatch(r"GRANT [A-Z ,]+ ON (eventide|system)\.\*", g) for g in grants), grants
+        assert all(re.fullmatch(r"GRANT [A-Z ,]+ ON (eventide\.\*|system\.[a-z*]+)", g) for g in grants), grants
     reader_profile = root.find(f"profiles/{users['eventide_reader'].findtext('profile')}")
     assert reader_profile.findtext("readonly") == "2"
     assert reader_profile.find("constraints/readonly/const") is not None   # a client cannot lift readonly
-    assert [q.text for q in users["eventide_reader"].find("grants")] == [
-        "GRANT SELECT ON eventide.*", "GRANT SELECT ON system.*"]
+    reader_grants = [q.text for q in users["eventide_reader"].find("grants")]
+    assert reader_grants[0] == "GRANT SELECT ON eventide.*"
+    # the reader reads the system tables the embedded store's guard lets its reader read, no other
+    assert {g.removeprefix("GRANT SELECT ON system.") for g in reader_grants[1:]} <= READER_SYSTEM_TABLES
     assert set(users) == {"default", "eventide", "eventide_reader"}
 
 
@@ -239,8 +245,8 @@ def test_every_long_running_service_has_a_healthcheck_restart_policy_and_declare
         assert one_shot or ("healthcheck" in service and service.get("restart") == "unless-stopped"), name
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
-            if source.startswith("./"):          # a file of this repository, mounted
-                assert (REPO / source).is_file(), f"{name}: {source} missing"
+            if source.startswith("./"):          # a file or folder of this repository, mounted
+                assert (REPO / source).exists(), f"{name}: {source} missing"
                 continue
             assert source in declared, f"{name}: volume {source} not declared"
         for dependency in service.get("depends_on", {}):
@@ -250,3 +256,22 @@ def test_every_long_running_service_has_a_healthcheck_restart_policy_and_declare
 def _bytes(size: str) -> int:
     units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
     return int(size[:-1]) * units[size[-1].lower()] if size[-1].isalpha() else int(size)
+
+
+def test_grafana_reads_the_store_as_the_reader_through_the_provisioned_data_source_and_dashboard():
+    grafana = REPO / "deploy" / "grafana"
+    source_text = (grafana / "provisioning" / "datasources" / "eventide.yaml").read_text()
+    [source] = yaml.safe_load(source_text)["datasources"]
+    env = environment("grafana")
+    # every variable the data source names is set, to the reader's credentials on the compose network
+    assert set(re.findall(r"\$\{(\w+)\}", source_text)) <= set(env)
+    assert (env["EVENTIDE_READER_USER"], env["EVENTIDE_STORE_HOST"], env["EVENTIDE_STORE_PORT"]) == (
+        "eventide_reader", "clickhouse", "8123")
+    assert env["EVENTIDE_READER_PASSWORD"] == SECRETS["CLICKHOUSE_READER_PASSWORD"]
+    assert source["type"] == "grafana-clickhouse-datasource" and source["jsonData"]["protocol"] == "http"
+    # the dashboard's panels use that data source, and the provider loads the folder the service mounts
+    [provider] = yaml.safe_load((grafana / "provisioning" / "dashboards" / "eventide.yaml").read_text())["providers"]
+    mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in SERVICES["grafana"]["volumes"] if v.startswith("./"))
+    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    panels = json.loads((grafana / "dashboards" / "eventide.json").read_text())["panels"]
+    assert panels and all(t["datasource"]["uid"] == source["uid"] for p in panels for t in p["targets"])
