@@ -10,6 +10,7 @@ raised settings and the system tables that show the host.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +18,7 @@ import pytest
 
 from dashboard import queries
 from eventide.config import Config
+from store import credentials
 from store.client import connect
 from store.migrations import apply_migrations
 from tests.support.browser import populate
@@ -150,3 +152,28 @@ def test_every_panel_of_the_grafana_dashboard_runs_as_the_reader_and_shows_what_
     last = max(t for t, _ in expected)
     assert {k: v for k, v in shown.items() if k[0] < last} == {k: v for k, v in expected.items() if k[0] < last}
     assert len(expected) > 20
+
+
+JS_CLIENT = REPO / "tests" / "integration" / "clickhouse_js" / "read.mjs"
+
+
+def test_clickhouses_javascript_client_reads_the_same_rows_in_json_formats_as_the_reader(store: Config) -> None:
+    creds = credentials.load(store)
+    sql = ("SELECT app, name, toString(window_start) AS start, event_count, p99 FROM window_aggregates FINAL "
+           "WHERE kind = 'metric' ORDER BY app, window_start LIMIT 50")
+    request = {"url": f"http://{store.store.host}:{store.store.port}", "username": creds.reader_user,
+               "password": creds.reader_password, "database": store.store.database,
+               "queries": [{"query": sql, "format": "JSONEachRow"}, {"query": sql, "format": "JSONCompactEachRow"},
+                           {"query": "INSERT INTO sessions SELECT * FROM sessions", "format": "JSON"}]}
+    done = subprocess.run(["node", str(JS_CLIENT)], input=json.dumps(request), capture_output=True, text=True,
+                          timeout=120, check=True, cwd=JS_CLIENT.parent)
+    each_row, compact, insert = [json.loads(line) for line in done.stdout.splitlines()]
+    columns, rows = _python(store, sql)
+
+    def plain(row: list) -> list:   # 64-bit integers as JSON numbers or strings, as the client's settings ask
+        return [int(v) if isinstance(v, str) and v.isdigit() else v for v in row]
+
+    assert len(rows) == 50
+    assert [plain([r[c] for c in columns]) for r in each_row["data"]] == rows
+    assert [plain(r) for r in compact["data"]] == rows
+    assert "readonly" in insert["error"]
