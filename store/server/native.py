@@ -213,17 +213,19 @@ class _Walk:
                                     "protocol revision: use another format")
 
     def _strings(self, rows: int) -> None:
+        # The answer's hot loop (a String column is walked value by value): kept to an index and an add per value.
         data, pos = self.buf, self.pos
-        for _ in range(rows):
-            if pos >= len(data):
-                raise UnsupportedNative("the Native answer ended inside a column")
-            size = data[pos]
-            if size < 0x80:       # most strings are shorter than 128 bytes: a one-byte length
-                pos += 1 + size
-            else:
-                self.pos = pos
-                size = self.varint()
-                pos = self.pos + size
+        try:
+            for _ in range(rows):
+                size = data[pos]
+                if size < 0x80:       # most strings are shorter than 128 bytes: a one-byte length
+                    pos += size + 1
+                else:
+                    self.pos = pos
+                    size = self.varint()
+                    pos = self.pos + size
+        except IndexError:
+            raise UnsupportedNative("the Native answer ended inside a column") from None
         self.pos = pos
         if pos > len(data):
             raise UnsupportedNative("the Native answer ended inside a column")
