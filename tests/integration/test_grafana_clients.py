@@ -9,6 +9,8 @@ raised settings and the system tables that show the host.
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import subprocess
 from collections.abc import Iterator
@@ -67,6 +69,8 @@ REFUSED = {
     "SELECT 1 SETTINGS readonly = 0": "code: 164",
     "SELECT query FROM system.processes": "code: 497",
     "SELECT name, data_paths FROM system.tables": "code: 497",
+    # a column whose Native data the store cannot lay out for the client's revision: a clear error, not bad bytes
+    "SELECT uniqState(number) AS state FROM numbers(10)": "code: 48",
 }
 
 
@@ -177,3 +181,13 @@ def test_clickhouses_javascript_client_reads_the_same_rows_in_json_formats_as_th
     assert [plain([r[c] for c in columns]) for r in each_row["data"]] == rows
     assert [plain(r) for r in compact["data"]] == rows
     assert "readonly" in insert["error"]
+
+
+def test_a_protocol_revision_that_is_not_a_number_is_a_clear_client_error(store: Config) -> None:
+    creds = credentials.load(store)
+    conn = http.client.HTTPConnection(store.store.host, store.store.port, timeout=30)
+    auth = base64.b64encode(f"{creds.reader_user}:{creds.reader_password}".encode()).decode()
+    conn.request("POST", "/?default_format=Native&client_protocol_version=54460%3BDROP", body=b"SELECT 1",
+                 headers={"Authorization": f"Basic {auth}"})
+    response = conn.getresponse()
+    assert response.status == 400 and b"client_protocol_version must be a number" in response.read()
