@@ -197,17 +197,17 @@ class Sender:
             for item in self._health():
                 self.buffer.put_unbounded(item)
 
-    def _go_offline(self) -> None:
+    def _go_offline(self, in_flight: bool = True) -> None:
         log.warning("Kafka unreachable at %s: spooling events to %s", self.config.kafka.bootstrap,
                     self.spool.directory)
         self.online = False
         self._replaying = False
         self._next_probe = time.monotonic() + self.config.sdk.reconnect_probe_s
-        # Records queued or in flight are older than anything still in the buffer: spool them first. In flight too:
-        # the down broker cannot answer them, and their failures would come (and be spooled) only at their
-        # timeout, after newer events. Unanswered, they may reach Kafka twice (same id). Blocking: otherwise the
-        # broker threads purge later, with the same effect.
-        self._producer.purge(in_queue=True, in_flight=True, blocking=True)
+        # Records queued or in flight are older than anything still in the buffer: spool them first. In flight too
+        # (``in_flight``): the down broker cannot answer them, and their failures would come (and be spooled) only
+        # at their timeout, after newer events. Unanswered, they may reach Kafka twice (same id). Blocking:
+        # otherwise the broker threads purge later, with the same effect.
+        self._producer.purge(in_queue=True, in_flight=in_flight, blocking=True)
         self._producer.poll(0)
 
     def _offline_step(self) -> None:
@@ -283,7 +283,12 @@ class Sender:
             while len(self._producer) and time.monotonic() < deadline:
                 self._producer.flush(0.1)
                 if self._brokers_down():
-                    self._go_offline()      # every unacknowledged line of the chunk fails now, into the list
+                    # The chunk's queued lines fail now, into the list. Its lines in flight are waited for: the
+                    # broker may have them (a restart can look like an outage for a moment), and each failed line
+                    # goes back to the spool's head anyway, in order, so purging them would only risk a second copy
+                    # of an event recorded while Kafka was away.
+                    self._go_offline(in_flight=False)
+                    self._producer.flush(max(0.0, deadline - time.monotonic()))
                     break
             failed = set(self._chunk_failures)
         finally:
