@@ -76,13 +76,12 @@ def test_every_page_shows_data_or_says_why_in_the_first_minute_and_after_six(
     time.sleep(60)
     first = _walk(browser, config)
     print("one minute in:", *first, sep="\n")
-    # Sessions in progress: the first keyed_windows batch that took events published its open sessions, and the
-    # Sessions page counts them while no session has ended yet.
+    # Sessions in progress: the store holds open sessions and the Sessions page counts them. (That the first batch with
+    # events publishes them is tests/integration/test_sliding_and_sessions.py's: here the store's merges keep only
+    # each session's newest version, so which batch published one first cannot be read back.)
     with connect(config) as client:
-        [(first_batch, first_published)] = client.query(
-            "SELECT (SELECT min(batch_id) FROM pipeline_progress WHERE query_name = 'keyed_windows' "
-            "AND input_rows > 0), (SELECT min(version) FROM open_sessions)").result_rows
-    assert first_published == first_batch
+        [(open_sessions,)] = client.query("SELECT count() FROM open_sessions FINAL WHERE is_open").result_rows
+    assert open_sessions > 0
     with opened(browser, f"{cli.dashboard_url(config)}/sessions?refresh=off", settle_s=90) as page:
         metrics = dict([line.strip() for line in text.splitlines() if line.strip()][:2]
                        for text in page.locator('[data-testid="stMetric"]').all_inner_texts())
