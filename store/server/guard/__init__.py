@@ -59,8 +59,9 @@ What the server does with a :class:`Verdict`: run the statement text it checked,
 data, in ``format``; ``select``: answer the result set (``format``, when the statement names one); ``ddl``: answer
 empty. The writer reads every ``system`` table; the reader (the credential a Grafana instance or the dashboard holds)
 only those that describe the data (``READER_SYSTEM_TABLES``: databases, tables, columns, functions, settings, ...),
-never a column naming a host path (``SYSTEM_PATH_COLUMNS``) nor all columns of one (``*``, ``COLUMNS(...)``) in a
-statement that reads a system table, and no ``merge()``, which reads tables by pattern.
+never a column naming a host path (``SYSTEM_PATH_COLUMNS``) in a statement that reads a system table, nor all columns
+(``*``, ``COLUMNS(...)``) in one that reads a table that has such columns, and no ``merge()``, which reads tables by
+pattern.
 
 Cost: one chDB call per statement (two for DESCRIBE/EXISTS/SHOW CREATE and inline-data inserts, or a refusal
 that names its node); no regular expression reads the user's text; the walk is linear in the AST.

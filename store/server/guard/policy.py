@@ -144,9 +144,10 @@ READER_SYSTEM_TABLES = frozenset({
     "table_functions", "data_type_families", "formats", "settings", "time_zones", "collations", "table_engines",
     "database_engines", "aggregate_function_combinators", "keywords", "merge_tree_settings",
 })
-#: Columns of those tables that name host paths (``system.databases``, ``system.tables``): a reader's statement that
-#: reads a system table may not name them, nor ask for all columns (``*``, ``COLUMNS(...)``).
-SYSTEM_PATH_COLUMNS = frozenset({"data_path", "data_paths", "metadata_path", "path", "loading_dependencies_table"})
+#: Columns of those tables that name host paths: a reader's statement that reads a system table may not name them,
+#: nor ask for all columns (``*``, ``COLUMNS(...)``) when it reads one of :data:`SYSTEM_TABLES_WITH_PATHS`.
+SYSTEM_PATH_COLUMNS = frozenset({"data_path", "data_paths", "metadata_path", "path"})
+SYSTEM_TABLES_WITH_PATHS = frozenset({"databases", "tables"})
 
 #: Longest database name :func:`is_database_name` accepts.
 DATABASE_NAME_MAX = 128

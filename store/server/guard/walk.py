@@ -27,6 +27,7 @@ from store.server.guard.policy import (
     SCALAR_TABLE_FUNCTION_NAMES,
     STATEMENTS,
     SYSTEM_PATH_COLUMNS,
+    SYSTEM_TABLES_WITH_PATHS,
     TABLE_ENGINES,
     TABLE_FUNCTIONS,
     TABLE_SETTINGS,
@@ -105,7 +106,8 @@ class Walk:
         self.caps = caps
         self.settings: dict[str, Any] = {}
         self.stored = False    # a CREATE or ALTER: what it holds is kept and may run later, in the background
-        self.reads_system = False      # a system table is read (the reader's column rule applies)
+        self.reads_system = False      # a system table is read (the reader's column rules apply)
+        self.reads_paths = False       # one of SYSTEM_TABLES_WITH_PATHS is read
         self.all_columns = False       # ``*`` or a COLUMNS matcher
         self.path_column = ""          # a column named like one of SYSTEM_PATH_COLUMNS
 
@@ -117,7 +119,7 @@ class Walk:
         # After the walk, so that a statement refused for everyone says why, whichever the role.
         self._role(root)
         if self.reads_system and self.role == "reader":
-            if self.all_columns:
+            if self.all_columns and self.reads_paths:
                 raise refuse("all columns of a system table are not allowed for the reader (some name host paths): "
                              "name the columns")
             if self.path_column:
@@ -241,6 +243,7 @@ class Walk:
         parts = [str(p) for p in node.get("name_parts") or str(node.get("name", "")).split(".")]
         if len(parts) == 2 and parts[0].lower() == "system":
             self.reads_system = True
+            self.reads_paths = self.reads_paths or parts[1].lower() in SYSTEM_TABLES_WITH_PATHS
             if self.role == "reader" and parts[1].lower() not in READER_SYSTEM_TABLES:
                 raise Refused(*ACCESS_DENIED, f"system.{parts[1][:100]} is not readable by the reader: it shows the "
                                               "host or other users' work, not the data")

@@ -386,6 +386,7 @@ def test_given_ordinary_ddl_then_the_writer_may_run_it(parse: Callable[[str], st
     "SELECT 1 EXCEPT SELECT 2 INTERSECT SELECT 3",
     "SELECT * FROM numbers(10) AS n, zeros(3), values('x Int8', 1, 2), generateRandom('a Int8') LIMIT 1",
     "SELECT * FROM view(SELECT 1)", "SELECT dummy FROM system.one CROSS JOIN system.tables",
+    "SELECT * FROM system.numbers LIMIT 3", "SELECT * FROM system.functions LIMIT 3",
     "SELECT * FROM format(JSONEachRow, '{\"a\": 1}')",
     "SELECT * FROM {t:Identifier} WHERE x = {x:UInt64} FORMAT JSONCompact",
     "SELECT now() SETTINGS session_timezone = 'UTC', max_threads = 2",
