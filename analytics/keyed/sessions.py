@@ -124,18 +124,13 @@ def add_bucket_runs(bucket: SessionBucket, session_keys: np.ndarray, first: np.n
     states = [bucket[name] if name in bucket else bucket.setdefault(name, SessionState()) for name in names]
     n_keys = len(states)
 
-    def stacked(arrays: list[np.ndarray], dtype: type, width: int = 0) -> np.ndarray:
-        if not arrays:
-            return np.empty((0, width) if width else 0, dtype=dtype)
-        return np.concatenate(arrays).astype(dtype, copy=False)
-
     width = len(COUNT_COLUMNS)
     open_sizes = np.array([len(s.open_first) for s in states], dtype=np.int64)
     closed_sizes = np.array([len(s.closed_first) for s in states], dtype=np.int64)
     o_key = np.repeat(np.arange(n_keys), open_sizes)
-    o_first = stacked([s.open_first for s in states], np.int64)
-    o_last = stacked([s.open_last for s in states], np.int64)
-    o_counts = stacked([s.open_counts for s in states], np.int64, width).reshape(-1, width)
+    o_first = _stacked([s.open_first for s in states], np.int64)
+    o_last = _stacked([s.open_last for s in states], np.int64)
+    o_counts = _stacked([s.open_counts for s in states], np.int64, width).reshape(-1, width)
     c_key = np.repeat(np.arange(n_keys), closed_sizes)
     n_c, n_o, n_e = len(c_key), len(o_key), len(first)
 
@@ -144,8 +139,8 @@ def add_bucket_runs(bucket: SessionBucket, session_keys: np.ndarray, first: np.n
     due = o_last + gap_ms <= watermark
     key = np.concatenate([c_key, o_key, codes]).astype(np.int64)
     run_input_first, run_input_last = np.asarray(first, np.int64), np.asarray(last, np.int64)
-    first = np.concatenate([stacked([s.closed_first for s in states], np.int64), o_first, run_input_first])
-    last = np.concatenate([stacked([s.closed_last for s in states], np.int64), o_last, run_input_last])
+    first = np.concatenate([_stacked([s.closed_first for s in states], np.int64), o_first, run_input_first])
+    last = np.concatenate([_stacked([s.closed_last for s in states], np.int64), o_last, run_input_last])
     source = np.concatenate([np.zeros(n_c, np.int8), np.where(due, 0, 1).astype(np.int8), np.full(n_e, 2, np.int8)])
     # Within a key, global positions order opens and runs as their per-key positions would.
     index = np.concatenate([np.full(n_c, -1, np.int64), np.arange(n_o), np.arange(n_e)])
@@ -200,6 +195,13 @@ def add_bucket_runs(bucket: SessionBucket, session_keys: np.ndarray, first: np.n
             attributed_start[run[dropped_at]], attributed_end[run[dropped_at]])
 
 
+def _stacked(arrays: list[np.ndarray], dtype: type, width: int = 0) -> np.ndarray:
+    """The arrays one after the other as ``dtype`` (rows of ``width`` columns when given); empty when there are none."""
+    if not arrays:
+        return np.empty((0, width) if width else 0, dtype=dtype)
+    return np.concatenate(arrays).astype(dtype, copy=False)
+
+
 def _latest_end_per_key(key: np.ndarray, last: np.ndarray) -> np.ndarray:
     """The running maximum of ``last`` within each run of equal ``key`` (``key`` sorted)."""
     low, span = int(last.min()), int(last.max()) - int(last.min()) + 1
@@ -250,19 +252,14 @@ def open_changes(bucket: SessionBucket, before: dict[str, np.ndarray | None], wa
     gone = [(name, old[~np.isin(old, state.open_first)])
             for (name, old), state in zip(changed, states, strict=True) if old is not None and len(old)]
 
-    def cat(arrays: list[np.ndarray], dtype: type, width: int = 0) -> np.ndarray:
-        if not arrays:
-            return np.empty((0, width) if width else 0, dtype=dtype)
-        return np.concatenate(arrays).astype(dtype, copy=False)
-
     width = len(COUNT_COLUMNS)
     return OpenSessions(
         keys=np.repeat(names, [int(m.sum()) for m in still_open]).astype(object),
-        first=cat([s.open_first[m] for s, m in zip(states, still_open, strict=True)], np.int64),
-        last=cat([s.open_last[m] for s, m in zip(states, still_open, strict=True)], np.int64),
-        counts=cat([s.open_counts[m] for s, m in zip(states, still_open, strict=True)], np.int64, width),
+        first=_stacked([s.open_first[m] for s, m in zip(states, still_open, strict=True)], np.int64),
+        last=_stacked([s.open_last[m] for s, m in zip(states, still_open, strict=True)], np.int64),
+        counts=_stacked([s.open_counts[m] for s, m in zip(states, still_open, strict=True)], np.int64, width),
         gone_keys=np.array([name for name, starts in gone for _ in range(len(starts))], dtype=object),
-        gone_first=cat([starts for _, starts in gone], np.int64))
+        gone_first=_stacked([starts for _, starts in gone], np.int64))
 
 
 def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -> dict[str, np.ndarray]:
@@ -363,9 +360,7 @@ def pack(bucket: SessionBucket) -> Packed:
     states = [bucket[k] for k in keys]
 
     def cat(arrays: list[np.ndarray], dtype: type) -> bytes:
-        if not arrays:
-            return b""
-        return np.concatenate(arrays).astype(dtype, copy=False).tobytes()
+        return _stacked(arrays, dtype).tobytes()
 
     open_key = [np.full(len(s.open_first), i, np.int32) for i, s in enumerate(states)]
     closed_key = [np.full(len(s.closed_first), i, np.int32) for i, s in enumerate(states)]
