@@ -12,21 +12,23 @@ after it, so after a power loss a published batch is whole or absent. A replayed
 exists publishes nothing again: the hand-over is exactly-once without Kafka transactions, and a downstream query
 that read the batch before a crash reads the very same events again.
 
-The stateful queries read the directory with Spark's file source (``recursiveFileLookup``), taking
-``kafka.events_partitions`` files per micro-batch: files are taken oldest first, and a batch's files are all older
-than the next batch's (its tasks write them before the driver commits the batch), so each micro-batch of theirs is
-one accept batch. Batches published before this layout (one file, ``<dir>/<batch id:012d>.parquet``) are still
-read by the dedup horizon and the late passes; a reader must have read them all before the job is upgraded
+The stateful queries do not read this directory itself: ``analytics.reader_batches`` hands its batches to them,
+one **reader batch** (one accept batch, or several published since the last one) per directory of
+:attr:`Config.reader_events_dir` and :attr:`Config.reader_partials_dir`, which they read with Spark's file source
+(``recursiveFileLookup``), taking ``kafka.events_partitions`` files per micro-batch: files are taken oldest first,
+and a reader batch's files are all older than the next one's, so each micro-batch of theirs is one reader batch.
+Batches published before the per-partition layout (one file, ``<dir>/<batch id:012d>.parquet``) are still read by
+the dedup horizon and the late passes; a reader must have read them all before the job is upgraded
 (docs/operations.md, "Upgrading").
 
 A reader killed between choosing its next files (Spark's file source writes ``sources/0/<n>`` first) and planning
 the batch that reads them (``offsets/<N>``) would, once restarted, plan a batch over that orphaned entry *and* the
-next new files: two accept batches under one watermark, so late events judged otherwise than in a run never killed.
+next new files: two reader batches under one watermark, so late events judged otherwise than in a run never killed.
 ``analytics.spark.checkpoint.forget_unplanned_files`` removes such an entry before a reader starts; Spark then
 chooses those files again, alone.
 
 Beside each batch's events, its window partials (``analytics.windows.partials``) are published the same way, one
-file per partition under ``<partials dir>/<batch id:012d>/``: the ``windows`` query reads those, and the
+file per partition under ``<partials dir>/<batch id:012d>/``: the ``windows`` query reads those (as reader batches), the
 ``keyed_windows`` query the events. A batch's partials are published after its events (the windows writer reads the
 events of the batch whose partials it merged); an accept batch replayed after a crash in between publishes them.
 
@@ -78,6 +80,9 @@ class BatchMeta:
     partitions: dict[str, list[int]] = field(default_factory=dict)
     """Per Kafka partition with valid records: [first, last broker timestamp (ms), accepted events, file size].
     Empty in batches published before the per-partition layout."""
+    accepted_at_ms: int = 0
+    """Wall clock when ``accept`` started the batch (0 in batches published before reader batches): how long it
+    has waited for its reader batch (``analytics.reader_batches``)."""
 
     def last_timestamp_of(self, partition: int) -> int | None:
         """The latest broker time of the partition's valid records in the batch (None: it had none); for a batch
@@ -157,10 +162,15 @@ def _batch_id(name: str) -> int:
 
 def events_file_of(config: Config, log_file: str) -> Path:
     """The events file holding the events of a file a reader's file-source log names (an events or a partials
-    file: the same batch and partition, or the batch's one file)."""
+    file: the same reader batch and partition; before reader batches, the accept batch's file or one file)."""
     file = local_path(log_file)
     batch_id = _batch_id(log_file)
     if file.parent.name.isdigit():
+        handed = batch_dir(config.reader_events_dir, batch_id) / file.name
+        if file.parent.parent in (config.reader_events_dir, config.reader_partials_dir) and handed.exists():
+            return handed
+        # Before reader batches, or a reader batch of one accept batch handed to ``windows`` alone after an upgrade
+        # (``analytics.reader_batches.hand_over``): the accept batch's own file.
         return batch_dir(config.accepted_events_dir, batch_id) / file.name
     return _single_file(config.accepted_events_dir, batch_id)
 
@@ -220,12 +230,12 @@ def publish(config: Config, meta: BatchMeta, attempt: str) -> None:
         staged = staging_dir(events_root, meta.batch_id, attempt)
         _pad(staged, files)
         size = sum(f.stat().st_size for f in staged.glob("*.parquet"))
-        _publish_directory(staged, batch_dir(events_root, meta.batch_id),
+        publish_directory(staged, batch_dir(events_root, meta.batch_id),
                            before_rename=lambda: _save_meta(config, meta.batch_id, asdict(meta) | {"size_bytes": size}))
     if not partials_published(config, meta.batch_id):
         staged = staging_dir(partials_root, meta.batch_id, attempt)
         _pad(staged, files)
-        _publish_directory(staged, batch_dir(partials_root, meta.batch_id))
+        publish_directory(staged, batch_dir(partials_root, meta.batch_id))
     for root in (events_root, partials_root):
         for leftover in (root / _TMP).glob(f"{meta.batch_id:012d}-*"):
             shutil.rmtree(leftover, ignore_errors=True)
@@ -242,14 +252,14 @@ def _pad(staged: Path, files: int) -> None:
 
 def _save_meta(config: Config, batch_id: int, meta: dict[str, object]) -> Path:
     """Write the batch's metadata (until its events are renamed into place no reader looks at it, so a plain
-    overwrite is safe); returns its path, for ``_publish_directory`` to sync before the rename."""
+    overwrite is safe); returns its path, for ``publish_directory`` to sync before the rename."""
     path = _meta_file(config, batch_id)
     _make_directory(path.parent)
     path.write_text(json.dumps(meta))
     return path
 
 
-def _publish_directory(staged: Path, target: Path, before_rename: Callable[[], Path] | None = None) -> None:
+def publish_directory(staged: Path, target: Path, before_rename: Callable[[], Path] | None = None) -> None:
     """Rename the directory ``staged`` (its files already synced) to ``target``, after syncing ``staged`` itself
     (the names of its files) and the file ``before_rename`` writes (with its directory), and sync ``target``'s
     parent after: once this returns the batch is published, and a power loss at any moment leaves it whole or
@@ -298,17 +308,19 @@ def metas(config: Config) -> list[BatchMeta]:
 
 
 def read_stream(spark: SparkSession, config: Config, schema: StructType) -> DataFrame:
-    """The accepted events as a stream, one accept batch per micro-batch, in the order they were published."""
-    return _one_batch_per_trigger(spark, config, config.accepted_events_dir, schema)
+    """The accepted events as a stream, one reader batch (``analytics.reader_batches``) per micro-batch, in the order
+    they were handed over."""
+    return _one_batch_per_trigger(spark, config, config.reader_events_dir, schema)
 
 
 def read_partials_stream(spark: SparkSession, config: Config, schema: StructType) -> DataFrame:
-    """The window partials as a stream, one accept batch per micro-batch, in the order they were published."""
-    return _one_batch_per_trigger(spark, config, config.window_partials_dir, schema)
+    """The window partials as a stream, one reader batch per micro-batch, in the order they were handed over."""
+    return _one_batch_per_trigger(spark, config, config.reader_partials_dir, schema)
 
 
 def _one_batch_per_trigger(spark: SparkSession, config: Config, directory: Path, schema: StructType) -> DataFrame:
-    """The files under ``directory`` as a stream, a batch's files (one per topic partition) per micro-batch."""
+    """The files under ``directory`` as a stream, a reader batch's files (one per topic partition) per
+    micro-batch."""
     directory.mkdir(parents=True, exist_ok=True)
     return (spark.readStream.schema(schema).option("recursiveFileLookup", "true")
             .option("maxFilesPerTrigger", config.kafka.events_partitions).parquet(str(directory)))

@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
-from analytics import accepted_log, progress
+from analytics import accepted_log, progress, reader_batches
 from analytics.accept import validation
 from analytics.accept.writer import accept_writer
 from analytics.data_loss import count_data_loss
@@ -106,9 +108,9 @@ QUERIES = (ACCEPT_QUERY, WINDOWS_QUERY, KEYED_WINDOWS_QUERY)
 def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] | None = None,
                   only: Collection[str] = QUERIES) -> list[StreamingQuery]:
     """Start the queries of the job (every one, or those named in ``only``). ``trigger`` defaults to
-    processing-time triggers: ``accept`` every ``stream.trigger_interval_s``, the two readers polling for its next
-    batch every ``stream.accepted_poll_interval_s``; tests pass ``{"availableNow": True}`` to process what is in
-    Kafka and stop.
+    processing-time triggers: ``accept`` every ``stream.accept_interval_s``, the two readers polling for their next
+    reader batch (``analytics.reader_batches``) every ``stream.accepted_poll_interval_s``; tests pass
+    ``{"availableNow": True}`` to process what is in Kafka and stop (every accept batch then a reader batch).
 
     - ``accept``: reads the events topic; validates (dead letters), deduplicates by id (duplicates), records
       each device's clock offset, and publishes the accepted events to the accepted-events log
@@ -117,19 +119,20 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
     - ``keyed_windows``: sliding windows and sessions + their stragglers (append: each written once, final)
 
     The last two read what ``accept`` publishes (``windows`` its window partials, ``keyed_windows`` its events), one
-    accept batch per micro-batch.
+    reader batch per micro-batch.
     """
     unknown = set(only) - set(QUERIES)
     if unknown:
         raise ValueError(f"unknown queries {sorted(unknown)}; the job has {list(QUERIES)}")
     recorder = progress.progress_recorder(spark)
+    live = trigger is None
     # How often Spark reports a query idle (default 10 s): every trigger interval, so the recorder re-stores an idle
     # query's newest row (analytics.progress) well within the dashboard's stale threshold.
     spark.conf.set("spark.sql.streaming.noDataProgressEventInterval",
                    str(round(config.stream.trigger_interval_s * 1000)))
     plans: list[tuple[str, Callable[[], DataFrame], str, BatchWriter]] = [
         (ACCEPT_QUERY, lambda: validation.parse(kafka_records(spark, config), config), "append",
-         accept_writer(config)),
+         accept_writer(config, live)),
         (WINDOWS_QUERY, lambda: aggregate(accepted_log.read_partials_stream(
             spark, config, from_arrow_schema(window_partials.SCHEMA)), config), "update", window_writer(config)),
         (KEYED_WINDOWS_QUERY, lambda: keyed_windows(accepted_events(spark, config), config, session_layout(
@@ -147,7 +150,7 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         # The readers poll for accept's next file more often than accept reads Kafka: with one common trigger
         # every accepted batch would wait a whole interval before its windows (docs/architecture.md, "Freshness").
         interval = (min(config.stream.accepted_poll_interval_s, config.stream.trigger_interval_s) if reads_log
-                    else config.stream.trigger_interval_s)
+                    else config.stream.accept_interval)
         if reads_log:
             forgotten = spark_checkpoint.forget_unplanned_files(checkpoint)
             if forgotten:
@@ -164,7 +167,26 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         )
         recorder.track(query, config, _kafka_offsets(config, checkpoint) if reads_log else None)
         queries.append(query)
+        if name == ACCEPT_QUERY and live and config.stream.accept_interval < config.stream.trigger_interval_s:
+            _hand_over_when_idle(config, query)
     return queries
+
+
+def _hand_over_when_idle(config: Config, accept: StreamingQuery) -> None:
+    """While ``accept`` runs, hand its pending batches to the readers once they have waited a whole
+    ``stream.trigger_interval_s`` even when no new accept batch comes (Spark runs none without new records), so the
+    last events before a pause reach the windows."""
+    due = reader_batches.due_when_idle(config)
+
+    def hand_over() -> None:
+        while accept.isActive:
+            time.sleep(config.stream.accept_interval)
+            try:
+                reader_batches.hand_over(config, int(time.time() * 1000), due)
+            except Exception:   # the next accept batch hands over all the same; say why this one could not
+                log.exception("handing accept's batches to the readers failed")
+
+    threading.Thread(target=hand_over, name="hand-over-when-idle", daemon=True).start()
 
 
 def accepted_events(spark: SparkSession, config: Config) -> DataFrame:
@@ -219,7 +241,7 @@ def run(config: Config) -> None:
     log.info("started queries %s", [q.name for q in queries])
     try:
         # Polled, so that Ctrl-C (KeyboardInterrupt) is not held up by a blocking JVM call.
-        while not spark.streams.awaitAnyTermination(config.stream.trigger_interval_s):
+        while not spark.streams.awaitAnyTermination(config.stream.accept_interval):
             pass
     except StreamingQueryException as exc:
         if not reports_disk_full(str(exc)):

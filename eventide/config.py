@@ -259,7 +259,13 @@ class StreamConfig(_Section):
     the broker (by the wall clock), once every stateful query has read them and they are outside the dedup horizon
     of the newest batch (so a catch-up on an old backlog keeps what its duplicates are checked against)."""
     trigger_interval_s: float = Field(5.0, gt=0)
-    """How often the ``accept`` query starts a micro-batch reading Kafka."""
+    """How often the windows and sessions queries take a batch: the accept batches of about this long, handed over
+    together (a reader batch, ``analytics.reader_batches``); their watermark advances between these batches."""
+    accept_interval_s: float | None = Field(None, gt=0)
+    """How often the ``accept`` query reads Kafka: each of its batches makes its log lines searchable and its events
+    counted. Default: ``trigger_interval_s`` (every accept batch is a reader batch of its own). Shorter makes log
+    lines fresher at the cost of ``accept``'s fixed cost per batch. Never longer than ``trigger_interval_s`` (a
+    longer value is taken as ``trigger_interval_s``)."""
     accepted_poll_interval_s: float = Field(0.5, gt=0)
     """How often the windows and sessions queries look for a newly accepted batch. Kept well under
     ``trigger_interval_s`` so they start within this time of ``accept`` publishing a batch instead of at their next
@@ -296,6 +302,14 @@ class StreamConfig(_Section):
         if cores is None:
             return 1
         return (os.cpu_count() or 1) if cores == "*" else int(cores)
+
+    @property
+    def accept_interval(self) -> float:
+        """Seconds between ``accept``'s batches: ``accept_interval_s``, never longer than ``trigger_interval_s`` (the
+        windows take whole accept batches)."""
+        if self.accept_interval_s is None:
+            return self.trigger_interval_s
+        return min(self.accept_interval_s, self.trigger_interval_s)
 
     @property
     def dedup_horizon_ms(self) -> int:
@@ -866,6 +880,17 @@ class Config(_Section):
     def window_partials_dir(self) -> Path:
         """The ``accept`` query's per-batch window partials (``analytics.windows.partials``), read by ``windows``."""
         return self.checkpoint_dir / "window-partials"
+
+    @property
+    def reader_events_dir(self) -> Path:
+        """The accepted events handed to the stateful queries, one reader batch per directory
+        (``analytics.reader_batches``)."""
+        return self.checkpoint_dir / "reader-events"
+
+    @property
+    def reader_partials_dir(self) -> Path:
+        """The window partials handed to ``windows``, one reader batch per directory."""
+        return self.checkpoint_dir / "reader-partials"
 
     @property
     def cluster_dir(self) -> Path:

@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from analytics import accepted_log
+from analytics import accepted_log, reader_batches
 from analytics.accept import validation
 from analytics.accept.task import KAFKA_COORDINATES, RESULT, AcceptPartition
 from analytics.sinks import BatchWriter, insert_tables, sink_seconds, timed
@@ -31,16 +31,18 @@ from eventide.config import Config
 log = logging.getLogger(__name__)
 
 
-def accept_writer(config: Config) -> BatchWriter:
+def accept_writer(config: Config, live: bool = False) -> BatchWriter:
     """The ``accept`` query's batch: one Spark job whose tasks accept each Kafka partition's records
-    (``AcceptPartition``), then, in the driver, the batch's files published once every task succeeded, the dedup
-    state stored, and expired files deleted.
+    (``AcceptPartition``), then, in the driver, the batch's files published once every task succeeded, handed to
+    the readers when their reader batch is due (``analytics.reader_batches``; ``live``: the job runs on its
+    processing-time trigger, so accept batches are grouped), the dedup state stored, and expired files deleted.
 
     Every Spark job costs a fixed overhead per micro-batch (at a few thousand events per batch, most of the batch),
     so the batch runs one, and its tasks do all the per-event work."""
     limit = config.envelope.max_record_bytes
     readers = [config.checkpoint_dir / q for q in (WINDOWS_QUERY, KEYED_WINDOWS_QUERY)]
     result_schema = from_arrow_schema(RESULT)
+    due = reader_batches.due_after(config, live)
 
     def write(records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
@@ -70,11 +72,15 @@ def accept_writer(config: Config) -> BatchWriter:
                 accepted_log.publish(config, accepted_log.BatchMeta(
                     batch_id, info.start_offsets, info.end_offsets,
                     pc.min(with_valid["first_timestamp_ms"]).as_py(), pc.max(with_valid["last_timestamp_ms"]).as_py(),
-                    events=pc.sum(with_valid["accepted"]).as_py(), partitions=partitions), attempt)
+                    events=pc.sum(with_valid["accepted"]).as_py(), partitions=partitions,
+                    accepted_at_ms=int(now.timestamp() * 1000)), attempt)
+        with timed(ACCEPT_QUERY, "hand_over"):
+            reader_batches.hand_over(config, int(datetime.now(UTC).timestamp() * 1000), due)
         insert_tables(config, [("dedup_state", _dedup_state(config, batch_id, results, now)),
                                ("dedup_partitions", _dedup_partitions(config, batch_id, results, now))], ACCEPT_QUERY)
         with timed(ACCEPT_QUERY, "expire"):
             accepted_log.expire(config, readers, int(now.timestamp() * 1000))
+            reader_batches.expire(config)
 
     return write
 

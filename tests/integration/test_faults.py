@@ -59,8 +59,8 @@ def test_a_reader_stopped_between_choosing_its_next_file_and_planning_it_still_r
     run_job(spark, reference)
 
     run_until_idle(spark, faulted, only=("accept",))
-    # The batches the windows query reads: a directory of partials files each.
-    published = sorted(p for p in faulted.window_partials_dir.iterdir() if p.name.isdigit())
+    # The batches the windows query reads: a directory of partials files each (each accept batch a reader batch).
+    published = sorted(p for p in faulted.reader_partials_dir.iterdir() if p.name.isdigit())
     aside = tmp_path / "aside"
     aside.mkdir()
     for batch in published[3:]:

@@ -23,8 +23,8 @@ BATCHES = 60
 
 
 def published_log(config: Config, batches: int) -> Path:
-    """An accepted-events log of ``batches`` published batches, one file per events-topic partition each."""
-    root = config.accepted_events_dir
+    """``batches`` reader batches of the accepted-events log, one file per events-topic partition each."""
+    root = config.reader_events_dir
     table = pa.table({"x": pa.array([1, 2, 3], pa.int64())})
     for batch in range(batches):
         directory = accepted_log.batch_dir(root, batch)

@@ -1,0 +1,46 @@
+"""A live job whose ``accept`` runs more often than the windows (``stream.accept_interval_s`` under
+``stream.trigger_interval_s``): log lines are stored at accept's pace, the windows take accept's batches grouped into
+reader batches, and the last batch before a pause still reaches them (``analytics.reader_batches``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from analytics import accepted_log
+from analytics.job import start_queries
+from tests.support.pipeline import Metric, minute_in_past, produce, rows, wait_until, window_rows
+from tests.support.stack import fresh_stack
+
+pytestmark = pytest.mark.integration
+
+ACCEPT_S, TRIGGER_S = 0.5, 4.0
+BURSTS = 6
+
+
+def test_accept_batches_reach_the_windows_grouped_and_every_event_is_counted_once(kafka, spark):
+    config = fresh_stack(kafka, "reader_batches", partitions=1, trigger_interval_s=TRIGGER_S,
+                         accept_interval_s=ACCEPT_S, accepted_poll_interval_s=0.25)
+    start = minute_in_past(5)
+    queries = start_queries(spark, config)
+    try:
+        # Given six bursts of 10 on-time events, one every 0.8 s (one accept batch each), ten per 10-s window,
+        for burst in range(BURSTS):
+            produce(config, [Metric(at=start + burst * 10_000 + i * 100, value=float(i)) for i in range(10)])
+            time.sleep(0.8)
+        # then every event is counted once, in its window, once the windows took the last reader batch,
+        expected = [(start + b * 10_000, 10) for b in range(BURSTS)]
+        wait_until(lambda: [(int(r["window_start"].timestamp() * 1000), r["event_count"])
+                            for r in window_rows(config, 10)] == expected, timeout_s=90)
+        # (the events after the last accept batch handed over by the idle timer, no new accept batch coming),
+        accepted = [m.batch_id for m in accepted_log.metas(config)]
+        handed = sorted(int(d.name) for d in config.reader_partials_dir.iterdir() if d.name.isdigit())
+        assert handed[-1] == accepted[-1]
+        # and the windows read fewer, larger batches than accept made: each of several accept batches,
+        windows_batches = rows(config, "SELECT count() AS n FROM pipeline_progress FINAL "
+                                       "WHERE query_name = 'windows' AND input_rows > 0")[0]["n"]
+        assert len(accepted) >= 4 and windows_batches < len(accepted), (accepted, windows_batches)
+    finally:
+        for query in queries:
+            query.stop()
