@@ -124,7 +124,8 @@ def measure(config: Config, probes: int, every_s: float, timeout_s: float) -> di
     return {"probes": results, "acknowledged": _percentiles([r["acknowledged_s"] for r in results]),
             "stored": _percentiles([r["stored_s"] for r in results if r["stored_s"] is not None]),
             "shown": _percentiles(shown_s), "missing": sum(r["shown_s"] is None for r in results),
-            "trigger_interval_s": config.stream.trigger_interval_s, "refresh_s": 1}
+            "trigger_interval_s": config.stream.trigger_interval_s,
+            "accept_interval_s": config.stream.accept_interval, "refresh_s": 1}
 
 
 def main() -> None:

@@ -208,6 +208,7 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     # up shows here (and in a growing p95 per minute), not in the percentiles of the events it did process.
     return {"rate": rate, "seconds": seconds, "events_produced": produced,
             "trigger_interval_s": config.stream.trigger_interval_s,
+            "accept_interval_s": config.stream.accept_interval,
             "accepted_poll_interval_s": config.stream.accepted_poll_interval_s,
             **{FRESHNESS_OF[q]: {**figures, "unprocessed_at_stop": produced - figures["events"]}
                for q, figures in by_query.items()},
