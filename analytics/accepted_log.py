@@ -231,7 +231,7 @@ def publish(config: Config, meta: BatchMeta, attempt: str) -> None:
         _pad(staged, files)
         size = sum(f.stat().st_size for f in staged.glob("*.parquet"))
         publish_directory(staged, batch_dir(events_root, meta.batch_id),
-                           before_rename=lambda: _save_meta(config, meta.batch_id, asdict(meta) | {"size_bytes": size}))
+                          before_rename=lambda: _save_meta(config, meta.batch_id, asdict(meta) | {"size_bytes": size}))
     if not partials_published(config, meta.batch_id):
         staged = staging_dir(partials_root, meta.batch_id, attempt)
         _pad(staged, files)
