@@ -46,6 +46,8 @@ def accept_writer(config: Config, live: bool = False) -> BatchWriter:
 
     def write(records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
+        # A pool of its own: its tasks take the next free slot before a reader's pending ones (spark.settings).
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", ACCEPT_QUERY)
         accepted_columns = validation.accepted_schema(spark, config).fieldNames()
         now = datetime.now(UTC)
         attempt = uuid.uuid4().hex

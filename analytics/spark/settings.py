@@ -92,7 +92,12 @@ SESSION: dict[str, str] = {
 }
 """No web UI or console progress bar (the job reports its progress to the store); timestamps in UTC."""
 
-JOB_SETTINGS: dict[str, str] = {**LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_HAND_OVER, **PLANNING,
+SCHEDULING = {"spark.scheduler.mode": "FAIR"}
+"""``accept``'s jobs run in a pool of their own (``analytics.accept.writer``), the readers' in the default one: with
+the first-in-first-out default, an ``accept`` batch waited for every pending task of a reader's stage before its own
+tasks got a slot, and its log lines with it (docs/performance.md#accept-often-windows-per-reader-batch)."""
+
+JOB_SETTINGS: dict[str, str] = {**SCHEDULING, **LOCAL_CHECKPOINT_FILES, **PYTHON_WORKERS, **ARROW_HAND_OVER, **PLANNING,
                                 **FILE_LISTING, **STATE, **AGGREGATION, **SESSION}
 """Every setting above, for the session builder and ``spark-submit`` alike."""
 
