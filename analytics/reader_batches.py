@@ -32,18 +32,16 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
 from analytics.vocabulary import KEYED_WINDOWS_QUERY, WINDOWS_QUERY
 from eventide.config import Config
-from eventide.durable import sync_file
-
-_TMP = "_tmp"
 
 hand_over_lock = threading.Lock()
 """Held while a hand-over decides and publishes: the accept writer and the idle-stream timer both hand over."""
@@ -74,16 +72,17 @@ def hand_over(config: Config, now_ms: int, due: Callable[[list[BatchMeta], int],
         places = roots(config)
         newest = [newest_handed_over(target, reader) for _, target, reader in places]
         target_id = max(newest)
+        published = accepted_log.metas(config)
         for (source, target, _), since in zip(places, newest, strict=True):
             if since == target_id:
                 continue
-            lagging = _between(config, since, target_id)
+            lagging = _between(published, since, target_id)
             if any(accepted_log.batch_dir(other, target_id).is_dir() for _, other, _ in places):
                 _publish(config, source, target, lagging, target_id)   # a crash cut this hand-over short
             else:   # upgraded while one reader was behind the other: it reads on as it did, batch by batch
                 for meta in lagging:
                     _publish(config, source, target, [meta], meta.batch_id)
-        pending = _between(config, target_id, None)
+        pending = _between(published, target_id, None)
         if not pending or not due(pending, now_ms):
             return None
         newest_id = pending[-1].batch_id
@@ -111,35 +110,33 @@ def due_when_idle(config: Config) -> Callable[[list[BatchMeta], int], bool]:
     return lambda pending, now_ms: now_ms - pending[0].accepted_at_ms >= span_ms
 
 
-def _between(config: Config, after: int, up_to: int | None) -> list[BatchMeta]:
-    return [m for m in accepted_log.metas(config)
-            if m.batch_id > after and (up_to is None or m.batch_id <= up_to)]
+def _between(published: list[BatchMeta], after: int, up_to: int | None) -> list[BatchMeta]:
+    return [m for m in published if m.batch_id > after and (up_to is None or m.batch_id <= up_to)]
 
 
 def _publish(config: Config, source: Path, target: Path, batches: list[BatchMeta], newest_id: int) -> None:
     """Write the files of ``batches`` (published under ``source``) as reader batch ``newest_id`` under ``target``."""
     if accepted_log.batch_dir(target, newest_id).is_dir():
         return
-    staged = target / _TMP / f"{newest_id:012d}-{uuid.uuid4().hex}"
+    staged = accepted_log.staging_dir(target, newest_id, uuid.uuid4().hex)
     staged.mkdir(parents=True)
     for partition in range(config.kafka.events_partitions):
         files = [accepted_log.partition_file(source, m.batch_id, partition) for m in batches]
-        name = staged / f"{partition:05d}.parquet"
         if len(files) == 1:
-            os.link(files[0], name)   # already synced by the task that wrote it
+            os.link(files[0], staged / files[0].name)   # already synced by the task that wrote it
         else:
-            _concatenate(files, name)
+            accepted_log.stage_file(staged, partition, _row_groups(files))
     accepted_log.publish_directory(staged, accepted_log.batch_dir(target, newest_id))
 
 
-def _concatenate(files: list[Path], name: Path) -> None:
-    """One file holding ``files``' row groups in order (each keeps its statistics), synced."""
+def _row_groups(files: list[Path]) -> Iterator[pa.Table]:
+    """``files``' row groups in order (each written as one again keeps its statistics), after an empty table of
+    their schema (``stage_file`` takes its schema from the first table and skips empty ones)."""
     opened = [pq.ParquetFile(f) for f in files]
-    with pq.ParquetWriter(name, opened[0].schema_arrow) as writer:
-        for file in opened:
-            for group in range(file.num_row_groups):
-                writer.write_table(file.read_row_group(group))
-    sync_file(name)
+    yield opened[0].schema_arrow.empty_table()
+    for file in opened:
+        for group in range(file.num_row_groups):
+            yield file.read_row_group(group)
 
 
 def expire(config: Config) -> list[int]:
@@ -163,7 +160,8 @@ def _expire(config: Config) -> list[int]:
             if batch_id < oldest_read:
                 shutil.rmtree(accepted_log.batch_dir(target, batch_id), ignore_errors=True)
                 deleted.add(batch_id)
-        for leftover in (target / _TMP).glob("*-*"):   # staged by a hand-over a crash cut short, since finished
+        staging_root = accepted_log.staging_dir(target, 0, "").parent
+        for leftover in staging_root.glob("*-*"):   # staged by a hand-over a crash cut short, since finished
             if ids and int(leftover.name.split("-")[0]) <= ids[-1]:
                 shutil.rmtree(leftover, ignore_errors=True)
     return sorted(deleted)
