@@ -332,7 +332,7 @@ def read_files(files: list[str], columns: Sequence[str]) -> pa.Table:
     return pa.concat_tables([pq.read_table(local_path(f), columns=list(columns)) for f in files])
 
 
-def _newest_batch_read(checkpoint: Path, log_offset: int) -> int | None:
+def newest_batch_read(checkpoint: Path, log_offset: int) -> int | None:
     """The newest accept batch among the files a downstream query had read by its log batch ``log_offset``
     (files are read in order, one per log batch)."""
     if log_offset < 0:
@@ -343,7 +343,7 @@ def _newest_batch_read(checkpoint: Path, log_offset: int) -> int | None:
 def kafka_offsets_reached(config: Config, checkpoint: Path, log_offset: int) -> Offsets:
     """The Kafka offsets a downstream query's results reach once it has read file-source batch ``log_offset``:
     the end offsets of the newest accept batch among the files it read."""
-    newest = _newest_batch_read(checkpoint, log_offset)
+    newest = newest_batch_read(checkpoint, log_offset)
     meta_path = _meta_file(config, newest) if newest is not None else None
     return json.loads(meta_path.read_text())["end_offsets"] if meta_path and meta_path.exists() else {}
 
@@ -351,7 +351,7 @@ def kafka_offsets_reached(config: Config, checkpoint: Path, log_offset: int) -> 
 def last_read(checkpoint: Path) -> int | None:
     """The newest accept batch a downstream query has read in a committed micro-batch (None: none yet)."""
     offsets = newest_committed_offsets(checkpoint)
-    return None if offsets is None else _newest_batch_read(checkpoint, int(offsets.get("logOffset", -1)))
+    return None if offsets is None else newest_batch_read(checkpoint, int(offsets.get("logOffset", -1)))
 
 
 def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:

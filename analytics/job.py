@@ -44,6 +44,7 @@ from analytics.spark.checkpoint import Offsets
 from analytics.spark.listener import start_callback_server, wait_for_listeners
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, WINDOWS_QUERY
 from analytics.windows import partials as window_partials
+from analytics.windows.provisional import ProvisionalWindows
 from analytics.windows.query import aggregate
 from analytics.windows.writer import window_writer
 from eventide import jars
@@ -126,13 +127,16 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         raise ValueError(f"unknown queries {sorted(unknown)}; the job has {list(QUERIES)}")
     recorder = progress.progress_recorder(spark)
     live = trigger is None
+    grouped = live and config.stream.accept_interval < config.stream.trigger_interval_s
+    # Between reader batches, each accept batch moves the windows its events touched (analytics.windows.provisional).
+    provisional = ProvisionalWindows(config).write if grouped and config.stream.provisional_windows else None
     # How often Spark reports a query idle (default 10 s): every trigger interval, so the recorder re-stores an idle
     # query's newest row (analytics.progress) well within the dashboard's stale threshold.
     spark.conf.set("spark.sql.streaming.noDataProgressEventInterval",
                    str(round(config.stream.trigger_interval_s * 1000)))
     plans: list[tuple[str, Callable[[], DataFrame], str, BatchWriter]] = [
         (ACCEPT_QUERY, lambda: validation.parse(kafka_records(spark, config), config), "append",
-         accept_writer(config, live)),
+         accept_writer(config, live, provisional)),
         (WINDOWS_QUERY, lambda: aggregate(accepted_log.read_partials_stream(
             spark, config, from_arrow_schema(window_partials.SCHEMA)), config), "update", window_writer(config)),
         (KEYED_WINDOWS_QUERY, lambda: keyed_windows(accepted_events(spark, config), config, session_layout(
@@ -167,7 +171,7 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         )
         recorder.track(query, config, _kafka_offsets(config, checkpoint) if reads_log else None)
         queries.append(query)
-        if name == ACCEPT_QUERY and live and config.stream.accept_interval < config.stream.trigger_interval_s:
+        if name == ACCEPT_QUERY and grouped:
             _hand_over_when_idle(config, query)
     return queries
 

@@ -20,7 +20,9 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 - ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
   triggers; per event and per query, (end of the micro-batch that took it − its Kafka receive time), p50 / p95 / max
   and p95 by minute: ``log_line`` (accept: its log line searchable), ``tumbling_row`` (windows: its window rows),
-  ``sliding_or_session_processed`` (keyed_windows); and the machine's CPU per event and per accept batch.
+  ``tumbling_row_provisional`` (its window row moved: the end of its accept batch when that batch wrote a
+  provisional row for every window its events touched, else ``tumbling_row``), ``sliding_or_session_processed``
+  (keyed_windows); and the machine's CPU per event and per accept batch.
 
 Every drain also reports ``driver``: CPU per event of the driver (its Python process, this one, and the JVM's
 driver-side threads) apart from the executor's (task threads, Python workers), the JIT's and the collector's, which
@@ -57,6 +59,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from analytics.job import QUERIES
 from analytics.vocabulary import ACCEPT_QUERY
+from analytics.windows import provisional
 from bench.harness import (
     REPO,
     Load,
@@ -147,27 +150,36 @@ event counts in; ``keyed_windows`` has taken the event into its sliding windows 
 every row the event completed (a sliding or session row itself appears only once final: its window or gap over)."""
 
 
-def _latencies(config: Config, query: str, batches: list[tuple[int, str, int, dict[str, Any]]],
-               stamps: dict[int, Any], t0: float) -> dict[str, Any]:
-    """Per event: the end of ``query``'s micro-batch that took it minus its Kafka receive time (s); p50 / p95 / max,
-    and p95 by minute of the run (a lag that grows shows there)."""
+def _visible_at(config: Config, query: str, batches: list[tuple[int, str, int, dict[str, Any]]],
+                stamps: dict[int, Any], only: set[int] | None = None) -> dict[int, Any]:
+    """Per partition and offset: the end (epoch ms) of ``query``'s micro-batch that took the record (``only``: of
+    these batch ids alone; inf where none did)."""
     import numpy as np
 
-    latencies, minutes = [], []
-    for _, ts, duration, source in sorted(batches, key=lambda b: b[0]):
+    visible = {p: np.full(len(received), np.inf) for p, received in stamps.items()}
+    for batch_id, ts, duration, source in batches:
+        if only is not None and batch_id not in only:
+            continue
         end_ms = int(np.datetime64(ts.rstrip("Z"), "ms").astype(np.int64)) + duration
         start = _kafka_offsets(config, query, source["startOffset"])
         end = _kafka_offsets(config, query, source["endOffset"])
         for partition, offsets in end.get(config.kafka.events_topic, {}).items():
             lo = start.get(config.kafka.events_topic, {}).get(partition, 0)
-            received = stamps[int(partition)][lo:offsets]
-            if len(received):
-                latencies.append(end_ms - received)
-                minutes.append(np.full(len(received), (end_ms // 1000 - t0) // 60))
-    if not latencies:
+            span = visible[int(partition)][lo:offsets]
+            visible[int(partition)][lo:offsets] = np.minimum(span, end_ms)
+    return visible
+
+
+def _latencies(visible: dict[int, Any], stamps: dict[int, Any], t0: float) -> dict[str, Any]:
+    """Per event made visible (``_visible_at``) minus its Kafka receive time (s): p50 / p95 / max, and p95 by minute
+    of the run (a lag that grows shows there)."""
+    import numpy as np
+
+    seen = {p: np.isfinite(v) for p, v in visible.items()}
+    if not any(s.any() for s in seen.values()):
         return {"events": 0}
-    lat = np.concatenate(latencies) / 1000.0
-    minute = np.concatenate(minutes)
+    lat = np.concatenate([visible[p][s] - stamps[p][s] for p, s in seen.items()]) / 1000.0
+    minute = np.concatenate([(visible[p][s] // 1000 - t0) // 60 for p, s in seen.items()])
     per_minute = {int(m): round(float(np.percentile(lat[minute == m], 95)), 2) for m in np.unique(minute)}
     return {"events": len(lat), "p50_s": round(float(np.percentile(lat, 50)), 2),
             "p95_s": round(float(np.percentile(lat, 95)), 2), "max_s": round(float(lat.max()), 2),
@@ -178,10 +190,13 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     """The job (every query, processing-time trigger) under a live load at ``rate`` events/s for ``seconds``: per
     event and per query, the end of the micro-batch that took it minus its Kafka receive time (``FRESHNESS_OF`` says
     what that batch made visible), and the machine's CPU per event and per ``accept`` batch."""
+    import numpy as np
+
     from analytics import sinks
     from analytics.job import start_queries
 
     sinks.sink_seconds.clear()
+    provisional.outcomes.clear()
     # Every progress report of the run is read back from the queries: Spark keeps the last 100 by default, fewer
     # than the readers' batches in a few minutes (they poll every stream.accepted_poll_interval_s).
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(PROGRESS_KEPT))
@@ -202,7 +217,14 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     for q in queries:
         q.stop()
     stamps = receive_times(config)
-    by_query = {q: _latencies(config, q, batches.get(q, []), stamps, t0) for q in QUERIES}
+    visible = {q: _visible_at(config, q, batches.get(q, []), stamps) for q in QUERIES}
+    by_query = {q: _latencies(visible[q], stamps, t0) for q in QUERIES}
+    # A window row moves before the windows query takes its events when the accept batch that took them wrote a
+    # provisional row for every window they touched (analytics.windows.provisional).
+    complete = {batch for batch, left in provisional.outcomes.items() if not left}
+    provisional_visible = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps, only=complete)
+    earliest = {p: np.minimum(visible["windows"][p], provisional_visible[p]) for p in stamps}
+    provisional_row = _latencies(earliest, stamps, t0)
     accept_batches = len(batches.get(ACCEPT_QUERY, []))
     # Events still unprocessed when the load stopped + 3 triggers never became queryable: a job that cannot keep
     # up shows here (and in a growing p95 per minute), not in the percentiles of the events it did process.
@@ -212,6 +234,9 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             "accepted_poll_interval_s": config.stream.accepted_poll_interval_s,
             **{FRESHNESS_OF[q]: {**figures, "unprocessed_at_stop": produced - figures["events"]}
                for q, figures in by_query.items()},
+            "tumbling_row_provisional": {**provisional_row,
+                                         "unprocessed_at_stop": produced - provisional_row["events"],
+                                         "accept_batches_complete": len(complete)},
             "cpu_share_of_machine": round(cpu / wall / (os.cpu_count() or 1), 2),
             "machine_cpu_us_per_event": round(cpu * 1e6 / max(produced, 1), 1),
             "accept_batches": accept_batches,

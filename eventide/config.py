@@ -266,6 +266,12 @@ class StreamConfig(_Section):
     counted. Default: ``trigger_interval_s`` (every accept batch is a reader batch of its own). Shorter makes log
     lines fresher at the cost of ``accept``'s fixed cost per batch. Never longer than ``trigger_interval_s`` (a
     longer value is taken as ``trigger_interval_s``)."""
+    provisional_windows: bool = True
+    """While ``accept`` runs more often than the trigger (a live job), each accept batch also writes the tumbling
+    and hopping rows its events changed, merged from its window partials into the stored rows
+    (``analytics.windows.provisional``): a window's count, rate, percentiles and distinct counts move at
+    ``accept_interval_s`` instead of ``trigger_interval_s``. The ``windows`` query's own rows replace them; what is
+    final is unchanged."""
     accepted_poll_interval_s: float = Field(0.5, gt=0)
     """How often the windows and sessions queries look for a newly accepted batch. Kept well under
     ``trigger_interval_s`` so they start within this time of ``accept`` publishing a batch instead of at their next

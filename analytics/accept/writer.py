@@ -12,6 +12,7 @@ import json
 import logging
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -31,11 +32,14 @@ from eventide.config import Config
 log = logging.getLogger(__name__)
 
 
-def accept_writer(config: Config, live: bool = False) -> BatchWriter:
+def accept_writer(config: Config, live: bool = False,
+                  after_hand_over: Callable[[int], object] | None = None) -> BatchWriter:
     """The ``accept`` query's batch: one Spark job whose tasks accept each Kafka partition's records
     (``AcceptPartition``), then, in the driver, the batch's files published once every task succeeded, handed to
     the readers when their reader batch is due (``analytics.reader_batches``; ``live``: the job runs on its
-    processing-time trigger, so accept batches are grouped), the dedup state stored, and expired files deleted.
+    processing-time trigger, so accept batches are grouped), ``after_hand_over`` called with the id of a batch that
+    published events (the job's provisional window rows, ``analytics.windows.provisional``), the dedup state stored,
+    and expired files deleted.
 
     Every Spark job costs a fixed overhead per micro-batch (at a few thousand events per batch, most of the batch),
     so the batch runs one, and its tasks do all the per-event work."""
@@ -78,6 +82,9 @@ def accept_writer(config: Config, live: bool = False) -> BatchWriter:
                     accepted_at_ms=int(now.timestamp() * 1000)), attempt)
         with timed(ACCEPT_QUERY, "hand_over"):
             reader_batches.hand_over(config, int(datetime.now(UTC).timestamp() * 1000), due)
+        if after_hand_over is not None and with_valid.num_rows:
+            with timed(ACCEPT_QUERY, "after_hand_over"):
+                after_hand_over(batch_id)
         insert_tables(config, [("dedup_state", _dedup_state(config, batch_id, results, now)),
                                ("dedup_partitions", _dedup_partitions(config, batch_id, results, now))], ACCEPT_QUERY)
         with timed(ACCEPT_QUERY, "expire"):

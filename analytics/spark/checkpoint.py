@@ -61,6 +61,11 @@ def batch_info(checkpoint: Path, batch_id: int) -> BatchInfo:
     return BatchInfo(batch_id, int(metadata.get("batchWatermarkMs", 0)), start, end)
 
 
+def planned_batches(checkpoint: Path) -> list[int]:
+    """The micro-batches the query has planned (an ``offsets/N`` file each), oldest first."""
+    return sorted(int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*"))
+
+
 def newest_committed_offsets(checkpoint: Path) -> Offsets | None:
     """The source offsets the query's newest committed batch read up to (None: no batch committed yet)."""
     commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")]

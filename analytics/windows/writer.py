@@ -21,6 +21,7 @@ from analytics import accepted_log
 from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, insert_tables, timed, with_constants
 from analytics.spark.checkpoint import BatchInfo, batch_info, files_read
 from analytics.vocabulary import LEVEL_FIELDS, QUANTILES, WINDOWS_QUERY
+from analytics.windows import provisional
 from analytics.windows.stragglers import corrections, late_contributions, late_events, merged_corrections, stragglers
 from eventide.config import Config
 
@@ -48,16 +49,17 @@ def _window_row_columns() -> tuple[Column, ...]:
 
 
 class WindowRows(TaskWriter):
-    """A task's share of the window rows a micro-batch changed, versioned by the batch (``version`` orders
-    corrections; a replayed batch writes the same version)."""
+    """A task's share of the window rows a micro-batch changed, versioned by the newest accept batch the
+    micro-batch took (``provisional.window_version``: ``version`` orders corrections, and provisional rows; a
+    replayed batch writes the same version)."""
 
-    def __init__(self, config: Config, batch_id: int, written_at: datetime) -> None:
+    def __init__(self, config: Config, version: int, written_at: datetime) -> None:
         super().__init__(config, WINDOWS_QUERY)
-        self.batch_id = batch_id
+        self.version = version
         self.written_at = written_at
 
     def tables(self, rows: pa.Table) -> tuple[list[tuple[str, pa.Table]], pa.Table | None]:
-        return [("window_aggregates", with_constants(rows, version=self.batch_id, written_at=self.written_at))], None
+        return [("window_aggregates", with_constants(rows, version=self.version, written_at=self.written_at))], None
 
 
 class LatePass(TaskWriter):
@@ -82,7 +84,7 @@ class LatePass(TaskWriter):
 
 
 def window_writer(config: Config) -> BatchWriter:
-    """Upsert the window rows a micro-batch changed (``version`` = batch id orders corrections), then count the
+    """Upsert the window rows a micro-batch changed (``version``: the newest accept batch it took), then count the
     batch's dropped stragglers and corrections with the batch's own offsets and watermark: in tasks, one Spark job
     per batch (module docstring)."""
     checkpoint = config.checkpoint_dir / WINDOWS_QUERY
@@ -94,7 +96,10 @@ def window_writer(config: Config) -> BatchWriter:
         # the batch read maps to its events file; an accept batch may have several).
         files = ([str(accepted_log.events_file_of(config, f)) for f in files_read(checkpoint, info)]
                  if info.has_records else [])
-        frames, writers = [window_rows(batch)], [WindowRows(config, batch_id, now)]
+        # (None only for a batch that read nothing, and so writes no row)
+        newest = accepted_log.newest_batch_read(checkpoint, int(info.end_offsets.get("logOffset", -1))) or 0
+        version = provisional.window_version(newest)
+        frames, writers = [window_rows(batch)], [WindowRows(config, version, now)]
         if files:
             # One task per events file, each reading only its own file.
             frames.append(batch.sparkSession.range(len(files), numPartitions=len(files)))

@@ -1,6 +1,8 @@
 """A live job whose ``accept`` runs more often than the windows (``stream.accept_interval_s`` under
 ``stream.trigger_interval_s``): log lines are stored at accept's pace, the windows take accept's batches grouped into
-reader batches, and the last batch before a pause still reaches them (``analytics.reader_batches``)."""
+reader batches, and the last batch before a pause still reaches them (``analytics.reader_batches``); meanwhile each
+accept batch writes the rows of the windows it changed, which the windows query's rows then replace
+(``analytics.windows.provisional``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 from analytics import accepted_log
 from analytics.job import start_queries
+from analytics.windows.provisional import covered, window_version
 from tests.support.pipeline import Metric, minute_in_past, produce, rows, wait_until, window_rows
 from tests.support.stack import fresh_stack
 
@@ -29,9 +32,11 @@ def test_accept_batches_reach_the_windows_grouped_and_every_event_is_counted_onc
         for burst in range(BURSTS):
             produce(config, [Metric(at=start + burst * 10_000 + i * 100, value=float(i)) for i in range(10)])
             time.sleep(0.8)
-        # then every event is counted once, in its window, once the windows took the last reader batch,
-        expected = [(start + b * 10_000, 10) for b in range(BURSTS)]
-        wait_until(lambda: [(int(r["window_start"].timestamp() * 1000), r["event_count"])
+        # then every event is counted once, in its window, once the windows took the last reader batch (their rows,
+        # not provisional ones, have the last word),
+        expected = [(start + b * 10_000, 10, True) for b in range(BURSTS)]
+        wait_until(lambda: [(int(r["window_start"].timestamp() * 1000), r["event_count"],
+                             r["version"] == window_version(covered(r["version"])))
                             for r in window_rows(config, 10)] == expected, timeout_s=90)
         # (the events after the last accept batch handed over by the idle timer, no new accept batch coming),
         accepted = [m.batch_id for m in accepted_log.metas(config)]
@@ -41,6 +46,40 @@ def test_accept_batches_reach_the_windows_grouped_and_every_event_is_counted_onc
         windows_batches = rows(config, "SELECT count() AS n FROM pipeline_progress FINAL "
                                        "WHERE query_name = 'windows' AND input_rows > 0")[0]["n"]
         assert len(accepted) >= 4 and windows_batches < len(accepted), (accepted, windows_batches)
+    finally:
+        for query in queries:
+            query.stop()
+
+
+def test_a_window_moves_at_each_accept_batch_and_the_windows_query_has_the_last_word(kafka, spark):
+    # The windows query takes a reader batch only every 20 s; accept runs every 0.5 s.
+    config = fresh_stack(kafka, "provisional_windows", partitions=1, trigger_interval_s=20.0,
+                         accept_interval_s=ACCEPT_S, accepted_poll_interval_s=0.25)
+    start = minute_in_past(5)
+    queries = start_queries(spark, config)
+
+    def window() -> tuple[int, float, bool] | None:
+        found = rows(config, "SELECT event_count, max, version, is_final FROM window_results "
+                             f"WHERE window_kind = 'tumbling' AND window_length_ms = 10000 "
+                             f"AND toUnixTimestamp64Milli(window_start) = {start}")
+        if not found:
+            return None
+        row = found[0]
+        assert not row["is_final"] or row["version"] == window_version(covered(row["version"])), row
+        return row["event_count"], row["max"], row["version"] == window_version(covered(row["version"]))
+
+    try:
+        # Given 10 events in one 10-s window,
+        produce(config, [Metric(at=start + i * 100, value=float(i)) for i in range(10)])
+        sent = time.monotonic()
+        # its row shows them within a few accept batches, long before the windows query takes them,
+        wait_until(lambda: window() == (10, 9.0, False), timeout_s=15)
+        assert time.monotonic() - sent < 10
+        # 5 more events in the same window move the same row (merged into the provisional one: none counted twice),
+        produce(config, [Metric(at=start + 5_000 + i * 100, value=20.0 + i) for i in range(5)])
+        wait_until(lambda: window() == (15, 24.0, False), timeout_s=15)
+        # and once the windows query has taken them, its own row, with the same figures, replaces it.
+        wait_until(lambda: window() == (15, 24.0, True), timeout_s=90)
     finally:
         for query in queries:
             query.stop()

@@ -1,0 +1,313 @@
+"""Provisional tumbling and hopping rows: a window's row as it stands after each ``accept`` batch, before the
+``windows`` query has taken that batch.
+
+The ``windows`` query takes a reader batch every ``stream.trigger_interval_s`` (``analytics.reader_batches``), so
+its rows move at that pace plus a batch's run time. ``accept`` runs more often (``stream.accept_interval_s``) and
+already aggregates its events per series and grain bucket (``analytics.windows.partials``). After publishing a
+batch, its driver merges that batch's partials, and those of every earlier batch the ``windows`` query has not
+taken yet, into the stored rows of the windows they touch, and writes the result to ``window_aggregates`` like
+any row: readers see the window move after each accept batch, with no change on their side.
+
+Which row wins is decided by ``version`` alone (``ReplacingMergeTree``), because a version names the newest accept
+batch a row covers (:func:`covered`):
+
+- the ``windows`` query writes ``2c + 1``, ``c`` being the newest accept batch of its micro-batch
+  (:func:`window_version`);
+- a provisional row written at accept batch ``k`` has ``2k`` (:func:`provisional_version`).
+
+So a provisional row replaces every row covering less, and the ``windows`` query's row replaces it once that
+query has taken batch ``k``: the exact row always has the last word. A provisional row is the stored row it was
+merged into (covering ``c``) plus the partials of the accept batches after ``c`` up to ``k``; a ``windows`` row
+written meanwhile has a version of its own and wins or loses by it, never double counts.
+
+What is final does not change. A provisional row is written only for a window whose end is past **every
+watermark the ``windows`` query can apply while it takes these accept batches**: that query's watermark is the
+latest corrected event time of the reader batches before the one it is taking, minus the allowed lateness, so it
+is at most the latest time of every accept batch up to ``k`` minus that lateness (:func:`watermark_bound_ms`).
+The ``windows`` query will therefore keep every contribution the provisional row counted, and write the window
+again after it; a window at or behind that bound is left to the ``windows`` query alone (its contribution may be
+a dropped straggler). Provisional rows are never final (``window_results.is_final``), and nothing judges them:
+the alert evaluator reads final windows only.
+
+A drain (``availableNow``) hands every accept batch over on its own, so it writes none, and neither does a job
+with ``accept_interval_s`` equal to the trigger.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from clickhouse_connect.driver.exceptions import ClickHouseError
+from datasketches import hll_sketch, hll_union, kll_doubles_sketch, tgt_hll_type
+
+from analytics import accepted_log
+from analytics.event_time import watermark_delay_ms
+from analytics.spark.checkpoint import batch_info, planned_batches
+from analytics.vocabulary import (
+    BUCKET_START,
+    LEVEL_FIELDS,
+    QUANTILES,
+    SERIES,
+    WINDOWS_QUERY,
+    assign_windows,
+    window_specs,
+)
+from analytics.windows.partials import SCHEMA as PARTIALS_SCHEMA
+from eventide.config import Config
+from store.client import StoreUnavailable, connect
+
+log = logging.getLogger(__name__)
+
+PENDING_TRIGGERS_MAX = 3
+"""Provisional rows are written only while the ``windows`` query is less than this many triggers behind
+``accept``: further behind, the partials to merge grow with its lag, and its own rows are what is late."""
+
+OUTCOMES_KEPT = 10_000
+outcomes: dict[int, int] = {}
+"""The newest accept batches' outcome in this driver (at most ``OUTCOMES_KEPT``): batch id → windows its events
+touched that it left to the ``windows`` query (read by the benchmark: events of a batch with none left moved their
+windows at the batch's end)."""
+
+WindowKey = tuple[str, int, int, str, str, str, str]
+"""(window_kind, window_length_ms, window_start_ms, app, kind, name, series_tags): ``window_aggregates``' key."""
+
+_WINDOW = ("window_kind", "window_length_ms", "window_hop_ms", "window_start_ms", "window_end_ms")
+_ADDED = ("event_count", "value_count", *LEVEL_FIELDS)
+STORED_COLUMNS = ("event_count", "value_count", "sum", "min", "max", "value_sketch", "users_sketch",
+                  "devices_sketch", *LEVEL_FIELDS, "version")
+"""What a provisional row needs of the stored row it merges into."""
+
+
+def window_version(newest_accept_batch: int) -> int:
+    """The ``version`` of the rows the ``windows`` query writes in a micro-batch whose newest accept batch is
+    ``newest_accept_batch``."""
+    return 2 * newest_accept_batch + 1
+
+
+def provisional_version(accept_batch: int) -> int:
+    """The ``version`` of the provisional rows written at ``accept_batch``."""
+    return 2 * accept_batch
+
+
+def covered(version: int) -> int:
+    """The newest accept batch a row of this ``version`` covers."""
+    return version // 2
+
+
+def watermark_bound_ms(watermark_ms: int, newest_event_ms: int | None, config: Config) -> int:
+    """The highest watermark the ``windows`` query can apply while it takes the accept batches whose latest
+    corrected event time is ``newest_event_ms``, its current watermark being ``watermark_ms``."""
+    if newest_event_ms is None:
+        return watermark_ms
+    return max(watermark_ms, newest_event_ms - watermark_delay_ms(config))
+
+
+@dataclass(frozen=True)
+class Provisional:
+    """The rows one accept batch writes, and what it left to the ``windows`` query."""
+
+    rows: pa.Table
+    windows_left: int
+    """Windows the batch's events touch that got no provisional row: at or behind the watermark bound."""
+
+
+def window_contributions(partials: pa.Table, config: Config) -> pa.Table:
+    """One row per (partial, window of its bucket): the partial's index (``partial``) and the window's columns."""
+    assigned = assign_windows(window_specs(config), np.asarray(partials[BUCKET_START], dtype=np.int64))
+    return assigned.rename_columns(["partial", *assigned.column_names[1:]])
+
+
+def touched_windows(config: Config, partials: pa.Table, bound_ms: int) -> tuple[set[WindowKey], set[WindowKey]]:
+    """The windows ``partials`` contribute to: those ending after ``bound_ms``, and those at or behind it."""
+    after: set[WindowKey] = set()
+    behind: set[WindowKey] = set()
+    series = [partials[s].to_pylist() for s in SERIES]
+    for c in window_contributions(partials, config).to_pylist():
+        key = _key(c, [column[c["partial"]] for column in series])
+        (after if c["window_end_ms"] > bound_ms else behind).add(key)
+    return after, behind
+
+
+def provisional_rows(config: Config, batch_id: int, pending: Mapping[int, pa.Table],
+                     stored: Mapping[WindowKey, dict[str, Any]], committed: int, bound_ms: int,
+                     written_at: datetime) -> Provisional:
+    """The provisional rows of accept batch ``batch_id``: for each window its partials touch whose end is past
+    ``bound_ms``, the stored row (``stored``, :data:`STORED_COLUMNS`; absent for a window with none) merged with the
+    partials of the accept batches after the one that row covers, up to ``batch_id``.
+
+    ``pending`` holds the partials of every accept batch the ``windows`` query may not have taken (at least those
+    after ``committed``, the newest accept batch of its newest committed micro-batch), by batch id. A stored row
+    covering less than ``committed`` has no contribution in between: that micro-batch wrote every window it
+    changed before it committed."""
+    own, behind = touched_windows(config, pending[batch_id], bound_ms)
+    contributions: dict[WindowKey, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for source, partials in sorted(pending.items()):
+        if source > batch_id or not partials.num_rows:
+            continue
+        rows = partials.to_pylist()
+        for c in window_contributions(partials, config).to_pylist():
+            row = rows[c["partial"]]
+            key = _key(c, [row[s] for s in SERIES])
+            if key in own:
+                contributions[key].append((source, {**row, **{w: c[w] for w in _WINDOW}}))
+    out = []
+    for key in sorted(own):
+        base = stored.get(key)
+        after = max(covered(base["version"]) if base else -1, committed)
+        parts = [part for source, part in contributions[key] if source > after]
+        if parts:
+            out.append(_merged(config, base, parts))
+    table = (pa.Table.from_pylist(out, schema=_ROW_SCHEMA) if out else _ROW_SCHEMA.empty_table())
+    table = table.append_column("version", pa.array([provisional_version(batch_id)] * table.num_rows, pa.uint64()))
+    table = table.append_column("written_at", pa.array([written_at] * table.num_rows, pa.timestamp("ms", tz="UTC")))
+    return Provisional(table, len(behind))
+
+
+def _key(contribution: dict[str, Any], series: list[str]) -> WindowKey:
+    return (contribution["window_kind"], contribution["window_length_ms"], contribution["window_start_ms"],
+            *series)   # type: ignore[return-value]
+
+
+def _merged(config: Config, base: dict[str, Any] | None, parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One window row: ``base`` (a stored row, or None) and the partials ``parts`` of that window, merged as the
+    ``windows`` query merges them (``analytics.windows.query.aggregate``)."""
+    first = parts[0]
+    counts = {f: sum(p[f] for p in parts) + (base[f] if base else 0) for f in _ADDED}
+    values = [p for p in parts if p["value_count"]]
+    total = sum(p["sum"] for p in values) + (base["sum"] if base and base["value_count"] else 0.0)
+    lows = [p["min"] for p in values] + ([base["min"]] if base and base["value_count"] else [])
+    highs = [p["max"] for p in values] + ([base["max"]] if base and base["value_count"] else [])
+    kll = kll_doubles_sketch(config.stream.kll_k)
+    for sketch in [base["value_sketch"]] if base and base["value_count"] else []:
+        kll.merge(kll_doubles_sketch.deserialize(sketch))
+    for p in values:
+        kll.merge(kll_doubles_sketch.deserialize(p["value_sketch"]))
+    users, devices = (_union(config, [base[c]] if base else [], [p[c] for p in parts])
+                      for c in ("users_sketch", "devices_sketch"))
+    has_values = counts["value_count"] > 0
+    length_ms = first["window_length_ms"]
+    return {
+        "window_kind": first["window_kind"], "window_length_ms": length_ms, "window_hop_ms": first["window_hop_ms"],
+        "window_start": datetime.fromtimestamp(first["window_start_ms"] / 1000, UTC),
+        "window_end": datetime.fromtimestamp(first["window_end_ms"] / 1000, UTC),
+        **{s: first[s] for s in SERIES},
+        "event_count": counts["event_count"], "value_count": counts["value_count"], "sum": total,
+        "min": min(lows) if has_values else None, "max": max(highs) if has_values else None,
+        "mean": total / counts["value_count"] if has_values else None,
+        "rate": counts["event_count"] * 1000.0 / length_ms,
+        **{name: kll.get_quantile(q, inclusive=True) if has_values else None for name, q in QUANTILES.items()},
+        "distinct_users": round(users.get_estimate()), "distinct_devices": round(devices.get_estimate()),
+        "value_sketch": kll.serialize() if has_values else b"",
+        "users_sketch": users.serialize_compact(), "devices_sketch": devices.serialize_compact(),
+        **{f: counts[f] for f in LEVEL_FIELDS},
+    }
+
+
+def _union(config: Config, stored: list[bytes], parts: list[bytes | None]) -> hll_sketch:
+    union = hll_union(config.stream.hll_lg_k)
+    for sketch in [*stored, *parts]:
+        if sketch:
+            union.update(hll_sketch.deserialize(sketch))
+    return union.get_result(tgt_hll_type.HLL_8)
+
+
+_SKETCH_BYTES = {"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"}
+"""Read as bytes: clickhouse-connect would otherwise decode the sketches' String columns as UTF-8 text."""
+
+_ROW_SCHEMA = pa.schema([
+    ("window_kind", pa.string()), ("window_length_ms", pa.uint64()), ("window_hop_ms", pa.uint64()),
+    ("window_start", pa.timestamp("ms", tz="UTC")), ("window_end", pa.timestamp("ms", tz="UTC")),
+    *[(s, pa.string()) for s in SERIES],
+    ("event_count", pa.uint64()), ("value_count", pa.uint64()), ("sum", pa.float64()), ("min", pa.float64()),
+    ("max", pa.float64()), ("mean", pa.float64()), ("rate", pa.float64()),
+    *[(name, pa.float64()) for name in QUANTILES],
+    ("distinct_users", pa.uint64()), ("distinct_devices", pa.uint64()),
+    ("value_sketch", pa.binary()), ("users_sketch", pa.binary()), ("devices_sketch", pa.binary()),
+    *[(f, pa.uint64()) for f in LEVEL_FIELDS],
+])
+
+
+class ProvisionalWindows:
+    """``accept``'s driver side: after each published batch, the provisional rows of the windows it touched
+    (module docstring). Keeps the partials of the accept batches the ``windows`` query has not taken yet, read once
+    each."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.checkpoint = config.checkpoint_dir / WINDOWS_QUERY
+        self._partials: dict[int, pa.Table] = {}
+
+    def write(self, batch_id: int) -> Provisional | None:
+        """Write batch ``batch_id``'s provisional rows (once ``accept`` published it); None when it wrote none on
+        purpose (no events, or the ``windows`` query too far behind) or could not (the store unreachable)."""
+        committed = accepted_log.last_read(self.checkpoint)   # before the store is read: see provisional_rows
+        committed = -1 if committed is None else committed
+        watermark_ms, taken = self._windows_position()
+        taken = min(taken, committed)
+        published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= batch_id]
+        if not published or published[-1].batch_id != batch_id:
+            return None
+        span_ms = PENDING_TRIGGERS_MAX * self.config.stream.trigger_interval_s * 1000
+        if published[-1].accepted_at_ms - published[0].accepted_at_ms > span_ms:
+            return None
+        pending = {m.batch_id: self._read(m.batch_id) for m in published}
+        for gone in [b for b in self._partials if b <= taken]:
+            del self._partials[gone]
+        newest = max((int(t["corrected_event_time"].cast(pa.int64()).to_numpy().max()) // 1000
+                      for t in pending.values() if t.num_rows), default=None)
+        bound_ms = watermark_bound_ms(watermark_ms, newest, self.config)
+        try:
+            stored = self._stored(touched_windows(self.config, pending[batch_id], bound_ms)[0])
+            result = provisional_rows(self.config, batch_id, pending, stored, committed, bound_ms, datetime.now(UTC))
+            if result.rows.num_rows:
+                with connect(self.config) as client:
+                    client.insert_arrow("window_aggregates", result.rows)
+        except (StoreUnavailable, ClickHouseError) as exc:
+            # Best effort: the windows query writes these rows anyway, and accept's own work is done.
+            log.warning("accept batch %d: no provisional window rows (%s)", batch_id, str(exc).splitlines()[0][:200])
+            return None
+        outcomes[batch_id] = result.windows_left
+        while len(outcomes) > OUTCOMES_KEPT:
+            del outcomes[next(iter(outcomes))]
+        return result
+
+    def _windows_position(self) -> tuple[int, int]:
+        """The watermark of the ``windows`` query's newest planned micro-batch and the newest accept batch it had
+        taken before that micro-batch (-1 before its first)."""
+        planned = planned_batches(self.checkpoint)
+        if not planned:
+            return 0, -1
+        info = batch_info(self.checkpoint, planned[-1])
+        before = accepted_log.newest_batch_read(self.checkpoint, int(info.start_offsets.get("logOffset", -1)))
+        return info.watermark_ms, -1 if before is None else before
+
+    def _read(self, batch_id: int) -> pa.Table:
+        if batch_id not in self._partials:
+            files = accepted_log.partials_files(self.config, batch_id)
+            self._partials[batch_id] = (pa.concat_tables([pq.read_table(f, schema=PARTIALS_SCHEMA) for f in files])
+                                        if files else PARTIALS_SCHEMA.empty_table())
+        return self._partials[batch_id]
+
+    def _stored(self, keys: set[WindowKey]) -> dict[WindowKey, dict[str, Any]]:
+        """The newest stored row of each window of ``keys``."""
+        if not keys:
+            return {}
+        ordered = sorted(keys)
+        params = {"keys": [(k[0], k[1], datetime.fromtimestamp(k[2] / 1000, UTC), *k[3:]) for k in ordered]}
+        with connect(self.config) as client:
+            found = client.query(
+                "SELECT window_kind, window_length_ms, toUnixTimestamp64Milli(window_start), app, kind, name, "
+                f"series_tags, {', '.join(STORED_COLUMNS)} FROM window_aggregates FINAL "
+                "WHERE (window_kind, window_length_ms, window_start, app, kind, name, series_tags) IN "
+                "{keys:Array(Tuple(String, UInt64, DateTime64(3, 'UTC'), String, String, String, String))}",
+                parameters=params, column_formats=_SKETCH_BYTES)
+        return {tuple(row[:7]): dict(zip(STORED_COLUMNS, row[7:], strict=True))   # type: ignore[misc]
+                for row in found.result_rows}
