@@ -219,6 +219,11 @@ def _union(config: Config, stored: list[bytes], parts: list[bytes | None]) -> hl
     return union.get_result(tgt_hll_type.HLL_8)
 
 
+def _store_time(epoch_ms: int) -> str:
+    """A window bound as a ``DateTime64(3, 'UTC')`` literal."""
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
 _SKETCH_BYTES = {"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"}
 """Read as bytes: clickhouse-connect would otherwise decode the sketches' String columns as UTF-8 text."""
 
@@ -300,14 +305,14 @@ class ProvisionalWindows:
         """The newest stored row of each window of ``keys``."""
         if not keys:
             return {}
-        ordered = sorted(keys)
-        params = {"keys": [(k[0], k[1], datetime.fromtimestamp(k[2] / 1000, UTC), *k[3:]) for k in ordered]}
+        # Bound in the query text (quoted by the client), not as server-side parameters: past a few kB those travel
+        # as multipart form data, which the local store does not serve.
+        listed = tuple((k[0], k[1], _store_time(k[2]), *k[3:]) for k in sorted(keys))
         with connect(self.config) as client:
             found = client.query(
                 "SELECT window_kind, window_length_ms, toUnixTimestamp64Milli(window_start), app, kind, name, "
                 f"series_tags, {', '.join(STORED_COLUMNS)} FROM window_aggregates FINAL "
-                "WHERE (window_kind, window_length_ms, window_start, app, kind, name, series_tags) IN "
-                "{keys:Array(Tuple(String, UInt64, DateTime64(3, 'UTC'), String, String, String, String))}",
-                parameters=params, column_formats=_SKETCH_BYTES)
+                "WHERE (window_kind, window_length_ms, window_start, app, kind, name, series_tags) IN %(keys)s",
+                parameters={"keys": listed}, column_formats=_SKETCH_BYTES)
         return {tuple(row[:7]): dict(zip(STORED_COLUMNS, row[7:], strict=True))   # type: ignore[misc]
                 for row in found.result_rows}

@@ -28,10 +28,10 @@ def test_accept_batches_reach_the_windows_grouped_and_every_event_is_counted_onc
     start = minute_in_past(5)
     queries = start_queries(spark, config)
     try:
-        # Given six bursts of 10 on-time events, one every 0.8 s (one accept batch each), ten per 10-s window,
+        # Given six bursts of 10 on-time events, each in an accept batch of its own, ten per 10-s window,
         for burst in range(BURSTS):
             produce(config, [Metric(at=start + burst * 10_000 + i * 100, value=float(i)) for i in range(10)])
-            time.sleep(0.8)
+            wait_until(lambda n=burst + 1: len(accepted_log.metas(config)) == n, timeout_s=30, interval_s=0.05)
         # then every event is counted once, in its window, once the windows took the last reader batch (their rows,
         # not provisional ones, have the last word),
         expected = [(start + b * 10_000, 10, True) for b in range(BURSTS)]
@@ -60,7 +60,7 @@ def test_a_window_moves_at_each_accept_batch_and_the_windows_query_has_the_last_
 
     def window() -> tuple[int, float, bool] | None:
         found = rows(config, "SELECT event_count, max, version, is_final FROM window_results "
-                             f"WHERE window_kind = 'tumbling' AND window_length_ms = 10000 "
+                             f"WHERE name = 'latency_ms' AND window_kind = 'tumbling' AND window_length_ms = 10000 "
                              f"AND toUnixTimestamp64Milli(window_start) = {start}")
         if not found:
             return None
@@ -69,12 +69,16 @@ def test_a_window_moves_at_each_accept_batch_and_the_windows_query_has_the_last_
         return row["event_count"], row["max"], row["version"] == window_version(covered(row["version"]))
 
     try:
-        # Given 10 events in one 10-s window,
-        produce(config, [Metric(at=start + i * 100, value=float(i)) for i in range(10)])
+        # Given 10 events in one 10-s window, and one in each of 80 other series (hundreds of windows to look up),
+        produce(config, [Metric(at=start + i * 100, value=float(i)) for i in range(10)]
+                + [Metric(at=start + 1_000, value=1.0, name=f"other_{n}") for n in range(80)])
         sent = time.monotonic()
-        # its row shows them within a few accept batches, long before the windows query takes them,
+        # its row shows them within a few accept batches, long before the windows query takes them, as do the others,
         wait_until(lambda: window() == (10, 9.0, False), timeout_s=15)
         assert time.monotonic() - sent < 10
+        others = rows(config, "SELECT count() AS n FROM window_results WHERE name LIKE 'other_%' "
+                              "AND window_kind = 'tumbling' AND window_length_ms = 10000 AND event_count = 1")
+        assert others[0]["n"] == 80
         # 5 more events in the same window move the same row (merged into the provisional one: none counted twice),
         produce(config, [Metric(at=start + 5_000 + i * 100, value=20.0 + i) for i in range(5)])
         wait_until(lambda: window() == (15, 24.0, False), timeout_s=15)
