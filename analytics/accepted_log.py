@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -290,20 +291,22 @@ def meta(config: Config, batch_id: int) -> BatchMeta:
 
 
 _known: dict[Path, BatchMeta] = {}   # metadata never changes once published: read each file once per process
+_known_lock = threading.Lock()       # the driver lists from several threads (accept's writer, its helper threads)
 
 
 def metas(config: Config) -> list[BatchMeta]:
     """Metadata of every published batch still kept, oldest first."""
     found = []
     listed = set((config.accepted_events_dir / _META).glob("*.json"))
-    for gone in [p for p in _known if p.parent == config.accepted_events_dir / _META and p not in listed]:
-        del _known[gone]   # expired (by this process or, for a Spark task's process, by the driver)
-    for path in listed:
-        if path not in _known:
-            if not published(config, int(path.stem)):
-                continue   # metadata of a batch whose file is still being renamed into place (or was deleted)
-            _known[path] = BatchMeta(**json.loads(path.read_text()))
-        found.append(_known[path])
+    with _known_lock:
+        for gone in [p for p in _known if p.parent == config.accepted_events_dir / _META and p not in listed]:
+            del _known[gone]   # expired (by this process or, for a Spark task's process, by the driver)
+        for path in listed:
+            if path not in _known:
+                if not published(config, int(path.stem)):
+                    continue   # metadata of a batch whose file is still being renamed into place (or was deleted)
+                _known[path] = BatchMeta(**json.loads(path.read_text()))
+            found.append(_known[path])
     return sorted(found, key=lambda m: m.batch_id)
 
 
@@ -384,6 +387,7 @@ def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
                 shutil.rmtree(batch_dir(root, meta.batch_id), ignore_errors=True)
                 _single_file(root, meta.batch_id).unlink(missing_ok=True)
             _meta_file(config, meta.batch_id).unlink(missing_ok=True)
-            _known.pop(_meta_file(config, meta.batch_id), None)
+            with _known_lock:
+                _known.pop(_meta_file(config, meta.batch_id), None)
             deleted.append(meta.batch_id)
     return deleted

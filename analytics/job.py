@@ -129,14 +129,14 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
     live = trigger is None
     grouped = live and config.stream.accept_interval < config.stream.trigger_interval_s
     # Between reader batches, each accept batch moves the windows its events touched (analytics.windows.provisional).
-    provisional = ProvisionalWindows(config).write if grouped and config.stream.provisional_windows else None
+    provisional = ProvisionalWindows(config) if grouped and config.stream.provisional_windows else None
     # How often Spark reports a query idle (default 10 s): every trigger interval, so the recorder re-stores an idle
     # query's newest row (analytics.progress) well within the dashboard's stale threshold.
     spark.conf.set("spark.sql.streaming.noDataProgressEventInterval",
                    str(round(config.stream.trigger_interval_s * 1000)))
     plans: list[tuple[str, Callable[[], DataFrame], str, BatchWriter]] = [
         (ACCEPT_QUERY, lambda: validation.parse(kafka_records(spark, config), config), "append",
-         accept_writer(config, live, provisional)),
+         accept_writer(config, live, provisional.submit if provisional else None)),
         (WINDOWS_QUERY, lambda: aggregate(accepted_log.read_partials_stream(
             spark, config, from_arrow_schema(window_partials.SCHEMA)), config), "update", window_writer(config)),
         (KEYED_WINDOWS_QUERY, lambda: keyed_windows(accepted_events(spark, config), config, session_layout(
@@ -173,6 +173,8 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         queries.append(query)
         if name == ACCEPT_QUERY and grouped:
             _hand_over_when_idle(config, query)
+        if name == ACCEPT_QUERY and provisional is not None:
+            provisional.run_while(lambda query=query: query.isActive)
     return queries
 
 

@@ -20,8 +20,8 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 - ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
   triggers; per event and per query, (end of the micro-batch that took it − its Kafka receive time), p50 / p95 / max
   and p95 by minute: ``log_line`` (accept: its log line searchable), ``tumbling_row`` (windows: its window rows),
-  ``tumbling_row_provisional`` (its window row moved: the end of its accept batch when that batch wrote a
-  provisional row for every window its events touched, else ``tumbling_row``), ``sliding_or_session_processed``
+  ``tumbling_row_provisional`` (its window row moved: when the provisional rows of its accept batch were written, if
+  that batch's events got one in every window they touched, else ``tumbling_row``), ``sliding_or_session_processed``
   (keyed_windows); and the machine's CPU per event and per accept batch.
 
 Every drain also reports ``driver``: CPU per event of the driver (its Python process, this one, and the JVM's
@@ -151,16 +151,17 @@ every row the event completed (a sliding or session row itself appears only once
 
 
 def _visible_at(config: Config, query: str, batches: list[tuple[int, str, int, dict[str, Any]]],
-                stamps: dict[int, Any], only: set[int] | None = None) -> dict[int, Any]:
-    """Per partition and offset: the end (epoch ms) of ``query``'s micro-batch that took the record (``only``: of
-    these batch ids alone; inf where none did)."""
+                stamps: dict[int, Any], at_ms: dict[int, int] | None = None) -> dict[int, Any]:
+    """Per partition and offset: the end (epoch ms) of ``query``'s micro-batch that took the record, or ``at_ms`` of
+    that batch when given (batches missing there count for none); inf where none did."""
     import numpy as np
 
     visible = {p: np.full(len(received), np.inf) for p, received in stamps.items()}
     for batch_id, ts, duration, source in batches:
-        if only is not None and batch_id not in only:
+        if at_ms is not None and batch_id not in at_ms:
             continue
-        end_ms = int(np.datetime64(ts.rstrip("Z"), "ms").astype(np.int64)) + duration
+        end_ms = (at_ms[batch_id] if at_ms is not None
+                  else int(np.datetime64(ts.rstrip("Z"), "ms").astype(np.int64)) + duration)
         start = _kafka_offsets(config, query, source["startOffset"])
         end = _kafka_offsets(config, query, source["endOffset"])
         for partition, offsets in end.get(config.kafka.events_topic, {}).items():
@@ -219,10 +220,10 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     stamps = receive_times(config)
     visible = {q: _visible_at(config, q, batches.get(q, []), stamps) for q in QUERIES}
     by_query = {q: _latencies(visible[q], stamps, t0) for q in QUERIES}
-    # A window row moves before the windows query takes its events when the accept batch that took them wrote a
-    # provisional row for every window they touched (analytics.windows.provisional).
-    complete = {batch for batch, left in provisional.outcomes.items() if not left}
-    provisional_visible = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps, only=complete)
+    # A window row moves before the windows query takes its events once the provisional rows of the accept batch
+    # that took them are written, if every window they touched got one (analytics.windows.provisional).
+    complete = {batch: written_ms for batch, (left, written_ms) in provisional.outcomes.items() if not left}
+    provisional_visible = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps, at_ms=complete)
     earliest = {p: np.minimum(visible["windows"][p], provisional_visible[p]) for p in stamps}
     provisional_row = _latencies(earliest, stamps, t0)
     accept_batches = len(batches.get(ACCEPT_QUERY, []))

@@ -36,8 +36,10 @@ with ``accept_interval_s`` equal to the trigger.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -50,8 +52,10 @@ from datasketches import hll_sketch, hll_union, kll_doubles_sketch, tgt_hll_type
 
 from analytics import accepted_log
 from analytics.event_time import watermark_delay_ms
+from analytics.sinks import timed
 from analytics.spark.checkpoint import batch_info, planned_batches
 from analytics.vocabulary import (
+    ACCEPT_QUERY,
     BUCKET_START,
     LEVEL_FIELDS,
     QUANTILES,
@@ -71,10 +75,10 @@ PENDING_TRIGGERS_MAX = 3
 ``accept``: further behind, the partials to merge grow with its lag, and its own rows are what is late."""
 
 OUTCOMES_KEPT = 10_000
-outcomes: dict[int, int] = {}
-"""The newest accept batches' outcome in this driver (at most ``OUTCOMES_KEPT``): batch id → windows its events
-touched that it left to the ``windows`` query (read by the benchmark: events of a batch with none left moved their
-windows at the batch's end)."""
+outcomes: dict[int, tuple[int, int]] = {}
+"""The newest accept batches' outcome in this driver (at most ``OUTCOMES_KEPT``): batch id → (windows its events
+touched that were left to the ``windows`` query, when its rows were written, epoch ms). Read by the benchmark: the
+events of a batch with none left moved their windows then."""
 
 WindowKey = tuple[str, int, int, str, str, str, str]
 """(window_kind, window_length_ms, window_start_ms, app, kind, name, series_tags): ``window_aggregates``' key."""
@@ -136,21 +140,30 @@ def touched_windows(config: Config, partials: pa.Table, bound_ms: int) -> tuple[
     return after, behind
 
 
-def provisional_rows(config: Config, batch_id: int, pending: Mapping[int, pa.Table],
+def provisional_rows(config: Config, batches: Sequence[int], pending: Mapping[int, pa.Table],
                      stored: Mapping[WindowKey, dict[str, Any]], committed: int, bound_ms: int,
                      written_at: datetime) -> Provisional:
-    """The provisional rows of accept batch ``batch_id``: for each window its partials touch whose end is past
-    ``bound_ms``, the stored row (``stored``, :data:`STORED_COLUMNS`; absent for a window with none) merged with the
-    partials of the accept batches after the one that row covers, up to ``batch_id``.
+    """The provisional rows of accept ``batches`` (one, or several taken together), versioned by the newest, k:
+    for each window their partials touch whose end is past ``bound_ms``, the stored row (``stored``,
+    :data:`STORED_COLUMNS`; absent for a window with none) merged with the partials of the accept batches after the
+    one that row covers, up to k.
 
     ``pending`` holds the partials of every accept batch the ``windows`` query may not have taken (at least those
     after ``committed``, the newest accept batch of its newest committed micro-batch), by batch id. A stored row
     covering less than ``committed`` has no contribution in between: that micro-batch wrote every window it
     changed before it committed."""
-    own, behind = touched_windows(config, pending[batch_id], bound_ms)
+    batch_id = max(batches)
+    own: set[WindowKey] = set()
+    behind: set[WindowKey] = set()
+    for batch in batches:
+        after_bound, behind_bound = touched_windows(config, pending[batch], bound_ms)
+        own |= after_bound
+        behind |= behind_bound
+    since = {key: max(covered(stored[key]["version"]) if key in stored else -1, committed) for key in own}
+    earliest = min(since.values(), default=batch_id)
     contributions: dict[WindowKey, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for source, partials in sorted(pending.items()):
-        if source > batch_id or not partials.num_rows:
+        if not earliest < source <= batch_id or not partials.num_rows:
             continue
         rows = partials.to_pylist()
         for c in window_contributions(partials, config).to_pylist():
@@ -160,15 +173,13 @@ def provisional_rows(config: Config, batch_id: int, pending: Mapping[int, pa.Tab
                 contributions[key].append((source, {**row, **{w: c[w] for w in _WINDOW}}))
     out = []
     for key in sorted(own):
-        base = stored.get(key)
-        after = max(covered(base["version"]) if base else -1, committed)
-        parts = [part for source, part in contributions[key] if source > after]
+        parts = [part for source, part in contributions[key] if source > since[key]]
         if parts:
-            out.append(_merged(config, base, parts))
+            out.append(_merged(config, stored.get(key), parts))
     table = (pa.Table.from_pylist(out, schema=_ROW_SCHEMA) if out else _ROW_SCHEMA.empty_table())
     table = table.append_column("version", pa.array([provisional_version(batch_id)] * table.num_rows, pa.uint64()))
     table = table.append_column("written_at", pa.array([written_at] * table.num_rows, pa.timestamp("ms", tz="UTC")))
-    return Provisional(table, len(behind))
+    return Provisional(table, len(behind - own))
 
 
 def _key(contribution: dict[str, Any], series: list[str]) -> WindowKey:
@@ -241,45 +252,79 @@ _ROW_SCHEMA = pa.schema([
 
 
 class ProvisionalWindows:
-    """``accept``'s driver side: after each published batch, the provisional rows of the windows it touched
-    (module docstring). Keeps the partials of the accept batches the ``windows`` query has not taken yet, read once
-    each."""
+    """``accept``'s side: the provisional rows of the windows each published batch touched (module docstring),
+    written by a thread of their own, so ``accept``'s next batch never waits for them. Batches published while the
+    thread was busy are taken together. Keeps the partials of the accept batches the ``windows`` query has not taken
+    yet, read once each."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.checkpoint = config.checkpoint_dir / WINDOWS_QUERY
         self._partials: dict[int, pa.Table] = {}
+        self._submitted: list[int] = []
+        self._ready = threading.Condition()
 
-    def write(self, batch_id: int) -> Provisional | None:
-        """Write batch ``batch_id``'s provisional rows (once ``accept`` published it); None when it wrote none on
-        purpose (no events, or the ``windows`` query too far behind) or could not (the store unreachable)."""
-        committed = accepted_log.last_read(self.checkpoint)   # before the store is read: see provisional_rows
-        committed = -1 if committed is None else committed
-        watermark_ms, taken = self._windows_position()
-        taken = min(taken, committed)
-        published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= batch_id]
-        if not published or published[-1].batch_id != batch_id:
-            return None
-        span_ms = PENDING_TRIGGERS_MAX * self.config.stream.trigger_interval_s * 1000
-        if published[-1].accepted_at_ms - published[0].accepted_at_ms > span_ms:
-            return None
-        pending = {m.batch_id: self._read(m.batch_id) for m in published}
-        for gone in [b for b in self._partials if b <= taken]:
-            del self._partials[gone]
-        newest = max((int(t["corrected_event_time"].cast(pa.int64()).to_numpy().max()) // 1000
-                      for t in pending.values() if t.num_rows), default=None)
-        bound_ms = watermark_bound_ms(watermark_ms, newest, self.config)
-        try:
-            stored = self._stored(touched_windows(self.config, pending[batch_id], bound_ms)[0])
-            result = provisional_rows(self.config, batch_id, pending, stored, committed, bound_ms, datetime.now(UTC))
-            if result.rows.num_rows:
-                with connect(self.config) as client:
-                    client.insert_arrow("window_aggregates", result.rows)
-        except (StoreUnavailable, ClickHouseError) as exc:
-            # Best effort: the windows query writes these rows anyway, and accept's own work is done.
-            log.warning("accept batch %d: no provisional window rows (%s)", batch_id, str(exc).splitlines()[0][:200])
-            return None
-        outcomes[batch_id] = result.windows_left
+    def submit(self, batch_id: int) -> None:
+        """Accept batch ``batch_id`` is published: its rows are to be written."""
+        with self._ready:
+            self._submitted.append(batch_id)
+            self._ready.notify()
+
+    def run_while(self, active: Callable[[], bool]) -> None:
+        """Start the thread that writes the submitted batches' rows, for as long as ``active()`` (the ``accept``
+        query runs)."""
+        def work() -> None:
+            while active():
+                with self._ready:
+                    self._ready.wait_for(lambda: self._submitted, timeout=self.config.stream.accept_interval)
+                    batches, self._submitted = self._submitted, []
+                if batches:
+                    try:
+                        self.write(batches)
+                    except Exception:   # the windows query writes these windows all the same; say why these could not
+                        log.exception("provisional window rows of accept batches %s failed", batches)
+
+        threading.Thread(target=work, name="provisional-windows", daemon=True).start()
+
+    def write(self, batches: list[int]) -> Provisional | None:
+        """Write the provisional rows of published accept ``batches``; None when none were written on purpose (the
+        ``windows`` query too far behind) or could not be (the store unreachable)."""
+        batch_id = max(batches)
+        with timed(ACCEPT_QUERY, "provisional_windows"):
+            committed = accepted_log.last_read(self.checkpoint)   # before the store is read: see provisional_rows
+            committed = -1 if committed is None else committed
+            watermark_ms, taken = self._windows_position()
+            taken = min(taken, committed)
+            published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= batch_id]
+            ids = {m.batch_id for m in published}
+            if not published or not ids.issuperset(batches):
+                return None
+            span_ms = PENDING_TRIGGERS_MAX * self.config.stream.trigger_interval_s * 1000
+            if published[-1].accepted_at_ms - published[0].accepted_at_ms > span_ms:
+                return None
+            pending = {m.batch_id: self._read(m.batch_id) for m in published}
+            for gone in [b for b in self._partials if b <= taken]:
+                del self._partials[gone]
+            newest = max((int(t["corrected_event_time"].cast(pa.int64()).to_numpy().max()) // 1000
+                          for t in pending.values() if t.num_rows), default=None)
+            bound_ms = watermark_bound_ms(watermark_ms, newest, self.config)
+            touched: set[WindowKey] = set()
+            for batch in batches:
+                touched |= touched_windows(self.config, pending[batch], bound_ms)[0]
+            try:
+                stored = self._stored(touched)
+                result = provisional_rows(self.config, batches, pending, stored, committed, bound_ms,
+                                          datetime.now(UTC))
+                if result.rows.num_rows:
+                    with connect(self.config) as client:
+                        client.insert_arrow("window_aggregates", result.rows)
+            except (StoreUnavailable, ClickHouseError) as exc:
+                log.warning("accept batches %s: no provisional window rows (%s)", batches,
+                            str(exc).splitlines()[0][:200])
+                return None
+        written_ms = int(time.time() * 1000)
+        for batch in batches:
+            outcomes[batch] = (result.windows_left, written_ms)
         while len(outcomes) > OUTCOMES_KEPT:
             del outcomes[next(iter(outcomes))]
         return result

@@ -76,7 +76,7 @@ def test_versions_order_a_provisional_row_between_the_windows_rows_before_and_af
 
 
 def test_with_nothing_stored_a_window_gets_the_row_of_every_event_of_the_pending_batches() -> None:
-    result = provisional_rows(CONFIG, 3, PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
+    result = provisional_rows(CONFIG, [3], PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
 
     rows = rows_by_window(result.rows)
     expected = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST + SECOND + THIRD[:1])
@@ -95,7 +95,7 @@ def test_a_stored_row_is_merged_with_only_the_batches_it_does_not_cover() -> Non
     windows_row = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST + SECOND,
                              version=window_version(2))   # the windows query took batches 1 and 2
 
-    result = provisional_rows(CONFIG, 3, PENDING, {key(10, 0): stored(windows_row)}, committed=2,
+    result = provisional_rows(CONFIG, [3], PENDING, {key(10, 0): stored(windows_row)}, committed=2,
                               bound_ms=BEFORE_ANY, written_at=NOW)
 
     got = rows_by_window(result.rows)[key(10, 0)]
@@ -106,10 +106,10 @@ def test_a_stored_row_is_merged_with_only_the_batches_it_does_not_cover() -> Non
 
 
 def test_an_earlier_provisional_row_counts_as_covering_its_own_batch() -> None:
-    earlier = provisional_rows(CONFIG, 2, PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
+    earlier = provisional_rows(CONFIG, [2], PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
     stored_row = stored(rows_by_window(earlier.rows)[key(10, 0)])
 
-    result = provisional_rows(CONFIG, 3, PENDING, {key(10, 0): stored_row}, committed=0, bound_ms=BEFORE_ANY,
+    result = provisional_rows(CONFIG, [3], PENDING, {key(10, 0): stored_row}, committed=0, bound_ms=BEFORE_ANY,
                               written_at=NOW)
 
     assert rows_by_window(result.rows)[key(10, 0)]["event_count"] == 4   # 3 from batches 1-2, 1 from batch 3
@@ -118,7 +118,7 @@ def test_an_earlier_provisional_row_counts_as_covering_its_own_batch() -> None:
 def test_batches_a_committed_windows_micro_batch_took_are_never_added_again() -> None:
     # The windows query committed batch 2; the window's stored row is older (it wrote nothing for it since).
     old_row = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST, version=window_version(1))
-    result = provisional_rows(CONFIG, 3, PENDING, {key(10, 0): stored(old_row)}, committed=2,
+    result = provisional_rows(CONFIG, [3], PENDING, {key(10, 0): stored(old_row)}, committed=2,
                               bound_ms=BEFORE_ANY, written_at=NOW)
 
     assert rows_by_window(result.rows)[key(10, 0)]["event_count"] == 3   # batch 1 stored + batch 3's one event
@@ -128,7 +128,7 @@ def test_a_window_the_stored_row_already_covers_up_to_this_batch_gets_no_row() -
     taken = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST + SECOND + THIRD[:1],
                        version=window_version(3))   # the windows query was quicker than this batch
 
-    result = provisional_rows(CONFIG, 3, PENDING, {key(10, 0): stored(taken)}, committed=0, bound_ms=BEFORE_ANY,
+    result = provisional_rows(CONFIG, [3], PENDING, {key(10, 0): stored(taken)}, committed=0, bound_ms=BEFORE_ANY,
                               written_at=NOW)
 
     assert key(10, 0) not in rows_by_window(result.rows)
@@ -136,7 +136,7 @@ def test_a_window_the_stored_row_already_covers_up_to_this_batch_gets_no_row() -
 
 
 def test_only_windows_the_batch_itself_touches_are_written() -> None:
-    result = provisional_rows(CONFIG, 2, PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
+    result = provisional_rows(CONFIG, [2], PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
 
     assert key(10, 10_000) not in rows_by_window(result.rows)   # batch 3's, not yet accepted at batch 2
     assert rows_by_window(result.rows)[key(10, 0)]["event_count"] == 3
@@ -149,11 +149,19 @@ def test_windows_at_or_behind_the_highest_watermark_the_windows_query_may_apply_
     bound = watermark_bound_ms(T0_MS - 3_600_000, T0_MS + 12_000, CONFIG)
     assert bound == T0_MS + 12_000 - lateness_ms
     assert watermark_bound_ms(T0_MS + 5_000, T0_MS + 12_000, CONFIG) == max(bound, T0_MS + 5_000)
-    assert provisional_rows(CONFIG, 3, PENDING, {}, 0, bound, NOW).windows_left == 0
+    assert provisional_rows(CONFIG, [3], PENDING, {}, 0, bound, NOW).windows_left == 0
 
     # At 10 s, the window [0, 10 s) may be closed when the windows query takes these events: its contribution
     # may be a dropped straggler, so only the windows query writes it.
-    result = provisional_rows(CONFIG, 3, PENDING, {}, committed=0, bound_ms=T0_MS + 10_000, written_at=NOW)
+    result = provisional_rows(CONFIG, [3], PENDING, {}, committed=0, bound_ms=T0_MS + 10_000, written_at=NOW)
     rows = rows_by_window(result.rows)
     assert key(10, 0) not in rows and key(10, 10_000) in rows and key(60, 0) in rows
     assert result.windows_left == 1
+
+
+def test_batches_taken_together_write_every_window_any_of_them_touched_under_the_newest_version() -> None:
+    result = provisional_rows(CONFIG, [2, 3], PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
+
+    rows = rows_by_window(result.rows)
+    assert rows[key(10, 0)]["event_count"] == 4 and rows[key(10, 10_000)]["event_count"] == 1
+    assert {r["version"] for r in rows.values()} == {provisional_version(3)}
