@@ -1,5 +1,5 @@
-"""Provisional tumbling and hopping rows: a window's row as it stands after each ``accept`` batch, before the
-``windows`` query has taken that batch.
+"""Provisional tumbling rows: a window's row as it stands after each ``accept`` batch, before the ``windows`` query
+has taken that batch (hopping windows, minutes long, wait for it: :data:`PROVISIONAL_KINDS`).
 
 The ``windows`` query takes a reader batch every ``stream.trigger_interval_s`` (``analytics.reader_batches``), so
 its rows move at that pace plus a batch's run time. ``accept`` runs more often (``stream.accept_interval_s``) and
@@ -70,6 +70,11 @@ from store.client import StoreUnavailable, connect
 
 log = logging.getLogger(__name__)
 
+PROVISIONAL_KINDS = ("tumbling",)
+"""The window kinds that get provisional rows. A hopping spec puts each event in L/H windows (5 for 300 s every
+60 s), so its rows would cost most of the merging for windows minutes long, where a trigger's wait matters least
+(docs/performance.md, "Provisional window rows")."""
+
 PENDING_TRIGGERS_MAX = 3
 """Provisional rows are written only while the ``windows`` query is less than this many triggers behind
 ``accept``: further behind, the partials to merge grow with its lag, and its own rows are what is late."""
@@ -124,8 +129,10 @@ class Provisional:
 
 
 def window_contributions(partials: pa.Table, config: Config) -> pa.Table:
-    """One row per (partial, window of its bucket): the partial's index (``partial``) and the window's columns."""
-    assigned = assign_windows(window_specs(config), np.asarray(partials[BUCKET_START], dtype=np.int64))
+    """One row per (partial, tumbling window of its bucket): the partial's index (``partial``) and the window's
+    columns."""
+    specs = [spec for spec in window_specs(config) if spec.kind in PROVISIONAL_KINDS]
+    assigned = assign_windows(specs, np.asarray(partials[BUCKET_START], dtype=np.int64))
     return assigned.rename_columns(["partial", *assigned.column_names[1:]])
 
 
