@@ -303,8 +303,8 @@ class ProvisionalWindows:
             watermark_ms, taken = self._windows_position()
             taken = min(taken, committed)
             published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= batch_id]
-            ids = {m.batch_id for m in published}
-            if not published or not ids.issuperset(batches):
+            batches = [b for b in batches if b > taken]   # the windows query's own rows cover the others
+            if not batches or not {m.batch_id for m in published}.issuperset(batches):
                 return None
             span_ms = PENDING_TRIGGERS_MAX * self.config.stream.trigger_interval_s * 1000
             if published[-1].accepted_at_ms - published[0].accepted_at_ms > span_ms:
