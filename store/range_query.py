@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from clickhouse_connect.driver.client import Client
-from datasketches import hll_sketch, hll_union, kll_doubles_sketch
+from datasketches import hll_sketch, hll_union, kll_doubles_sketch, tgt_hll_type
 
 from eventide.envelope import LEVELS  # counted per window: the level_* columns of window_aggregates
 
@@ -34,7 +34,7 @@ DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99, 0.999)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 # Without these the driver decodes the sketch String columns as UTF-8 text, which corrupts the bytes.
-_SKETCH_FORMATS = {"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"}
+SKETCH_FORMATS = {"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"}
 
 
 class SeriesKey(NamedTuple):
@@ -137,12 +137,14 @@ def merge_kll(blobs: Iterable[bytes | None]) -> kll_doubles_sketch | None:
     return None if merged is None or merged.is_empty() else merged
 
 
-def merge_hll(blobs: Iterable[bytes | None], lg_k: int | None = None) -> hll_sketch | None:
+def merge_hll(blobs: Iterable[bytes | None], lg_k: int | None = None,
+              target: tgt_hll_type = tgt_hll_type.HLL_4) -> hll_sketch | None:
     """Union serialized HLL sketches (DataSketches format, as Spark's ``hll_sketch_agg`` writes them).
 
     ``lg_k`` is the union's maximum lg_k (e.g. ``config.stream.hll_lg_k``); ``None`` takes the largest lg_k among
     the inputs, so the union is exactly as precise as its inputs. Empty bytes are skipped; ``None`` when nothing is
-    left. Spark's ``hll_sketch_estimate`` is :func:`hll_estimate` of the result.
+    left. Spark's ``hll_sketch_estimate`` is :func:`hll_estimate` of the result. ``target``: the result's type
+    (``HLL_8`` is what Spark's ``hll_union_agg`` stores; the estimate is the same).
     """
     sketches = [hll_sketch.deserialize(bytes(blob)) for blob in blobs if blob]
     if not sketches:
@@ -150,7 +152,7 @@ def merge_hll(blobs: Iterable[bytes | None], lg_k: int | None = None) -> hll_ske
     union = hll_union(lg_k if lg_k is not None else max(s.lg_config_k for s in sketches))
     for sketch in sketches:
         union.update(sketch)
-    return union.get_result()
+    return union.get_result(target)
 
 
 def hll_estimate(sketch: hll_sketch | None) -> int:
@@ -358,7 +360,7 @@ def fetch_windows(client: Client, names: Collection[tuple[str, str]], apps: Sequ
         sql = sql.replace("value_sketch,", "'' AS value_sketch,")
     result = client.query(sql, parameters={
         "kinds": sorted({k for k, _ in names}), "names": sorted({n for _, n in names}), "apps": list(apps),
-        "length_ms": length_ms, "start_ms": start_ms, "end_ms": end_ms}, column_formats=_SKETCH_FORMATS)
+        "length_ms": length_ms, "start_ms": start_ms, "end_ms": end_ms}, column_formats=SKETCH_FORMATS)
     rows: dict[tuple[str, str], dict[SeriesKey, list[_StoredWindow]]] = {pair: {} for pair in names}
     stored_at = len(_Row._fields)
     for kind, name, app, tags, *window in result.result_rows:
@@ -473,7 +475,7 @@ def _fetch(client: Client, series: SeriesKey, start_ms: int, end_ms: int, align_
     sql = _WINDOWS_SQL.replace("{length}", length)
     if not devices:
         sql = sql.replace("devices_sketch,", "'' AS devices_sketch,")
-    result = client.query(sql, parameters=parameters, column_formats=_SKETCH_FORMATS)
+    result = client.query(sql, parameters=parameters, column_formats=SKETCH_FORMATS)
     rows = [_Row(*row) for row in result.result_rows]
     if source_length_s is not None:
         return parameters["length_ms"], rows

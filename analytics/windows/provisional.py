@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from clickhouse_connect.driver.exceptions import ClickHouseError
-from datasketches import hll_sketch, hll_union, kll_doubles_sketch, tgt_hll_type
+from datasketches import hll_sketch, tgt_hll_type
 
 from analytics import accepted_log
 from analytics.event_time import watermark_delay_ms
@@ -67,6 +67,7 @@ from analytics.vocabulary import (
 from analytics.windows.partials import SCHEMA as PARTIALS_SCHEMA
 from eventide.config import Config
 from store.client import StoreUnavailable, connect
+from store.range_query import SKETCH_FORMATS, hll_estimate, merge_hll, merge_kll
 
 log = logging.getLogger(__name__)
 
@@ -203,14 +204,12 @@ def _merged(config: Config, base: dict[str, Any] | None, parts: Sequence[dict[st
     total = sum(p["sum"] for p in values) + (base["sum"] if base and base["value_count"] else 0.0)
     lows = [p["min"] for p in values] + ([base["min"]] if base and base["value_count"] else [])
     highs = [p["max"] for p in values] + ([base["max"]] if base and base["value_count"] else [])
-    kll = kll_doubles_sketch(config.stream.kll_k)
-    for sketch in [base["value_sketch"]] if base and base["value_count"] else []:
-        kll.merge(kll_doubles_sketch.deserialize(sketch))
-    for p in values:
-        kll.merge(kll_doubles_sketch.deserialize(p["value_sketch"]))
-    users, devices = (_union(config, [base[c]] if base else [], [p[c] for p in parts])
+    kll = merge_kll([*([base["value_sketch"]] if base and base["value_count"] else []),
+                     *(p["value_sketch"] for p in values)])
+    users, devices = (merge_hll([*([base[c]] if base else []), *(p[c] for p in parts)], config.stream.hll_lg_k,
+                                tgt_hll_type.HLL_8) or hll_sketch(config.stream.hll_lg_k, tgt_hll_type.HLL_8)
                       for c in ("users_sketch", "devices_sketch"))
-    has_values = counts["value_count"] > 0
+    has_values = counts["value_count"] > 0   # exactly when some merged KLL sketch holds values
     length_ms = first["window_length_ms"]
     return {
         "window_kind": first["window_kind"], "window_length_ms": length_ms, "window_hop_ms": first["window_hop_ms"],
@@ -221,29 +220,18 @@ def _merged(config: Config, base: dict[str, Any] | None, parts: Sequence[dict[st
         "min": min(lows) if has_values else None, "max": max(highs) if has_values else None,
         "mean": total / counts["value_count"] if has_values else None,
         "rate": counts["event_count"] * 1000.0 / length_ms,
-        **{name: kll.get_quantile(q, inclusive=True) if has_values else None for name, q in QUANTILES.items()},
-        "distinct_users": round(users.get_estimate()), "distinct_devices": round(devices.get_estimate()),
-        "value_sketch": kll.serialize() if has_values else b"",
+        **{name: kll.get_quantile(q, inclusive=True) if kll is not None else None for name, q in QUANTILES.items()},
+        "distinct_users": hll_estimate(users), "distinct_devices": hll_estimate(devices),
+        "value_sketch": kll.serialize() if kll is not None else b"",
         "users_sketch": users.serialize_compact(), "devices_sketch": devices.serialize_compact(),
         **{f: counts[f] for f in LEVEL_FIELDS},
     }
-
-
-def _union(config: Config, stored: list[bytes], parts: list[bytes | None]) -> hll_sketch:
-    union = hll_union(config.stream.hll_lg_k)
-    for sketch in [*stored, *parts]:
-        if sketch:
-            union.update(hll_sketch.deserialize(sketch))
-    return union.get_result(tgt_hll_type.HLL_8)
 
 
 def _store_time(epoch_ms: int) -> str:
     """A window bound as a ``DateTime64(3, 'UTC')`` literal."""
     return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
-
-_SKETCH_BYTES = {"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"}
-"""Read as bytes: clickhouse-connect would otherwise decode the sketches' String columns as UTF-8 text."""
 
 _ROW_SCHEMA = pa.schema([
     ("window_kind", pa.string()), ("window_length_ms", pa.uint64()), ("window_hop_ms", pa.uint64()),
@@ -365,6 +353,6 @@ class ProvisionalWindows:
                 "SELECT window_kind, window_length_ms, toUnixTimestamp64Milli(window_start), app, kind, name, "
                 f"series_tags, {', '.join(STORED_COLUMNS)} FROM window_aggregates FINAL "
                 "WHERE (window_kind, window_length_ms, window_start, app, kind, name, series_tags) IN %(keys)s",
-                parameters={"keys": listed}, column_formats=_SKETCH_BYTES)
+                parameters={"keys": listed}, column_formats=SKETCH_FORMATS)
         return {tuple(row[:7]): dict(zip(STORED_COLUMNS, row[7:], strict=True))   # type: ignore[misc]
                 for row in found.result_rows}

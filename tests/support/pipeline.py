@@ -17,6 +17,7 @@ from eventide.config import Config, to_environ
 from eventide.envelope import encode, log_event, metric_event, now_ms, offset_clock
 from ingest.sdk import Client
 from store.client import connect
+from store.range_query import SKETCH_FORMATS
 
 
 def assert_connection_over_the_cap_is_closed(port: int, cap: int) -> None:
@@ -91,7 +92,7 @@ def window_rows(config: Config, length_s: int, where: str = "1") -> list[dict[st
         result = client.query(
             f"SELECT * FROM window_aggregates FINAL WHERE window_kind = 'tumbling' "
             f"AND window_length_ms = {length_s * 1000} AND {where} ORDER BY app, name, window_start",
-            column_formats={"value_sketch": "bytes", "users_sketch": "bytes", "devices_sketch": "bytes"},
+            column_formats=SKETCH_FORMATS,
         )
         return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
