@@ -19,7 +19,8 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
   ``ours_peer``: our job configured for that same single tumbling window (the windows query alone);
 - ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
   triggers; per event and per query, (end of the micro-batch that took it − its Kafka receive time), p50 / p95 / max
-  and p95 by minute: ``log_line`` (accept: its log line searchable), ``tumbling_row`` (windows: its window rows),
+  and p95 by minute: ``log_line`` (accept: its log line searchable, at the latest), ``log_line_stored`` (when
+  the task's insert of its log line returned, before the batch ends: searchable from then), ``tumbling_row`` (windows: its window rows),
   ``tumbling_row_provisional`` (its window row moved: when the provisional rows of its accept batch were written, if
   that batch's events got one in every window they touched, else ``tumbling_row``), ``sliding_or_session_processed``
   (keyed_windows); and the machine's CPU per event and per accept batch.
@@ -57,6 +58,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from analytics.accept import writer as accept_writer
 from analytics.job import QUERIES
 from analytics.vocabulary import ACCEPT_QUERY
 from analytics.windows import provisional
@@ -151,9 +153,11 @@ every row the event completed (a sliding or session row itself appears only once
 
 
 def _visible_at(config: Config, query: str, batches: list[tuple[int, str, int, dict[str, Any]]],
-                stamps: dict[int, Any], at_ms: dict[int, int] | None = None) -> dict[int, Any]:
+                stamps: dict[int, Any], at_ms: dict[int, int] | None = None,
+                partition_at_ms: dict[tuple[int, int], int] | None = None) -> dict[int, Any]:
     """Per partition and offset: the end (epoch ms) of ``query``'s micro-batch that took the record, or ``at_ms`` of
-    that batch when given (batches missing there count for none); inf where none did."""
+    that batch, or ``partition_at_ms`` of that batch and partition, when given (those missing there count for none);
+    inf where none did."""
     import numpy as np
 
     visible = {p: np.full(len(received), np.inf) for p, received in stamps.items()}
@@ -165,6 +169,10 @@ def _visible_at(config: Config, query: str, batches: list[tuple[int, str, int, d
         start = _kafka_offsets(config, query, source["startOffset"])
         end = _kafka_offsets(config, query, source["endOffset"])
         for partition, offsets in end.get(config.kafka.events_topic, {}).items():
+            if partition_at_ms is not None:
+                if (batch_id, int(partition)) not in partition_at_ms:
+                    continue
+                end_ms = partition_at_ms[(batch_id, int(partition))]
             lo = start.get(config.kafka.events_topic, {}).get(partition, 0)
             span = visible[int(partition)][lo:offsets]
             visible[int(partition)][lo:offsets] = np.minimum(span, end_ms)
@@ -198,6 +206,7 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
 
     sinks.sink_seconds.clear()
     provisional.outcomes.clear()
+    accept_writer.lines_stored.clear()
     # Every progress report of the run is read back from the queries: Spark keeps the last 100 by default, fewer
     # than the readers' batches in a few minutes (they poll every stream.accepted_poll_interval_s).
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(PROGRESS_KEPT))
@@ -226,6 +235,10 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     provisional_visible = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps, at_ms=complete)
     earliest = {p: np.minimum(visible["windows"][p], provisional_visible[p]) for p in stamps}
     provisional_row = _latencies(earliest, stamps, t0)
+    # A log line is searchable once its task's insert returned, before the batch ends (analytics.accept.writer).
+    stored = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps,
+                         partition_at_ms=dict(accept_writer.lines_stored))
+    log_line_stored = _latencies({p: np.minimum(visible[ACCEPT_QUERY][p], stored[p]) for p in stamps}, stamps, t0)
     accept_batches = len(batches.get(ACCEPT_QUERY, []))
     # Events still unprocessed when the load stopped + 3 triggers never became queryable: a job that cannot keep
     # up shows here (and in a growing p95 per minute), not in the percentiles of the events it did process.
@@ -235,6 +248,7 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             "accepted_poll_interval_s": config.stream.accepted_poll_interval_s,
             **{FRESHNESS_OF[q]: {**figures, "unprocessed_at_stop": produced - figures["events"]}
                for q, figures in by_query.items()},
+            "log_line_stored": {**log_line_stored, "unprocessed_at_stop": produced - log_line_stored["events"]},
             "tumbling_row_provisional": {**provisional_row,
                                          "unprocessed_at_stop": produced - provisional_row["events"],
                                          "accept_batches_complete": len(complete)},

@@ -63,12 +63,13 @@ RESULT = pa.schema([
     ("first_timestamp_ms", pa.int64()), ("last_timestamp_ms", pa.int64()), ("horizon_ids", pa.int64()),
     ("horizon_bytes", pa.int64()), ("horizon_memory_bytes", pa.int64()), ("staged_bytes", pa.int64()),
     ("spilled_bytes", pa.int64()), ("oversized", pa.int64()), ("seconds", pa.string()),
-    ("warnings", pa.list_(pa.string())),
+    ("warnings", pa.list_(pa.string())), ("stored_at_ms", pa.int64()),
 ])
 """What each task returns to the driver: one row per Kafka partition of the batch (``spilled_bytes``: its valid records
 written to its local disk, 0 unless they exceeded ``stream.task_memory_bytes``; ``oversized``: its rejected records
 over ``envelope.max_record_bytes``, which the driver copies to the dead-letter topic; ``seconds``: its stage timings
-as JSON, for the benchmark; ``warnings``: what it logged while it waited for the store, for the driver's log)."""
+as JSON, for the benchmark; ``warnings``: what it logged while it waited for the store, for the driver's log;
+``stored_at_ms``: when its rows, the log lines among them, were in the store, epoch ms, for the benchmark)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class AcceptPartition:
         rows.append(("device_clocks", with_constants(clock_offsets(accepted), batch_id=batch_id,
                                                       recorded_at=self.now)))
         self._reject(rejected, clock, rows)
-        return {
+        return {"stored_at_ms": int(time.time() * 1000),
             "partition": partition, "candidates": batch.num_rows, "accepted": accepted.num_rows,
             "dead_letters": dead_letters, "first_timestamp_ms": span["first"],
             "last_timestamp_ms": span["last"],

@@ -61,6 +61,7 @@ def accept_writer(config: Config, live: bool = False,
         with timed(ACCEPT_QUERY, "tasks"):
             results = accept_projection(records, accepted_columns, limit).mapInArrow(task, result_schema).toArrow()
         _add_task_seconds(results)
+        _note_lines_stored(batch_id, results)
         if pc.sum(results["oversized"]).as_py():
             with timed(ACCEPT_QUERY, "oversized_dead_letters"):
                 forward_oversized(records, config)
@@ -148,6 +149,20 @@ def _add_task_seconds(results: pa.Table) -> None:
             total[stage] += spent
     for stage, spent in total.items():
         sink_seconds[(ACCEPT_QUERY, f"tasks.{stage}")].append(spent)
+
+
+LINES_STORED_KEPT = 40_000
+lines_stored: dict[tuple[int, int], int] = {}
+"""When each (accept batch, Kafka partition)'s log lines were stored, epoch ms, for the newest ``LINES_STORED_KEPT``
+in this driver: read by the benchmark (a line is searchable from then, before its batch ends)."""
+
+
+def _note_lines_stored(batch_id: int, results: pa.Table) -> None:
+    for partition, stored_at_ms in zip(results["partition"].to_pylist(), results["stored_at_ms"].to_pylist(),
+                                       strict=True):
+        lines_stored[(batch_id, partition)] = stored_at_ms
+    while len(lines_stored) > LINES_STORED_KEPT:
+        del lines_stored[next(iter(lines_stored))]
 
 
 def _dedup_state(config: Config, batch_id: int, results: pa.Table, now: datetime) -> pa.Table:

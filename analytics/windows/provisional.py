@@ -127,6 +127,8 @@ class Provisional:
     rows: pa.Table
     windows_left: int
     """Windows the batch's events touch that got no provisional row: at or behind the watermark bound."""
+    written: dict[WindowKey, dict[str, Any]]
+    """``rows`` by window, as dicts (without ``version``)."""
 
 
 def window_contributions(partials: pa.Table, config: Config) -> pa.Table:
@@ -179,15 +181,26 @@ def provisional_rows(config: Config, batches: Sequence[int], pending: Mapping[in
             key = _key(c, [row[s] for s in SERIES])
             if key in own:
                 contributions[key].append((source, {**row, **{w: c[w] for w in _WINDOW}}))
-    out = []
+    written = {}
     for key in sorted(own):
         parts = [part for source, part in contributions[key] if source > since[key]]
         if parts:
-            out.append(_merged(config, stored.get(key), parts))
+            written[key] = _merged(config, stored.get(key), parts)
+    out = list(written.values())
     table = (pa.Table.from_pylist(out, schema=_ROW_SCHEMA) if out else _ROW_SCHEMA.empty_table())
     table = table.append_column("version", pa.array([provisional_version(batch_id)] * table.num_rows, pa.uint64()))
     table = table.append_column("written_at", pa.array([written_at] * table.num_rows, pa.timestamp("ms", tz="UTC")))
-    return Provisional(table, len(behind - own))
+    return Provisional(table, len(behind - own), written)
+
+
+def reusable(written: Mapping[WindowKey, dict[str, Any]], keys: set[WindowKey],
+             committed: int) -> dict[WindowKey, dict[str, Any]]:
+    """The rows of ``keys`` among those this driver wrote last (``written``, with their ``version``) that can stand
+    for the stored ones: those covering at least ``committed``, the newest accept batch the ``windows`` query has
+    committed. Such a row plus the partials after it is the row the store's newest would give with the partials
+    after it, whichever wins there. An older one may have been replaced by a ``windows`` row covering batches whose
+    partials are no longer kept: that window is read from the store."""
+    return {k: written[k] for k in keys if k in written and covered(written[k]["version"]) >= committed}
 
 
 def _key(contribution: dict[str, Any], series: list[str]) -> WindowKey:
@@ -256,6 +269,7 @@ class ProvisionalWindows:
         self.config = config
         self.checkpoint = config.checkpoint_dir / WINDOWS_QUERY
         self._partials: dict[int, pa.Table] = {}
+        self._written: dict[WindowKey, dict[str, Any]] = {}   # the rows last written, by window (see reusable)
         self._submitted: list[int] = []
         self._ready = threading.Condition()
 
@@ -297,7 +311,8 @@ class ProvisionalWindows:
             span_ms = PENDING_TRIGGERS_MAX * self.config.stream.trigger_interval_s * 1000
             if published[-1].accepted_at_ms - published[0].accepted_at_ms > span_ms:
                 return None
-            pending = {m.batch_id: self._read(m.batch_id) for m in published}
+            with timed(ACCEPT_QUERY, "provisional_windows.read"):
+                pending = {m.batch_id: self._read(m.batch_id) for m in published}
             for gone in [b for b in self._partials if b <= taken]:
                 del self._partials[gone]
             newest = max((int(t["corrected_event_time"].cast(pa.int64()).to_numpy().max()) // 1000
@@ -307,22 +322,34 @@ class ProvisionalWindows:
             for batch in batches:
                 touched |= touched_windows(self.config, pending[batch], bound_ms)[0]
             try:
-                stored = self._stored(touched)
-                result = provisional_rows(self.config, batches, pending, stored, committed, bound_ms,
-                                          datetime.now(UTC))
+                with timed(ACCEPT_QUERY, "provisional_windows.lookup"):
+                    known = reusable(self._written, touched, committed)
+                    stored = known | self._stored(touched - known.keys())
+                with timed(ACCEPT_QUERY, "provisional_windows.merge"):
+                    result = provisional_rows(self.config, batches, pending, stored, committed, bound_ms,
+                                              datetime.now(UTC))
                 if result.rows.num_rows:
-                    with connect(self.config) as client:
+                    with timed(ACCEPT_QUERY, "provisional_windows.insert"), connect(self.config) as client:
                         client.insert_arrow("window_aggregates", result.rows)
             except (StoreUnavailable, ClickHouseError) as exc:
                 log.warning("accept batches %s: no provisional window rows (%s)", batches,
                             str(exc).splitlines()[0][:200])
                 return None
+        self._remember(result, provisional_version(batch_id), committed)
         written_ms = int(time.time() * 1000)
         for batch in batches:
             outcomes[batch] = (result.windows_left, written_ms)
         while len(outcomes) > OUTCOMES_KEPT:
             del outcomes[next(iter(outcomes))]
         return result
+
+    def _remember(self, result: Provisional, version: int, committed: int) -> None:
+        """Keep the rows just written, so the next round merges into them instead of reading them back; forget
+        those the ``windows`` query's committed rows may have replaced (:func:`reusable`)."""
+        for key, row in result.written.items():
+            self._written[key] = {**{c: row[c] for c in STORED_COLUMNS if c != "version"}, "version": version}
+        for key in [k for k, row in self._written.items() if covered(row["version"]) < committed]:
+            del self._written[key]
 
     def _windows_position(self) -> tuple[int, int]:
         """The watermark of the ``windows`` query's newest planned micro-batch and the newest accept batch it had

@@ -19,6 +19,7 @@ from analytics.windows.provisional import (
     covered,
     provisional_rows,
     provisional_version,
+    reusable,
     watermark_bound_ms,
     window_version,
 )
@@ -113,6 +114,25 @@ def test_an_earlier_provisional_row_counts_as_covering_its_own_batch() -> None:
                               written_at=NOW)
 
     assert rows_by_window(result.rows)[key(10, 0)]["event_count"] == 4   # 3 from batches 1-2, 1 from batch 3
+
+
+def test_the_row_written_last_stands_for_the_stored_one_while_it_covers_what_the_windows_query_committed() -> None:
+    earlier = provisional_rows(CONFIG, [2], PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
+    written = {k: {**row, "version": provisional_version(2)} for k, row in earlier.written.items()}
+    assert earlier.written.keys() == {key(10, 0), key(60, 0)}
+
+    # The windows query committed batch 1 (or 2): the rows written at batch 2 cover it, and merged with batch 3's
+    # partials they give the row of every event so far, with no read of the store.
+    kept = reusable(written, {key(10, 0), key(10, 10_000)}, committed=2)
+    assert kept.keys() == {key(10, 0)}   # the window at 10 s was never written: the store is asked for it
+    result = provisional_rows(CONFIG, [3], PENDING, kept, committed=2, bound_ms=BEFORE_ANY, written_at=NOW)
+    expected = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST + SECOND + THIRD[:1])
+    got = rows_by_window(result.rows)[key(10, 0)]
+    for column in ("event_count", "sum", "min", "max", "p50", "distinct_users", "distinct_devices"):
+        assert got[column] == pytest.approx(expected[column]), column
+
+    # Once the windows query committed batch 3, its rows may hold batch 3, whose partials are no longer kept.
+    assert reusable(written, {key(10, 0), key(60, 0)}, committed=3) == {}
 
 
 def test_batches_a_committed_windows_micro_batch_took_are_never_added_again() -> None:
