@@ -20,7 +20,8 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 - ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
   triggers; per event and per query, (end of the micro-batch that took it − its Kafka receive time), p50 / p95 / max
   and p95 by minute: ``log_line`` (accept: its log line searchable, at the latest), ``log_line_stored`` (when
-  the task's insert of its log line returned, before the batch ends: searchable from then), ``tumbling_row`` (windows: its window rows),
+  the task's insert of its log line returned, before the batch ends: searchable from then), ``tumbling_row``
+  (windows: its window rows),
   ``tumbling_row_provisional`` (its window row moved: when the provisional rows of its accept batch were written, if
   that batch's events got one in every window they touched, else ``tumbling_row``), ``sliding_or_session_processed``
   (keyed_windows); and the machine's CPU per event and per accept batch.

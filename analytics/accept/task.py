@@ -193,13 +193,14 @@ class AcceptPartition:
         rows.append(("device_clocks", with_constants(clock_offsets(accepted), batch_id=batch_id,
                                                       recorded_at=self.now)))
         self._reject(rejected, clock, rows)
-        return {"stored_at_ms": int(time.time() * 1000),
+        return {
             "partition": partition, "candidates": batch.num_rows, "accepted": accepted.num_rows,
             "dead_letters": dead_letters, "first_timestamp_ms": span["first"],
             "last_timestamp_ms": span["last"],
             "horizon_ids": sum(m.partition_events(partition) for m in memory),
             "horizon_bytes": sum(m.partition_bytes(partition) for m in memory), "horizon_memory_bytes": memory_bytes,
             "staged_bytes": staged_bytes, "spilled_bytes": held.spilled_bytes, "seconds": json.dumps(clock.seconds),
+            "stored_at_ms": int(time.time() * 1000),
         }
 
     def _events_file_rows(self, batch: pa.Table, slices: list[tuple[int, int]], kept: np.ndarray,

@@ -5,8 +5,9 @@ The ``windows`` query takes a reader batch every ``stream.trigger_interval_s`` (
 its rows move at that pace plus a batch's run time. ``accept`` runs more often (``stream.accept_interval_s``) and
 already aggregates its events per series and grain bucket (``analytics.windows.partials``). After publishing a
 batch, its driver merges that batch's partials, and those of every earlier batch the ``windows`` query has not
-taken yet, into the stored rows of the windows they touch, and writes the result to ``window_aggregates`` like
-any row: readers see the window move after each accept batch, with no change on their side.
+taken yet, into the newest rows of the windows they touch (the ones it wrote last, kept while they can stand for the
+stored ones: :func:`reusable`; else the stored ones), and writes the result to ``window_aggregates`` like any row:
+readers see the window move after each accept batch, with no change on their side.
 
 Which row wins is decided by ``version`` alone (``ReplacingMergeTree``), because a version names the newest accept
 batch a row covers (:func:`covered`):
