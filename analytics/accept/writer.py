@@ -90,7 +90,6 @@ def accept_writer(config: Config, live: bool = False,
                                ("dedup_partitions", _dedup_partitions(config, batch_id, results, now))], ACCEPT_QUERY)
         with timed(ACCEPT_QUERY, "expire"):
             accepted_log.expire(config, readers, int(now.timestamp() * 1000))
-            reader_batches.expire(config)
 
     return write
 

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics import accepted_log
+from analytics import accepted_log, reader_batches
 from analytics.keyed import runs as session_runs
 from analytics.keyed.schema import DROPPED_RUN, OPEN_SESSION, OPEN_SESSION_GONE, RUN_LAST, SESSION, SLIDING
 from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, renamed, timed, with_constants
@@ -40,7 +40,8 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
 
     One Spark job per batch, and the rows never reach the driver: each task of the query's output computes each
     table's derived columns in Spark, splits its rows into the three tables and inserts them (:class:`KeyedRows`);
-    the driver collects a row per table and task (issue 40)."""
+    the driver collects a row per table and task (issue 40). Last, the reader batches both readers are done with go
+    (``reader_batches.expire``)."""
     checkpoint = config.checkpoint_dir / KEYED_WINDOWS_QUERY
 
     def write(batch: DataFrame, batch_id: int) -> None:
@@ -48,6 +49,8 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
         out = batch.select(*_output_columns(config.stream.sliding_window_s * 1000, config.stream.session_gap_s * 1000))
         with timed(KEYED_WINDOWS_QUERY, "tasks"):   # the stateful query runs when its rows are written
             insert_in_tasks([out], [KeyedRows(config, checkpoint, batch_id, now)])
+        with timed(KEYED_WINDOWS_QUERY, "expire"):   # here, never beside this query's listing of its reader batches
+            reader_batches.expire(config, KEYED_WINDOWS_QUERY)
 
     return write
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics import accepted_log
+from analytics import accepted_log, reader_batches
 from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, insert_tables, timed, with_constants
 from analytics.spark.checkpoint import BatchInfo, batch_info, files_read
 from analytics.vocabulary import LEVEL_FIELDS, QUANTILES, WINDOWS_QUERY
@@ -86,7 +86,8 @@ class LatePass(TaskWriter):
 def window_writer(config: Config) -> BatchWriter:
     """Upsert the window rows a micro-batch changed (``version``: the newest accept batch it took), then count the
     batch's dropped stragglers and corrections with the batch's own offsets and watermark: in tasks, one Spark job
-    per batch (module docstring)."""
+    per batch (module docstring). Last, the reader batches both readers are done with go
+    (``reader_batches.expire``)."""
     checkpoint = config.checkpoint_dir / WINDOWS_QUERY
 
     def write(batch: DataFrame, batch_id: int) -> None:
@@ -110,5 +111,7 @@ def window_writer(config: Config) -> BatchWriter:
         if partials:
             insert_tables(config, [("corrections", with_constants(merged_corrections(partials), batch_id=batch_id,
                                                                   detected_at=now))], WINDOWS_QUERY)
+        with timed(WINDOWS_QUERY, "expire"):   # here, never beside this query's listing of its reader batches
+            reader_batches.expire(config, WINDOWS_QUERY)
 
     return write

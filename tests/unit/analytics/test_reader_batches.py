@@ -127,17 +127,21 @@ def test_after_an_upgrade_a_reader_behind_the_other_reads_on_one_accept_batch_at
                                        ) == accepted_log.partition_file(config.reader_events_dir, 4, 1)
 
 
-def test_reader_batches_are_deleted_once_both_readers_committed_a_newer_one_and_the_newest_stays(tmp_path):
+def test_a_reader_deletes_its_batches_once_both_readers_committed_a_newer_one_and_the_newest_stays(tmp_path):
     config = config_in(tmp_path)
     due = reader_batches.due_after(config, live=False)
     for batch in range(4):
         accept(config, batch, 0)
         reader_batches.hand_over(config, 0, due)
-    assert reader_batches.expire(config) == []                    # no reader has read anything
+    assert reader_batches.expire(config, "windows") == []         # no reader has read anything
     reader_read_batches(config, "windows", [0, 1, 2])
     reader_read_batches(config, "keyed_windows", [0, 1])
-    assert reader_batches.expire(config) == [0]                   # keyed_windows still reads 1
+    assert reader_batches.expire(config, "windows") == [0]        # keyed_windows still reads 1
     assert reader_batch_ids(config.reader_partials_dir) == [1, 2, 3]
+    # Each query deletes only the directory it reads (its own thread lists it between its micro-batches).
+    assert reader_batch_ids(config.reader_events_dir) == [0, 1, 2, 3]
+    assert reader_batches.expire(config, "keyed_windows") == [0]
+    assert reader_batch_ids(config.reader_events_dir) == [1, 2, 3]
     # The accepted-events log keeps its batches: its own retention and the dedup horizon decide.
     assert [m.batch_id for m in accepted_log.metas(config)] == [0, 1, 2, 3]
 
