@@ -52,6 +52,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from datasketches import hll_sketch, tgt_hll_type
 
 from analytics import accepted_log
+from analytics.accepted_log import BatchMeta
 from analytics.event_time import watermark_delay_ms
 from analytics.sinks import timed
 from analytics.spark.checkpoint import batch_info, planned_batches
@@ -78,8 +79,7 @@ PROVISIONAL_KINDS = ("tumbling",)
 (docs/performance.md, "Provisional window rows")."""
 
 PENDING_TRIGGERS_MAX = 3
-"""Provisional rows are written only while the ``windows`` query is less than this many triggers behind
-``accept``: further behind, the partials to merge grow with its lag, and its own rows are what is late."""
+"""Provisional rows are written only while the job keeps up within this many triggers (:func:`worth_writing`)."""
 
 OUTCOMES_KEPT = 10_000
 outcomes: dict[int, tuple[int, int]] = {}
@@ -130,6 +130,19 @@ class Provisional:
     """Windows the batch's events touch that got no provisional row: at or behind the watermark bound."""
     written: dict[WindowKey, dict[str, Any]]
     """``rows`` by window, as dicts (without ``version``)."""
+
+
+def worth_writing(pending: Sequence[BatchMeta], config: Config) -> bool:
+    """Whether the provisional rows of the newest of ``pending`` (the published accept batches the ``windows`` query
+    has not taken, oldest first) are worth their cost. Not while ``accept`` started that batch more than
+    :data:`PENDING_TRIGGERS_MAX` triggers after the oldest: the ``windows`` query is that far behind, the partials to
+    merge grow with its lag, and its own rows are what is late. Nor while ``accept`` catches up on a backlog (the
+    batch's oldest record had reached the broker that long before the batch started): every window it touches is
+    already old, its batches are large, and the driver's CPU is better spent catching up."""
+    span_ms = PENDING_TRIGGERS_MAX * config.stream.trigger_interval_s * 1000
+    newest = pending[-1]
+    return (newest.accepted_at_ms - pending[0].accepted_at_ms <= span_ms
+            and newest.accepted_at_ms - newest.first_timestamp_ms <= span_ms)
 
 
 def window_contributions(partials: pa.Table, config: Config) -> pa.Table:
@@ -309,8 +322,7 @@ class ProvisionalWindows:
             batches = [b for b in batches if b > taken]   # the windows query's own rows cover the others
             if not batches or not {m.batch_id for m in published}.issuperset(batches):
                 return None
-            span_ms = PENDING_TRIGGERS_MAX * self.config.stream.trigger_interval_s * 1000
-            if published[-1].accepted_at_ms - published[0].accepted_at_ms > span_ms:
+            if not worth_writing(published, self.config):
                 return None
             with timed(ACCEPT_QUERY, "provisional_windows.read"):
                 pending = {m.batch_id: self._read(m.batch_id) for m in published}

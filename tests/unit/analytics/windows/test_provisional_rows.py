@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
+from analytics.accepted_log import BatchMeta
 from analytics.vocabulary import ARROW_TIME
 from analytics.windows.partials import partials
 from analytics.windows.provisional import (
@@ -22,6 +23,7 @@ from analytics.windows.provisional import (
     reusable,
     watermark_bound_ms,
     window_version,
+    worth_writing,
 )
 from eventide.config import load_config
 from store.range_query import SeriesKey
@@ -185,3 +187,22 @@ def test_batches_taken_together_write_every_window_any_of_them_touched_under_the
     rows = rows_by_window(result.rows)
     assert rows[key(10, 0)]["event_count"] == 4 and rows[key(10, 10_000)]["event_count"] == 1
     assert {r["version"] for r in rows.values()} == {provisional_version(3)}
+
+
+def accepted(batch_id: int, started_s: float, oldest_record_s: float) -> BatchMeta:
+    """An accept batch started at ``started_s`` whose oldest record reached the broker at ``oldest_record_s``."""
+    return BatchMeta(batch_id, {}, {}, first_timestamp_ms=int(oldest_record_s * 1000),
+                     last_timestamp_ms=int(started_s * 1000), accepted_at_ms=int(started_s * 1000))
+
+
+def test_rows_are_written_only_while_the_job_keeps_up_within_three_triggers() -> None:
+    trigger_s = CONFIG.stream.trigger_interval_s
+    # A job keeping up: the windows query took the batches up to a trigger ago, each batch's records a second old.
+    keeping_up = [accepted(b, 100 + b, 99 + b) for b in range(1, 6)]
+    assert worth_writing(keeping_up, CONFIG)
+    # The windows query more than three triggers behind accept: its own rows are what is late.
+    behind = [accepted(b, 100 + b * trigger_s, 99 + b * trigger_s) for b in range(1, 6)]
+    assert not worth_writing(behind, CONFIG)
+    # accept catching up on a backlog: its batch holds records that reached the broker a minute before it started.
+    assert not worth_writing([accepted(1, 100, 40)], CONFIG)
+    assert worth_writing([accepted(1, 100, 100 - 3 * trigger_s)], CONFIG)
