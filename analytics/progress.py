@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from clickhouse_connect.driver.client import Client
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -126,6 +127,15 @@ class ProgressRecorder(JsonProgressListener):
             self._insert(config, [*row[:-1], datetime.now(UTC)])   # recorded_at is the row's last column
         except Exception:
             log.exception("could not record progress of %s", row[0])
+
+
+def record_round(client: Client, writer: str, at: datetime) -> None:
+    """Record that ``writer`` (not a Spark query: ``store.pipeline.PROVISIONAL_WINDOWS``) finished writing a round of
+    rows at ``at``, where the queries' newest batches are kept (``query_watermarks_kept``): the dashboard reads it
+    as it reads theirs (``store.pipeline.last_batches``). It has no watermark: epoch 0, which a maximum never
+    picks and ``store.pipeline.watermarks`` leaves out."""
+    client.insert("query_watermarks_kept", [[writer, datetime.fromtimestamp(0, UTC), at]],
+                  column_names=["query_name", "watermark", "recorded_at"])
 
 
 def progress_recorder(spark: SparkSession) -> ProgressRecorder:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from clickhouse_connect.driver.exceptions import OperationalError
@@ -30,9 +30,31 @@ log = logging.getLogger(__name__)
 BatchWriter = Callable[[DataFrame, int], None]
 STORE_RETRY_FIRST_S, STORE_RETRY_MAX_S = 1.0, 10.0   # pauses between write attempts while the store is away
 
+TIMINGS_KEPT = 20_000
+"""How many of the newest micro-batches' timings each stage keeps: a job runs for months, a benchmark's phase for a
+few thousand batches at most."""
+
 # Seconds spent per micro-batch in each sink stage, by (query, stage), in this driver process: read by the
 # benchmark (bench/pipeline.py) for its per-stage breakdown and logged at DEBUG.
-sink_seconds: dict[tuple[str, str], list[float]] = defaultdict(list)
+sink_seconds: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=TIMINGS_KEPT))
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Newest(dict[K, V]):
+    """A dict of at most ``kept`` entries, the newest (by first insertion): a driver's record of recent batches for
+    the benchmark, bounded in a job that runs for months."""
+
+    def __init__(self, kept: int) -> None:
+        super().__init__()
+        self.kept = kept
+
+    def note(self, key: K, value: V) -> None:
+        """Set ``key``, then forget the oldest entries beyond ``kept``."""
+        self[key] = value
+        while len(self) > self.kept:
+            del self[next(iter(self))]
 
 
 @contextmanager

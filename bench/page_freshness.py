@@ -1,14 +1,20 @@
-"""How long after an app logs a line a user sees it on the dashboard (issue 50's "on the page" figure).
+"""How long after an app sends something a user sees it on the dashboard (issue 50's "on the page" figure).
 
 Starts the whole local stack as ``./run demo`` does (broker, store, stream job, demo load, alerting, gateway,
 dashboard) on free ports and a new data directory, waits until the job has stored its first batches, then every
-``--every`` seconds logs one line through the SDK with a word never sent before, and measures, in a headless
-Chromium tab on the Logs page searching that word, the seconds from the SDK's ``log()`` call until the page lists
-the line (the search following new lines, refreshing every second). Kafka's acknowledgement of each line (the SDK's
-``flush``) is reported too, and when a query of the store first finds the line (polled between the page's checks):
-the pipeline's part is until stored, the dashboard's (its refresh, queries and drawing) the rest.
+``--every`` seconds sends one probe through the SDK, and measures in a headless Chromium tab the seconds from the
+SDK call until the page shows it (``--page``):
 
-    .venv/bin/python -m bench.page_freshness --probes 30 --every 10
+- ``logs``: a line with a word never sent before; the Logs page searching that word (opened anew for each probe,
+  the search following new lines, refreshing every second) lists it;
+- ``overview``: one metric event of an app never seen before; the Overview, left open and refreshing at the
+  configured ``dashboard.refresh_s``, lists the app in its "Events/s per app" chart (a tumbling window row).
+
+Kafka's acknowledgement of each probe (the SDK's ``flush``) is reported too, and when a query of the store first
+finds it (polled between the page's checks): the pipeline's part is until stored, the dashboard's (its refresh,
+queries and drawing) the rest.
+
+    .venv/bin/python -m bench.page_freshness --page overview --probes 30 --every 10
 
 Prints JSON: each probe's seconds (acknowledged, stored, shown), and p50 / p95 / max of each. A probe not shown within
 ``--timeout`` seconds counts as missing (reported, never as a figure).
@@ -24,8 +30,10 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.harness import REPO
 from bench.process_counts import CHROMIUM, CHROMIUM_ARGS
@@ -33,6 +41,9 @@ from eventide.config import Config, load_config, to_environ
 from ingest.sdk import Client
 from stack import cli
 from stack.services import free_port
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 PROBE_APP = "freshness-probe"
 
@@ -84,32 +95,70 @@ def _percentiles(values: list[float]) -> dict[str, float] | None:
             "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2), "max": round(ordered[-1], 2)}
 
 
-def measure(config: Config, probes: int, every_s: float, timeout_s: float) -> dict[str, Any]:
-    """Log ``probes`` distinct lines ``every_s`` apart and time each until the Logs page shows it."""
+@dataclass(frozen=True)
+class Watched:
+    """A page a probe is watched on: what it sends, and how the store and the page show it."""
+
+    url: str
+    """Path and query, ``{word}`` standing for the probe's distinctive word."""
+    opened_per_probe: bool
+    """Whether the page is opened anew for each probe (a search) or stays open, refreshing, as a user leaves it."""
+    app: Callable[[str], str]
+    """The app a probe is sent as, from its word."""
+    send: Callable[[Client, int, str], None]
+    stored: Callable[[Config, str], bool]
+    shown: Callable[[Page, str], bool]
+
+
+def _app_in_windows(config: Config, word: str) -> bool:
+    """Whether a tumbling window row of the probe's app is stored (what the Overview's rates chart reads)."""
+    from store.client import connect
+
+    with connect(config) as client:
+        return bool(client.query("SELECT count() FROM window_aggregates WHERE window_kind = 'tumbling' "
+                                 "AND app = {app:String}", parameters={"app": word}).result_rows[0][0])
+
+
+PAGES = {
+    # The search follows new lines, refreshing every second; the table is drawn on a canvas, and its caption says
+    # how many lines match the word: none until the line is stored.
+    "logs": Watched("/logs?minutes=15&refresh=1&follow=1&q={word}", True, lambda word: PROBE_APP,
+                    lambda client, i, word: client.log("info", f"freshness probe {i} {word}"), _stored,
+                    lambda page, word: page.get_by_text("lines match · newest", exact=False).count() > 0),
+    # An app never seen before: the "Events/s per app" chart's legend lists it once its tumbling row is read. The
+    # page refreshes at the configured interval (dashboard.refresh_s).
+    "overview": Watched("/overview?minutes=15", False, lambda word: word,
+                        lambda client, i, word: client.metric("freshness_probe", float(i)), _app_in_windows,
+                        lambda page, word: page.locator("text.legendtext", has_text=word).count() > 0),
+}
+
+
+def measure(config: Config, watched: Watched, probes: int, every_s: float, timeout_s: float) -> dict[str, Any]:
+    """Send ``probes`` distinct probes ``every_s`` apart and time each until the ``watched`` page shows it."""
     from playwright.sync_api import sync_playwright
 
     url = cli.dashboard_url(config)
     results: list[dict[str, Any]] = []
-    client = Client(PROBE_APP, "probe-device", config=config)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         for i in range(probes):
             word = f"probe{uuid.uuid4().hex[:12]}"
-            page.goto(f"{url}/logs?minutes=15&refresh=1&follow=1&q={word}")
-            page.wait_for_selector('[data-testid="stSidebar"]', timeout=30_000)
+            if watched.opened_per_probe or i == 0:
+                page.goto(url + watched.url.format(word=word))
+                page.wait_for_selector('[data-testid="stSidebar"]', timeout=30_000)
+            client = Client(watched.app(word), "probe-device", config=config)
             sent = time.monotonic()
-            client.log("info", f"freshness probe {i} {word}")
+            watched.send(client, i, word)
             client.flush(timeout_s=30)
             acknowledged = time.monotonic() - sent
+            client.close()
             shown = stored = None
             deadline = sent + timeout_s
             while time.monotonic() < deadline:
-                if stored is None and _stored(config, word):
+                if stored is None and watched.stored(config, word):
                     stored = time.monotonic() - sent
-                # The search follows new lines, refreshing every second; the table is drawn on a canvas, and its
-                # caption says how many lines match the word: none until the line is stored.
-                if page.get_by_text("lines match · newest", exact=False).count():
+                if watched.shown(page, word):
                     shown = time.monotonic() - sent
                     break
                 page.wait_for_timeout(100)
@@ -119,17 +168,18 @@ def measure(config: Config, probes: int, every_s: float, timeout_s: float) -> di
             print(json.dumps(results[-1]), flush=True)
             time.sleep(max(0.0, every_s - (time.monotonic() - sent)))
         browser.close()
-    client.close()
     shown_s = [r["shown_s"] for r in results if r["shown_s"] is not None]
     return {"probes": results, "acknowledged": _percentiles([r["acknowledged_s"] for r in results]),
             "stored": _percentiles([r["stored_s"] for r in results if r["stored_s"] is not None]),
             "shown": _percentiles(shown_s), "missing": sum(r["shown_s"] is None for r in results),
             "trigger_interval_s": config.stream.trigger_interval_s,
-            "accept_interval_s": config.stream.accept_interval, "refresh_s": 1}
+            "accept_interval_s": config.stream.accept_interval,
+            "refresh_s": 1 if watched.opened_per_probe else config.dashboard.refresh_s}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--page", choices=sorted(PAGES), default="logs")
     parser.add_argument("--probes", type=int, default=30)
     parser.add_argument("--every", type=float, default=10.0, help="seconds between probes")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a probe may take before it is missing")
@@ -140,11 +190,11 @@ def main() -> None:
         cli.demo(config)
         wait_for_job(config, timeout_s=300)
         time.sleep(args.warmup)
-        summary = measure(config, args.probes, args.every, args.timeout)
+        summary = measure(config, PAGES[args.page], args.probes, args.every, args.timeout)
     finally:
         cli.stack_down(config)
         shutil.rmtree(config.data_dir, ignore_errors=True)
-    print(json.dumps({k: v for k, v in summary.items() if k != "probes"}, indent=1))
+    print(json.dumps({"page": args.page} | {k: v for k, v in summary.items() if k != "probes"}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """When a refreshing page part reads the store again: only when there is something new to show.
 
 Every refresh asks the store one small question, when each stream query stored its newest batch, which the
-freshness line needs anyway. The part's own queries run, and its charts are built again, only when the query the
-part follows stored a batch since its last read, when its filters changed, or when the pipeline is not keeping up
+freshness line needs anyway. The part's own queries run, and its charts are built again, only when a query the
+part follows stored a batch since its last read (or, for tumbling rows, ``accept`` wrote a round of provisional
+ones: ``store.pipeline.TUMBLING_ROWS``), when its filters changed, or when the pipeline is not keeping up
 (no batch yet, or the newest older than the stale threshold): then every refresh reads, so lag and alerts keep
 moving while the job is stopped. Between batches the part draws the data of its last read, over the same range:
 the same charts, which the browser does not draw again. Redrawing every chart at every refresh, only for the
@@ -11,7 +12,7 @@ time axis to move a second, cost an open tab more CPU than the job's own queries
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
@@ -62,21 +63,29 @@ def _kept_or_read(part: str, key: object, version: object, trusted: bool, read: 
     return data
 
 
-def read_when_new(config: Config, part: str, follows: str, key: object,
+def followed_version(batches: Mapping[str, datetime], follows: Sequence[str]) -> tuple[datetime | None, ...] | None:
+    """What a part following the writers ``follows`` last saw of them: each one's newest batch or round (None
+    before the first query's first batch, so every refresh reads until then)."""
+    if batches.get(follows[0]) is None:
+        return None
+    return tuple(batches.get(writer) for writer in follows)
+
+
+def read_when_new(config: Config, part: str, follows: Sequence[str], key: object,
                   read: Callable[[], T]) -> tuple[Mapping[str, datetime], T]:
     """(when each stream query stored its newest batch, ``read()`` or the part's last result of it).
 
-    ``part``: a name unique on its page; ``follows``: the stream query (``store.pipeline``) whose new batches are
-    worth a new read; ``key``: everything ``read`` depends on besides time, compared with ``==``; ``read``: the
-    part's queries, returning everything it draws, the time range it chose included (a range ending now would
-    move the axis at every refresh)."""
+    ``part``: a name unique on its page; ``follows``: the stream queries, or other writers (``store.pipeline``),
+    whose new batches are worth a new read, the first one's age telling whether the pipeline keeps up (e.g.
+    ``pipeline.TUMBLING_ROWS``); ``key``: everything ``read`` depends on besides time, compared with ``==``;
+    ``read``: the part's queries, returning everything it draws, the time range it chose included (a range ending
+    now would move the axis at every refresh)."""
     batches = common.page_data(config, last_batches)
-    newest = batches.get(follows)
-    fresh = batch_is_fresh(newest, datetime.now(UTC), common.stale_after_s(config))
-    return batches, _kept_or_read(part, key, newest, fresh, read)
+    fresh = batch_is_fresh(batches.get(follows[0]), datetime.now(UTC), common.stale_after_s(config))
+    return batches, _kept_or_read(part, key, followed_version(batches, follows), fresh, read)
 
 
-def last_minutes_when_new(config: Config, part: str, follows: str, minutes: int, key: object,
+def last_minutes_when_new(config: Config, part: str, follows: Sequence[str], minutes: int, key: object,
                           data: Callable[..., T], *args: object,
                           **kwargs: object) -> tuple[Mapping[str, datetime], tuple[tuple[datetime, datetime], T]]:
     """:func:`read_when_new` for a part that shows the last ``minutes``: (batches, ((since, until), ``data(reader,

@@ -24,7 +24,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from analytics import accepted_log, reader_batches
 from analytics.accept import validation
 from analytics.accept.task import KAFKA_COORDINATES, RESULT, AcceptPartition
-from analytics.sinks import BatchWriter, insert_tables, sink_seconds, timed
+from analytics.sinks import BatchWriter, Newest, insert_tables, sink_seconds, timed
 from analytics.spark.checkpoint import batch_info
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, WINDOWS_QUERY
 from eventide.config import Config
@@ -151,7 +151,7 @@ def _add_task_seconds(results: pa.Table) -> None:
 
 
 LINES_STORED_KEPT = 40_000
-lines_stored: dict[tuple[int, int], int] = {}
+lines_stored: Newest[tuple[int, int], int] = Newest(LINES_STORED_KEPT)
 """When each (accept batch, Kafka partition)'s log lines were stored, epoch ms, for the newest ``LINES_STORED_KEPT``
 in this driver: read by the benchmark (a line is searchable from then, before its batch ends)."""
 
@@ -159,9 +159,7 @@ in this driver: read by the benchmark (a line is searchable from then, before it
 def _note_lines_stored(batch_id: int, results: pa.Table) -> None:
     for partition, stored_at_ms in zip(results["partition"].to_pylist(), results["stored_at_ms"].to_pylist(),
                                        strict=True):
-        lines_stored[(batch_id, partition)] = stored_at_ms
-    while len(lines_stored) > LINES_STORED_KEPT:
-        del lines_stored[next(iter(lines_stored))]
+        lines_stored.note((batch_id, partition), stored_at_ms)
 
 
 def _dedup_state(config: Config, batch_id: int, results: pa.Table, now: datetime) -> pa.Table:

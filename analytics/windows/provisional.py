@@ -7,7 +7,8 @@ already aggregates its events per series and grain bucket (``analytics.windows.p
 batch, its driver merges that batch's partials, and those of every earlier batch the ``windows`` query has not
 taken yet, into the newest rows of the windows they touch (the ones it wrote last, kept while they can stand for the
 stored ones: :func:`reusable`; else the stored ones), and writes the result to ``window_aggregates`` like any row:
-readers see the window move after each accept batch, with no change on their side.
+readers see the window move after each accept batch, with no change on their side. Each round is recorded beside
+the queries' batches (``store.pipeline.PROVISIONAL_WINDOWS``), which the dashboard's tumbling charts follow.
 
 Which row wins is decided by ``version`` alone (``ReplacingMergeTree``), because a version names the newest accept
 batch a row covers (:func:`covered`):
@@ -54,7 +55,8 @@ from datasketches import hll_sketch, tgt_hll_type
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
 from analytics.event_time import watermark_delay_ms
-from analytics.sinks import timed
+from analytics.progress import record_round
+from analytics.sinks import Newest, timed
 from analytics.spark.checkpoint import batch_info, planned_batches
 from analytics.vocabulary import (
     ACCEPT_QUERY,
@@ -69,6 +71,7 @@ from analytics.vocabulary import (
 from analytics.windows.partials import SCHEMA as PARTIALS_SCHEMA
 from eventide.config import Config
 from store.client import StoreUnavailable, connect
+from store.pipeline import PROVISIONAL_WINDOWS
 from store.range_query import SKETCH_FORMATS, hll_estimate, merge_hll, merge_kll
 
 log = logging.getLogger(__name__)
@@ -82,7 +85,7 @@ PENDING_TRIGGERS_MAX = 3
 """Provisional rows are written only while the job keeps up within this many triggers (:func:`worth_writing`)."""
 
 OUTCOMES_KEPT = 10_000
-outcomes: dict[int, tuple[int, int]] = {}
+outcomes: Newest[int, tuple[int, int]] = Newest(OUTCOMES_KEPT)
 """The newest accept batches' outcome in this driver (at most ``OUTCOMES_KEPT``): batch id → (windows its events
 touched that were left to the ``windows`` query, when its rows were written, epoch ms). Read by the benchmark: the
 events of a batch with none left moved their windows then."""
@@ -344,6 +347,8 @@ class ProvisionalWindows:
                 if result.rows.num_rows:
                     with timed(ACCEPT_QUERY, "provisional_windows.insert"), connect(self.config) as client:
                         client.insert_arrow("window_aggregates", result.rows)
+                        # After the rows: a page that sees the round reads them (dashboard.live).
+                        record_round(client, PROVISIONAL_WINDOWS, datetime.now(UTC))
             except (StoreUnavailable, ClickHouseError) as exc:
                 log.warning("accept batches %s: no provisional window rows (%s)", batches,
                             str(exc).splitlines()[0][:200])
@@ -351,9 +356,7 @@ class ProvisionalWindows:
         self._remember(result, provisional_version(batch_id), committed)
         written_ms = int(time.time() * 1000)
         for batch in batches:
-            outcomes[batch] = (result.windows_left, written_ms)
-        while len(outcomes) > OUTCOMES_KEPT:
-            del outcomes[next(iter(outcomes))]
+            outcomes.note(batch, (result.windows_left, written_ms))
         return result
 
     def _remember(self, result: Provisional, version: int, committed: int) -> None:

@@ -86,8 +86,9 @@ def page() -> None:
     @common.refreshing(config)
     def charts() -> None:
         query = pipeline.KEYED_WINDOWS_QUERY if kind == "sliding" else pipeline.WINDOWS_QUERY
+        follows = pipeline.TUMBLING_ROWS if kind == "tumbling" else (query,)
         batches, (span, data) = last_minutes_when_new(
-            config, "explorer", query, minutes, (chosen, kind, lengths, resolution_s, spec), explorer_data, chosen,
+            config, "explorer", follows, minutes, (chosen, kind, lengths, resolution_s, spec), explorer_data, chosen,
             kind, lengths_ms=lengths, resolution_s=resolution_s, hopping=spec)
         common.show_freshness(config, batches, query)
         df = data.windows

@@ -53,7 +53,7 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         batches, ((since, until), data) = read_when_new(
-            config, "logs_charts", pipeline.WINDOWS_QUERY, (window, minutes),
+            config, "logs_charts", pipeline.TUMBLING_ROWS, (window, minutes),
             lambda: (chosen := span(), common.page_data(config, logs_charts_data, *chosen)))
         common.show_freshness(config, batches, *pipeline.QUERIES)   # lines (accept), their windows, sliding
         resolution, levels, peaks = data.resolution_s, data.levels, data.peaks

@@ -22,7 +22,7 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         batches, ((since, until), data) = last_minutes_when_new(
-            config, "overview", pipeline.WINDOWS_QUERY, minutes, (), overview_data)
+            config, "overview", pipeline.TUMBLING_ROWS, minutes, (), overview_data)
         # windows, and accept's dead letters and duplicates
         common.show_freshness(config, batches, *pipeline.QUERIES)
         resolution, rates, dropped, dead = data.resolution_s, data.rates, data.dropped, data.dead

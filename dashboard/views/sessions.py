@@ -17,7 +17,7 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         batches, ((since, until), data) = last_minutes_when_new(
-            config, "sessions", pipeline.KEYED_WINDOWS_QUERY, minutes, (), sessions_data)
+            config, "sessions", (pipeline.KEYED_WINDOWS_QUERY,), minutes, (), sessions_data)
         common.show_freshness(config, batches, pipeline.KEYED_WINDOWS_QUERY)
         gap_s, resolution, per_app, shapes = config.stream.session_gap_s, data.resolution_s, data.per_app, data.shapes
         if not data.open_now and per_app.empty and data.active.empty:

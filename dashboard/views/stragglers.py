@@ -35,7 +35,7 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         batches, ((since, until), data) = last_minutes_when_new(
-            config, "stragglers", pipeline.WINDOWS_QUERY, minutes, (), stragglers_data)
+            config, "stragglers", (pipeline.WINDOWS_QUERY,), minutes, (), stragglers_data)
         # stragglers of every window kind, accept's clocks
         common.show_freshness(config, batches, *pipeline.QUERIES)
         resolution, dropped, lateness = data.resolution_s, data.dropped, data.lateness

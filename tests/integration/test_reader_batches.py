@@ -13,6 +13,8 @@ import pytest
 from analytics import accepted_log
 from analytics.job import start_queries
 from analytics.windows.provisional import covered, window_version
+from store.client import connect
+from store.pipeline import PROVISIONAL_WINDOWS, last_batches
 from tests.support.pipeline import Metric, minute_in_past, produce, rows, wait_until, window_rows
 from tests.support.stack import fresh_stack
 
@@ -81,6 +83,9 @@ def test_a_window_moves_at_each_accept_batch_and_the_windows_query_has_the_last_
         moved = rows(config, "SELECT count() AS n FROM window_results WHERE name LIKE 'other_%' AND version % 2 = 0 "
                              "AND window_kind = 'tumbling' AND window_length_ms = 10000 AND event_count = 1")
         assert moved[0]["n"] == len(others)
+        # (each round recorded beside the queries' batches, which the dashboard's tumbling charts follow),
+        with connect(config) as client:
+            assert PROVISIONAL_WINDOWS in last_batches(client)
         # 5 more events in the same window move the same row (merged into the provisional one: none counted twice),
         produce(config, [Metric(at=start + 5_000 + i * 100, value=20.0 + i) for i in range(5)])
         wait_until(lambda: window() == (15, 24.0, False), timeout_s=15)
