@@ -2,8 +2,8 @@
 
 Starts the whole local stack as ``./run demo`` does (broker, store, stream job, demo load, alerting, gateway,
 dashboard) on free ports and a new data directory, waits until the job has stored its first batches, then every
-``--every`` seconds sends one probe through the SDK, and measures in a headless Chromium tab the seconds from the
-SDK call until the page shows it (``--page``):
+``--every`` seconds (on a page left open, plus a random part of its refresh interval) sends one probe through the
+SDK, and measures in a headless Chromium tab the seconds from the SDK call until the page shows it (``--page``):
 
 - ``logs``: a line with a word never sent before; the Logs page searching that word (opened anew for each probe,
   the search following new lines, refreshing every second) lists it;
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from playwright.sync_api import Page
 
 PROBE_APP = "freshness-probe"
+SETTLE_MS = 10_000
+"""How long a page left open is given to load and draw before its first probe."""
 
 
 def demo_config() -> Config:
@@ -142,17 +145,28 @@ def measure(config: Config, watched: Watched, probes: int, every_s: float, timeo
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        for i in range(probes):
-            word = f"probe{uuid.uuid4().hex[:12]}"
+        words = [f"probe{uuid.uuid4().hex[:12]}" for _ in range(probes)]
+
+        # No health reports: nothing but the probe may be sent under its app (the Overview watches for the app).
+        quiet = config.model_copy(update={"sdk": config.sdk.model_copy(update={"health_interval_s": 0.0})})
+
+        def client_of(word: str) -> Client:
+            return Client(watched.app(word), "probe-device", config=quiet)
+
+        # Each probe's client is made a probe ahead: a new idempotent producer spends its first ~0.5 s connecting
+        # and getting its producer id, which an app pays once, not per event.
+        ahead = client_of(words[0])
+        for i, word in enumerate(words):
             if watched.opened_per_probe or i == 0:
                 page.goto(url + watched.url.format(word=word))
                 page.wait_for_selector('[data-testid="stSidebar"]', timeout=30_000)
-            client = Client(watched.app(word), "probe-device", config=config)
+                if not watched.opened_per_probe:
+                    page.wait_for_timeout(SETTLE_MS)   # the first load's drawing is over: the page is left open
+            client, ahead = ahead, client_of(words[i + 1]) if i + 1 < probes else None
             sent = time.monotonic()
             watched.send(client, i, word)
             client.flush(timeout_s=30)
             acknowledged = time.monotonic() - sent
-            client.close()
             shown = stored = None
             deadline = sent + timeout_s
             while time.monotonic() < deadline:
@@ -162,11 +176,15 @@ def measure(config: Config, watched: Watched, probes: int, every_s: float, timeo
                     shown = time.monotonic() - sent
                     break
                 page.wait_for_timeout(100)
+            client.close()
             results.append({"probe": i, "acknowledged_s": round(acknowledged, 2),
                             "stored_s": None if stored is None else round(stored, 2),
                             "shown_s": None if shown is None else round(shown, 2)})
             print(json.dumps(results[-1]), flush=True)
-            time.sleep(max(0.0, every_s - (time.monotonic() - sent)))
+            # A page left open refreshes on its own clock: a probe at a random point of its interval samples every
+            # phase, where probes exactly every_s apart (a multiple of it) would all wait the same.
+            jitter_s = 0.0 if watched.opened_per_probe else random.uniform(0.0, config.dashboard.refresh_s)
+            time.sleep(max(0.0, every_s + jitter_s - (time.monotonic() - sent)))
         browser.close()
     shown_s = [r["shown_s"] for r in results if r["shown_s"] is not None]
     return {"probes": results, "acknowledged": _percentiles([r["acknowledged_s"] for r in results]),
