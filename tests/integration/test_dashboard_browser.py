@@ -11,15 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from playwright.sync_api import BrowserContext, Page
 
-from eventide.config import load_config
+from analytics.progress import record_round
+from eventide.config import Config, load_config
+from store.client import connect
 from store.migrations import apply_migrations
+from store.pipeline import PROVISIONAL_WINDOWS
+from store.range_query import SeriesKey
 from tests.support.browser import DRAWN_CHARTS, browser, populate, screenshot, serving, settle, texts
 from tests.support.stack import own_database
+from tests.support.window_rows import SECOND, Event, insert, window_row
 
 __all__ = ["browser"]   # the shared Chromium fixture
 
@@ -50,6 +55,7 @@ class Served:
     url: str
     batch_stored: datetime
     """When the populated store's last batch was stored (naive UTC): what every page's freshness line shows."""
+    config: Config
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +69,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory, store_url: str) -> Itera
     apply_migrations(config)
     stored = populate(config)
     with serving(root, config) as url:
-        yield Served(url, stored)
+        yield Served(url, stored, config)
 
 
 def freshness_lines(page: Page) -> list[str]:
@@ -128,5 +134,33 @@ def test_the_charts_refresh_in_place_at_the_interval_a_link_picks(browser: Brows
         behind = [int(line.split(" · ")[1].removesuffix(" s behind")) for line in (first, later)]
         assert behind[1] > behind[0], (first, later)
         assert page.evaluate(f"() => ({scroller})().scrollTop") == scrolled, "a refresh lost the scroll position"
+    finally:
+        page.close()
+
+
+def test_the_overview_shows_a_provisional_row_once_its_round_is_recorded_not_at_the_next_windows_batch(
+        browser: BrowserContext, dashboard: Served) -> None:
+    """Between two batches of the ``windows`` query, ``accept``'s provisional rows move the tumbling windows and
+    record each round (``provisional_windows``). The Overview, refreshing every second, reads again after a round;
+    a row written without one waits, since the ``windows`` query's batch has not moved and is fresh."""
+    app = "between-batches"
+    page = browser.new_page()
+    try:
+        page.goto(f"{dashboard.url}/?refresh=1")
+        page.locator('[data-testid="stCaptionContainer"]', has_text="data as of").wait_for(timeout=30_000)
+        page.wait_for_function(f"() => ({DRAWN_CHARTS})() >= {PAGES['overview'].charts}", timeout=30_000)
+        legend = page.locator("text.legendtext", has_text=app)
+        # Given a tumbling row of a new app, written between two batches with no round recorded,
+        now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+        start = now - timedelta(seconds=10 + now.second % 10)
+        insert(dashboard.config, [window_row(dashboard.config, SeriesKey(app, "metric", "latency_ms"), start,
+                                             10 * SECOND, [Event(start, 12.0)], version=2)])
+        # then three refreshes later the page still shows its last read,
+        page.wait_for_timeout(3_000)
+        assert legend.count() == 0
+        # and once the round is recorded, the next refresh reads the row and draws the app.
+        with connect(dashboard.config) as client:
+            record_round(client, PROVISIONAL_WINDOWS, datetime.now(UTC))
+        legend.first.wait_for(timeout=10_000)
     finally:
         page.close()
