@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -106,8 +107,37 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_SERVICE_PORT = 10_000
+_PICKER = random.SystemRandom()
+
+
+def service_ports(ephemeral_range: str | None) -> range:
+    """Where :func:`free_port` picks: from :data:`LOWEST_SERVICE_PORT` up to the kernel's ephemeral range
+    (``ephemeral_range``: its ``/proc`` text, e.g. ``"32768\t60999"``), never inside it. Every socket bound to port
+    0 gets its port from that range: Spark's listener for a Python worker's connect-back, a client's own end. The
+    clients of a stopped service keep dialing its port, and were that port ephemeral, such a listener could get it
+    and read their bytes as its handshake ("Python worker failed to connect back: Authentication failed"). Empty
+    when the range is unknown or starts too low."""
+    try:
+        low = int((ephemeral_range or "").split()[0])
+    except (IndexError, ValueError):
+        return range(0)
+    return range(LOWEST_SERVICE_PORT, max(LOWEST_SERVICE_PORT, low))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (for a second broker beside a running stack)."""
+    """A TCP port nothing listens on right now, outside the ephemeral range (:func:`service_ports`), for a service
+    of a test, a benchmark or a second stack; any free port when that range leaves none."""
+    ports = service_ports(EPHEMERAL_PORTS.read_text() if EPHEMERAL_PORTS.exists() else None)
+    # The system's randomness: a test seeding `random` must not make two test processes pick the same ports.
+    for port in _PICKER.sample(ports, min(100, len(ports))):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:     # taken, or in TIME_WAIT
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
