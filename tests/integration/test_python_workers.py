@@ -63,6 +63,18 @@ def test_workers_load_transform_with_state_input_with_the_vectorised_loader(spar
     assert set(found["module"]) == {"analytics.spark.tws_input"}
 
 
+def test_workers_leave_what_the_daemon_imported_out_of_every_collection(spark):
+    # pyspark's daemon runs gc.collect() in a reused worker after every task: it walks only what tasks made.
+    def frozen(frames):
+        import gc
+
+        for _ in frames:
+            yield pd.DataFrame({"frozen": [gc.get_freeze_count()]})
+
+    found = spark.range(4).repartition(2).mapInPandas(frozen, "frozen long").toPandas()
+    assert found["frozen"].min() > 20_000          # pyspark, pyarrow, pandas and the task modules, imported once
+
+
 def test_every_process_of_transform_with_state_imports_the_installed_pyspark(spark, tmp_path: Path):
     # Spark starts a driver-side process of its own at a stateful query's first batch, with its zipped pyspark
     # first on the path; the job's PYSPARK_PYTHON (analytics/spark/python.sh) takes Spark's archives off it.
