@@ -24,7 +24,8 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
   (windows: its window rows),
   ``tumbling_row_provisional`` (its window row moved: when the provisional rows of its accept batch were written, if
   that batch's events got one in every window they touched, else ``tumbling_row``), ``sliding_or_session_processed``
-  (keyed_windows); and the machine's CPU per event and per accept batch.
+  (keyed_windows); and the machine's CPU per event and per accept batch, also without the load generator's own
+  CPU (``machine_cpu_us_per_event_without_load``: what compares with a drain's, whose backlog was produced before).
 
 Every drain also reports ``driver``: CPU per event of the driver (its Python process, this one, and the JVM's
 driver-side threads) apart from the executor's (task threads, Python workers), the JIT's and the collector's, which
@@ -51,6 +52,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -212,10 +214,15 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     # than the readers' batches in a few minutes (they poll every stream.accepted_poll_interval_s).
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(PROGRESS_KEPT))
     queries = start_queries(spark, config)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     loader = subprocess.Popen([sys.executable, "-m", "bench.pipeline", "--live-load", config.kafka.bootstrap,
                                config.kafka.events_topic, str(rate), str(seconds)], cwd=REPO)
     spent, t0 = Spent(spark), time.time()
     loader.wait(timeout=seconds + 300)
+    # The load generator is the apps, not the backend: its CPU (the only child this process reaps meanwhile) is
+    # reported apart, so the job's CPU per event compares with a drain's, whose backlog was produced beforehand.
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_cpu = after.ru_utime + after.ru_stime - reaped.ru_utime - reaped.ru_stime
     time.sleep(3 * config.stream.trigger_interval_s)      # let the last batches land
     produced = sum(topic_end_offsets(config).values())
     parts = spent.per(max(produced, 1))
@@ -255,6 +262,8 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
                                          "accept_batches_complete": len(complete)},
             "cpu_share_of_machine": round(cpu / wall / (os.cpu_count() or 1), 2),
             "machine_cpu_us_per_event": round(cpu * 1e6 / max(produced, 1), 1),
+            "load_generator_cpu_s": round(load_cpu, 1),
+            "machine_cpu_us_per_event_without_load": round((cpu - load_cpu) * 1e6 / max(produced, 1), 1),
             "accept_batches": accept_batches,
             "machine_cpu_s_per_accept_batch": round(cpu / max(accept_batches, 1), 3),
             "driver": parts["driver"], "jit_cpu_s": parts["jit_cpu_s"], "stages": stages}
