@@ -17,6 +17,7 @@ and the probes (``bench.probes``). Nothing here runs on its own: each bench's ``
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import random
@@ -30,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -219,6 +220,33 @@ def cpu_seconds() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+class CollectorTime:
+    """Seconds this process has spent in Python's cyclic collector, and its collections, by generation (from
+    :func:`install`, through ``gc.callbacks``)."""
+
+    seconds: ClassVar[list[float]] = [0.0, 0.0, 0.0]
+    collections: ClassVar[list[int]] = [0, 0, 0]
+    _started: ClassVar[float | None] = None
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._hook not in gc.callbacks:
+            gc.callbacks.append(cls._hook)
+
+    @classmethod
+    def _hook(cls, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            cls._started = time.perf_counter()
+        elif cls._started is not None:
+            cls.seconds[info["generation"]] += time.perf_counter() - cls._started
+            cls.collections[info["generation"]] += 1
+            cls._started = None
+
+    @classmethod
+    def snapshot(cls) -> tuple[list[float], list[int]]:
+        return list(cls.seconds), list(cls.collections)
+
+
 # Threads of the Spark JVM by part, by their names (/proc/<pid>/task/<tid>/comm keeps the first 15 characters).
 # Local mode runs the driver and the executor in one JVM; what runs where on a cluster is told apart by name.
 JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")   # as jit_cpu_s always counted
@@ -385,6 +413,8 @@ class Spent:
         self._rss_start = {"driver_python_rss_start_mb": _rss_mb("self", "VmRSS"),
                            "jvm_rss_start_mb": _rss_mb(self._jvm.pid, "VmRSS")}
         self._python = resource.getrusage(resource.RUSAGE_SELF)
+        CollectorTime.install()
+        self._collector = CollectorTime.snapshot()
         self._cpu, self._t = cpu_seconds(), time.perf_counter()
 
     def per(self, events: int) -> dict[str, Any]:
@@ -392,13 +422,18 @@ class Spent:
         seconds, cpu = time.perf_counter() - self._t, cpu_seconds() - self._cpu
         usage = resource.getrusage(resource.RUSAGE_SELF)
         jvm = self._jvm.stop()
+        collector_s, collections = CollectorTime.snapshot()
+        collector = {"seconds_by_generation": [round(b - a, 3) for a, b in zip(self._collector[0], collector_s,
+                                                                                  strict=True)],
+                     "collections_by_generation": [b - a for a, b in zip(self._collector[1], collections,
+                                                                          strict=True)]}
         python = (usage.ru_utime + usage.ru_stime - self._python.ru_utime - self._python.ru_stime
                   - self._jvm.own_cpu_s)
         return {"seconds": round(seconds, 2), "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
                 "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jvm["jit"], 1),
                 "driver": {**driver_figures(python, jvm, cpu, events, self._jvm.own_cpu_s,
                                             _rss_mb("self"), _rss_mb(self._jvm.pid), self._peaks_reset),
-                           **self._rss_start}}
+                           **self._rss_start, "driver_python_collector": collector}}
 
 
 def driver_figures(python: float, jvm: dict[str, Any], machine: float, events: int, measuring: float,
