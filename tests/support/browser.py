@@ -125,10 +125,7 @@ def serving(root: Path, config: Config, rules_text: str = RULES) -> Iterator[str
     env.update(to_environ(config), EVENTIDE_ALERTING__RULES_FILE=str(rules))
     port, log = free_port(), root / "streamlit.log"
     argv = [sys.executable, "-m", "streamlit", "run", str(REPO / "dashboard" / "app.py"), *STREAMLIT_OPTIONS,
-            "--server.port", str(port), "--server.address", "127.0.0.1",
-            # Others may be editing dashboard/ while this runs; a file change would put a "rerun?" prompt in the
-            # status widget and the page would never look settled.
-            "--server.fileWatcherType", "none"]
+            "--server.port", str(port), "--server.address", "127.0.0.1"]
     with running_streamlit(argv, env, log, f"http://127.0.0.1:{port}") as url:
         yield url
 

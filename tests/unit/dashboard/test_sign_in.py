@@ -89,3 +89,14 @@ def test_the_cli_starts_streamlit_with_the_secrets_file_and_the_configured_addre
     assert argv[argv.index("--secrets.files") + 1] == str(config.data_dir / "dashboard" / SECRETS_FILE)
     assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
     assert argv[argv.index("--server.port") + 1] == "8600"
+
+
+def test_the_served_dashboard_watches_no_files_and_runs_no_collection_after_each_script_run(tmp_path):
+    from streamlit import config as streamlit_config
+
+    argv = dashboard_argv(load_config(environ={}, root=str(tmp_path)))
+    options = {argv[i]: argv[i + 1] for i, arg in enumerate(argv) if arg.startswith("--") and i + 1 < len(argv)}
+    assert options["--server.fileWatcherType"] == "none"
+    assert options["--runner.postScriptGC"] == "false"
+    # both are options of the installed Streamlit (an unknown one would stop `streamlit run`)
+    assert {"server.fileWatcherType", "runner.postScriptGC"} <= set(streamlit_config._config_options_template)
