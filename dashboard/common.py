@@ -323,10 +323,15 @@ def age_text(seconds: float) -> str:
 
 
 def freshness(now: datetime, batches: Mapping[str, datetime], queries: Sequence[str], stale_after_s: float,
-              refresh_s: float | None) -> Freshness:
+              refresh_s: float | None, sooner: Mapping[str, Sequence[str]] | None = None) -> Freshness:
     """How fresh a page's data is at ``now``: as of the oldest of the newest batches (``batches``: when each query's
     last batch was stored, :func:`store.pipeline.last_batches`) of the ``queries`` the page reads; stale once that
-    is more than ``stale_after_s`` old; ``refresh_s``: the page's refresh interval (None: off)."""
+    is more than ``stale_after_s`` old; ``refresh_s``: the page's refresh interval (None: off).
+
+    ``sooner``: parts of the page that move more often than the page as a whole, by label, each with the names whose
+    newest stamp is its own (e.g. the tumbling rows: the ``windows`` query's batches and ``accept``'s provisional
+    rounds). A part at least a second fresher than the page gets its own age on the line, so the line never
+    calls a chart older than it is, nor the page fresher than its oldest part."""
     refresh = "refresh off" if refresh_s is None else f"refreshes every {refresh_label(refresh_s)}"
     stored = [batches[q] for q in queries if q in batches]
     if not stored:
@@ -336,7 +341,13 @@ def freshness(now: datetime, batches: Mapping[str, datetime], queries: Sequence[
     shown = oldest.astimezone(UTC)
     when = shown.strftime("%H:%M:%S" if shown.date() == now.astimezone(UTC).date() else "%Y-%m-%d %H:%M:%S")
     age = (now - oldest).total_seconds()
-    line = f"data as of {when} UTC · {age_text(age)} behind · {refresh}"
+    parts = ""
+    for label, names in (sooner or {}).items():
+        if part := [batches[n] for n in names if n in batches]:
+            part_age = (now - max(part)).total_seconds()
+            if part_age <= age - 1:
+                parts += f" · {label} {age_text(part_age)} behind"
+    line = f"data as of {when} UTC · {age_text(age)} behind{parts} · {refresh}"
     if missing := [q for q in queries if q not in batches]:
         return Freshness(f"{line} · no batch of {', '.join(missing)} stored yet: is the stream job running?",
                          "stale")
@@ -352,12 +363,13 @@ def stale_after_s(config: Config) -> float:
     return config.stream.trigger_interval_s * config.dashboard.stale_after_triggers
 
 
-def show_freshness(config: Config, batches: Mapping[str, datetime], *queries: str) -> None:
+def show_freshness(config: Config, batches: Mapping[str, datetime], *queries: str,
+                   sooner: Mapping[str, Sequence[str]] | None = None) -> None:
     """The page's freshness line (:func:`freshness`) for the stream ``queries`` it reads (names as in
-    ``store.pipeline``), from the ``batches`` its data function read (``store.pipeline.last_batches``); draw it
-    first in the page's refreshing fragment, so it updates in place."""
+    ``store.pipeline``), from the ``batches`` its data function read (``store.pipeline.last_batches``), with the
+    parts that move ``sooner``; draw it first in the page's refreshing fragment, so it updates in place."""
     line = freshness(datetime.now(UTC), batches, queries, stale_after_s(config),
-                     st.session_state.get(REFRESH_STATE, config.dashboard.refresh_s))
+                     st.session_state.get(REFRESH_STATE, config.dashboard.refresh_s), sooner)
     show = {"fresh": st.caption, "stale": st.warning, "none": st.info}[line.level]
     show(line.text)
 

@@ -55,7 +55,9 @@ def page() -> None:
         batches, ((since, until), data) = read_when_new(
             config, "logs_charts", pipeline.TUMBLING_ROWS, (window, minutes),
             lambda: (chosen := span(), common.page_data(config, logs_charts_data, *chosen)))
-        common.show_freshness(config, batches, *pipeline.QUERIES)   # lines (accept), their windows, sliding
+        # lines (accept), their windows (tumbling rows in the charts), sliding
+        common.show_freshness(config, batches, *pipeline.QUERIES, sooner={
+            "log lines": (pipeline.ACCEPT_QUERY,), "tumbling windows": pipeline.TUMBLING_ROWS})
         resolution, levels, peaks = data.resolution_s, data.levels, data.peaks
         if levels is None or levels.empty:
             st.info("No log windows in the chosen range yet.")

@@ -23,6 +23,7 @@ from analytics.windows.writer import WINDOW_COLUMNS
 from dashboard import common, queries
 from eventide.config import load_config, to_environ
 from stack.services import free_port
+from store import pipeline
 from store.client import connect
 from store.migrations import apply_migrations
 from tests.support.servers import uvicorn_in_thread
@@ -669,6 +670,24 @@ def test_every_page_says_its_data_is_as_of_the_stored_batch_and_how_far_behind(s
         assert 4 <= behind < 60, (name, line)
         assert line.endswith(" · refreshes every 2 s"), (name, line)
         assert not at.warning and not [i for i in at.info if "No batch stored yet" in i.value], name
+
+
+def test_the_overview_says_its_tumbling_charts_moved_with_the_last_provisional_round(store, monkeypatch):
+    from analytics.progress import record_round
+
+    monkeypatch.setenv("EVENTIDE_DASHBOARD__STALE_AFTER_TRIGGERS", "100")   # a slow page run stays "fresh"
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    _batches_stored(store, now - timedelta(seconds=20))
+    with connect(store) as client:
+        record_round(client, pipeline.PROVISIONAL_WINDOWS, now - timedelta(seconds=2))
+    at = AppTest.from_file(str(VIEWS / "overview.py"), default_timeout=30).run()
+    assert not at.exception
+    [line] = _freshness_lines(at)
+    page_age, tumbling, refresh = line.split(" · ")[1:]
+    assert 20 <= int(page_age.removesuffix(" s behind")) < 120, line
+    assert tumbling.startswith("tumbling windows ") and tumbling.endswith(" s behind"), line
+    assert 2 <= int(tumbling.removeprefix("tumbling windows ").removesuffix(" s behind")) < 20, line
+    assert refresh == "refreshes every 2 s", line
 
 
 def test_a_page_before_the_job_stored_any_batch_says_so(store):

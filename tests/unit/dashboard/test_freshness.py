@@ -50,6 +50,35 @@ def test_only_the_queries_the_page_reads_count():
     assert line.level == "fresh" and "2 s behind" in line.text
 
 
+def test_a_part_that_moves_sooner_than_the_page_gets_its_own_age_from_its_newest_stamp():
+    # The tumbling rows moved 1 s ago (a provisional round), the windows query's own batch is 4 s old, the sliding
+    # windows' 6 s: the page is 6 s behind, its tumbling charts 1 s.
+    batches = {"accept": ago(1.5), "windows": ago(4), "keyed_windows": ago(6), "provisional_windows": ago(1)}
+    line = freshness(NOW, batches, ["accept", "windows", "keyed_windows"], STALE_AFTER_S, 2.0,
+                     sooner={"tumbling windows": pipeline.TUMBLING_ROWS, "log lines": [pipeline.ACCEPT_QUERY]})
+    assert line.level == "fresh"
+    assert line.text == "data as of 10:42:04 UTC · 6 s behind · tumbling windows 1 s behind · log lines 2 s behind " \
+                        "· refreshes every 2 s"
+
+
+def test_a_part_no_fresher_than_the_page_or_never_stored_adds_nothing():
+    sooner = {"tumbling windows": pipeline.TUMBLING_ROWS}
+    same = freshness(NOW, {"windows": ago(3)}, ["windows"], STALE_AFTER_S, 2.0, sooner=sooner)
+    assert same.text == "data as of 10:42:07 UTC · 3 s behind · refreshes every 2 s"
+    within_a_second = freshness(NOW, {"windows": ago(3), "provisional_windows": ago(2.5)}, ["windows"],
+                                STALE_AFTER_S, 2.0, sooner=sooner)
+    assert "tumbling" not in within_a_second.text
+    unstored = freshness(NOW, {"accept": ago(3)}, ["accept"], STALE_AFTER_S, 2.0, sooner=sooner)
+    assert "tumbling" not in unstored.text
+
+
+def test_a_fresh_part_does_not_make_a_stale_page_fresh():
+    line = freshness(NOW, {"windows": ago(600), "provisional_windows": ago(1)}, ["windows"], STALE_AFTER_S, 2.0,
+                     sooner={"tumbling windows": pipeline.TUMBLING_ROWS})
+    assert line.level == "stale"
+    assert line.text.startswith("Stale: data as of 10:32:10 UTC · 10 min behind · tumbling windows 1 s behind")
+
+
 def test_a_last_batch_older_than_the_threshold_is_marked_stale_and_says_what_to_check():
     line = freshness(NOW, {"windows": ago(600)}, ["windows"], STALE_AFTER_S, 2.0)
     assert line.level == "stale"
