@@ -65,9 +65,9 @@ class MavenConfig(_Section):
     """Maven repository the broker and connector jars are resolved from (a mirror URL works too)."""
     token_provider_fallback: str = "4.1.0-preview1"
     """Version of spark-token-provider-kafka-0-10 used only if the one matching pyspark is missing."""
-    connector_fallback: str | None = "4.1.3"
+    connector_fallback: str | None = "4.2.0"
     """Version of spark-sql-kafka-0-10 used only if the one matching pyspark is missing (an earlier patch release
-    of the same Spark line: Maven Central as reachable here lacks 4.1.4)."""
+    of the same Spark line: Maven Central as reachable here lacks 4.2.1)."""
 
 
 class KafkaConfig(_Section):

@@ -212,7 +212,7 @@ def kafka_broker_jars(config: Config) -> list[Path]:
 def spark_kafka_connector_jars(config: Config) -> list[Path]:
     """The connector jars for the installed pyspark.
 
-    Some Maven Central mirrors lack a release's connector (``spark-sql-kafka-0-10`` 4.1.4 while pyspark 4.1.4 is
+    Some Maven Central mirrors lack a release's connector (``spark-sql-kafka-0-10`` 4.2.1 while pyspark 4.2.1 is
     on PyPI) or its helper module ``spark-token-provider-kafka-0-10`` 4.1.x. Then the connector is taken at
     ``maven.connector_fallback`` (an earlier patch release of the same Spark line) and/or the helper at
     ``maven.token_provider_fallback`` (only used for Kafka delegation tokens, which this project does not

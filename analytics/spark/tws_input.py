@@ -1,6 +1,6 @@
 """The input side of ``transformWithStateInPandas`` in Spark's Python workers, one pandas frame per batch.
 
-PySpark 4.1 hands each key's rows to a stateful processor by converting every Arrow batch to pandas, walking it
+PySpark 4.1 and 4.2 hand each key's rows to a stateful processor by converting every Arrow batch to pandas, walking it
 row by row (``itertuples``), grouping the rows by key in Python and building a new ``DataFrame`` from the row
 tuples of each key: most of the Python workers' time in ``keyed_windows``
 (docs/performance.md#the-python-stateful-operator; ``bench/probes/tws_input.py`` times the two loaders).
@@ -30,7 +30,7 @@ from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer, Transfor
 from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasFuncMode
 
 # The PySpark versions whose loader this one reproduces (tests/unit/analytics/spark/test_tws_input.py compares them).
-CHECKED_VERSIONS = ("4.1.",)
+CHECKED_VERSIONS = ("4.1.", "4.2.")
 _NO_BYTES_LIMIT = 2**31 - 1   # PySpark's value for "no maxBytesPerBatch"
 
 _log = logging.getLogger(__name__)
@@ -73,8 +73,7 @@ def _key_runs(self: TransformWithStateInPandasSerializer,
         self.average_arrow_row_size = self.total_bytes / self.total_rows
     limit = _chunk_rows(self.arrow_max_records_per_batch, self.arrow_max_bytes_per_batch,
                         self.average_arrow_row_size)
-    frame = pd.concat([self.arrow_to_pandas(column, i)
-                       for i, column in enumerate(pa.Table.from_batches([batch]).itercolumns())], axis=1)
+    frame = _to_pandas(self, batch)
     # As object arrays the key columns hold the Python values PySpark's row tuples carry, and compare with ==.
     # A missing key value (None or NaN) equals another missing one: Spark grouped them as one key (PySpark's
     # tuple comparison splits NaN keys row by row or not, depending on which NaN objects pandas returns).
@@ -89,6 +88,19 @@ def _key_runs(self: TransformWithStateInPandasSerializer,
         # missing values as None: NaN != NaN would split a key whose run spans two batches
         key = tuple(None if missing_at[start] else values[start] for values, missing_at in key_columns)
         yield key, frame.iloc[start:end], limit
+
+
+def _to_pandas(self: TransformWithStateInPandasSerializer, batch: pa.RecordBatch) -> pd.DataFrame:
+    """``batch`` as the frame PySpark's loader builds from it before walking its rows, with its conversions."""
+    if hasattr(self, "arrow_to_pandas"):        # PySpark 4.1: column by column, through the serializer
+        return pd.concat([self.arrow_to_pandas(column, i)
+                          for i, column in enumerate(pa.Table.from_batches([batch]).itercolumns())], axis=1)
+    from pyspark.sql.conversion import ArrowBatchTransformer  # PySpark 4.2
+
+    return pd.concat(ArrowBatchTransformer.to_pandas(
+        batch, timezone=self._timezone, schema=self._input_type, struct_in_pandas=self._struct_in_pandas,
+        ndarray_as_list=self._ndarray_as_list, prefer_int_ext_dtype=self._prefer_int_ext_dtype,
+        df_for_struct=self._df_for_struct), axis=1)
 
 
 def _chunk_rows(max_records: int, max_bytes: int, average_row_bytes: float) -> int:
