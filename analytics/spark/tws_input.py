@@ -1,6 +1,6 @@
 """The input side of ``transformWithStateInPandas`` in Spark's Python workers, one pandas frame per batch.
 
-PySpark 4.1 and 4.2 hand each key's rows to a stateful processor by converting every Arrow batch to pandas, walking it
+PySpark 4.2 hands each key's rows to a stateful processor by converting every Arrow batch to pandas, walking it
 row by row (``itertuples``), grouping the rows by key in Python and building a new ``DataFrame`` from the row
 tuples of each key: most of the Python workers' time in ``keyed_windows``
 (docs/performance.md#the-python-stateful-operator; ``bench/probes/tws_input.py`` times the two loaders).
@@ -26,11 +26,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyspark
+from pyspark.sql.conversion import ArrowBatchTransformer
 from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer, TransformWithStateInPandasSerializer
 from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasFuncMode
 
 # The PySpark versions whose loader this one reproduces (tests/unit/analytics/spark/test_tws_input.py compares them).
-CHECKED_VERSIONS = ("4.1.", "4.2.")
+CHECKED_VERSIONS = ("4.2.",)
 _NO_BYTES_LIMIT = 2**31 - 1   # PySpark's value for "no maxBytesPerBatch"
 
 _log = logging.getLogger(__name__)
@@ -92,11 +93,6 @@ def _key_runs(self: TransformWithStateInPandasSerializer,
 
 def _to_pandas(self: TransformWithStateInPandasSerializer, batch: pa.RecordBatch) -> pd.DataFrame:
     """``batch`` as the frame PySpark's loader builds from it before walking its rows, with its conversions."""
-    if hasattr(self, "arrow_to_pandas"):        # PySpark 4.1: column by column, through the serializer
-        return pd.concat([self.arrow_to_pandas(column, i)
-                          for i, column in enumerate(pa.Table.from_batches([batch]).itercolumns())], axis=1)
-    from pyspark.sql.conversion import ArrowBatchTransformer  # PySpark 4.2
-
     return pd.concat(ArrowBatchTransformer.to_pandas(
         batch, timezone=self._timezone, schema=self._input_type, struct_in_pandas=self._struct_in_pandas,
         ndarray_as_list=self._ndarray_as_list, prefer_int_ext_dtype=self._prefer_int_ext_dtype,

@@ -19,7 +19,7 @@ from tests.unit.analytics.keyed.test_keyed_callbacks import MEMORY, G, L, _key, 
 
 def _harness() -> TwsTester:
     return TwsTester(KeyedWindowsProcessor(L, G, MEMORY), timeMode="EventTime",
-                                eventTimeExtractor=lambda row: row["t"])
+                     eventTimeExtractor=lambda row: row["t"])
 
 
 def _frames(*outputs: object) -> pd.DataFrame:
@@ -43,7 +43,7 @@ def test_a_series_gets_each_trailing_window_once_through_the_processor_spark_run
     windows = rows[rows["row_type"] == "window"].sort_values("window_end_ms")
     assert windows["window_end_ms"].tolist() == times
     assert windows["event_count"].tolist() == [sum(1 for u in times if t - L < u <= t) for t in times]
-    # and nothing is left waiting: no timer, and the series' state row holds no pending event.
+    # and no timer is left waiting.
     assert not list(spark.handle._timers.getAllKeysWithTimers())
 
 

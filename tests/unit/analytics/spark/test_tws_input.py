@@ -4,7 +4,6 @@ maxBytesPerBatch), on Arrow streams built here (no Spark needed)."""
 
 from __future__ import annotations
 
-import inspect
 import io
 import math
 from typing import Any
@@ -12,7 +11,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyspark
 import pytest
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
@@ -48,9 +46,7 @@ def loaded(load_stream: Any, stream: bytes, max_records: int, max_bytes: int, ke
 
 
 def new_serializer(max_records: int, max_bytes: int) -> TransformWithStateInPandasSerializer:
-    """The serializer as a worker makes it (PySpark 4.1 takes its settings by position, 4.2 by name)."""
-    if "prefer_int_ext_dtype" not in inspect.signature(TransformWithStateInPandasSerializer).parameters:
-        return TransformWithStateInPandasSerializer("UTC", False, True, max_records, max_bytes, False)
+    """The serializer as a worker makes it."""
     return TransformWithStateInPandasSerializer(
         timezone="UTC", safecheck=False, assign_cols_by_name=True, prefer_int_ext_dtype=False,
         arrow_max_records_per_batch=max_records, arrow_max_bytes_per_batch=max_bytes,
@@ -110,12 +106,11 @@ def test_chunks_end_where_pyspark_ends_them_by_bytes_as_the_average_row_size_cha
     assert len(set(lengths[:-1])) > 1, lengths   # the stream really exercises a changing limit
 
 
-def test_max_records_zero_cuts_chunks_as_pyspark_does():
-    # PySpark 4.1 cuts after every row when maxRecordsPerBatch is 0; 4.2 takes 0 as no limit.
+def test_max_records_zero_means_no_limit_as_in_pyspark():
+    # PySpark 4.2 takes maxRecordsPerBatch = 0 as no limit (4.1 cut after every row).
     rows = [event("a", 1, i) for i in range(3)] + [event("b", 1, 3)]
     seen = assert_same_as_pyspark(arrow_stream(rows, [2, 2]), max_records=0)
-    one_row_each = pyspark.__version__.startswith("4.1.")
-    assert [len(rows) for _, rows, _, _ in seen[0][2]] == ([1, 1, 1] if one_row_each else [3])
+    assert [len(rows) for _, rows, _, _ in seen[0][2]] == [3]
 
 
 def test_rows_whose_key_is_missing_are_one_key_as_spark_grouped_them():
@@ -149,6 +144,6 @@ def test_install_is_limited_to_checked_pyspark_versions(monkeypatch: pytest.Monk
     monkeypatch.setattr(tws_input.pyspark, "__version__", "9.0.0")
     assert not tws_input.install()
     assert TransformWithStateInPandasSerializer.load_stream is tws_input._pyspark_load_stream
-    monkeypatch.setattr(tws_input.pyspark, "__version__", "4.1.4")
+    monkeypatch.setattr(tws_input.pyspark, "__version__", "4.2.1")
     assert tws_input.install()
     assert TransformWithStateInPandasSerializer.load_stream is tws_input.load_stream
