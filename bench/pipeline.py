@@ -20,10 +20,10 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
 - ``freshness`` (``--freshness-s``): a live load at ``--rate`` events/s while the job runs with its processing-time
   triggers; per event and per query, (end of the micro-batch that took it − its Kafka receive time), p50 / p95 / max
   and p95 by minute: ``log_line`` (accept: its log line searchable, at the latest), ``log_line_stored`` (when
-  the task's insert of its log line returned, before the batch ends: searchable from then), ``tumbling_row``
-  (windows: its window rows),
-  ``tumbling_row_provisional`` (its window row moved: when the provisional rows of its accept batch were written, if
-  that batch's events got one in every window they touched, else ``tumbling_row``), ``sliding_or_session_processed``
+  the task's insert of its log line returned, before the batch ends: searchable from then), ``window_row``
+  (windows: its tumbling and hopping rows),
+  ``window_row_provisional`` (its window rows moved: when the provisional rows of its accept batch were written, if
+  that batch's events got one in every window they touched, else ``window_row``), ``sliding_or_session_processed``
   (keyed_windows); and the machine's CPU per event and per accept batch, also without the load generator's own
   CPU (``machine_cpu_us_per_event_without_load``: what compares with a drain's, whose backlog was produced before).
 
@@ -148,7 +148,7 @@ def _kafka_offsets(config: Config, query: str, value: Any) -> dict[str, Any]:
                                               int(parsed.get("logOffset", -1)))
 
 
-FRESHNESS_OF = {ACCEPT_QUERY: "log_line", "windows": "tumbling_row", "keyed_windows": "sliding_or_session_processed"}
+FRESHNESS_OF = {ACCEPT_QUERY: "log_line", "windows": "window_row", "keyed_windows": "sliding_or_session_processed"}
 """What the end of each query's micro-batch makes visible in the store: ``accept`` writes every accepted log line
 (``logs``) from its tasks; ``windows`` writes the tumbling and hopping rows (early results, then corrections) an
 event counts in; ``keyed_windows`` has taken the event into its sliding windows and sessions by then and written
@@ -257,9 +257,9 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             **{FRESHNESS_OF[q]: {**figures, "unprocessed_at_stop": produced - figures["events"]}
                for q, figures in by_query.items()},
             "log_line_stored": {**log_line_stored, "unprocessed_at_stop": produced - log_line_stored["events"]},
-            "tumbling_row_provisional": {**provisional_row,
-                                         "unprocessed_at_stop": produced - provisional_row["events"],
-                                         "accept_batches_complete": len(complete)},
+            "window_row_provisional": {**provisional_row,
+                                       "unprocessed_at_stop": produced - provisional_row["events"],
+                                       "accept_batches_complete": len(complete)},
             "cpu_share_of_machine": round(cpu / wall / (os.cpu_count() or 1), 2),
             "machine_cpu_us_per_event": round(cpu * 1e6 / max(produced, 1), 1),
             "load_generator_cpu_s": round(load_cpu, 1),

@@ -3,7 +3,7 @@
 Every refresh asks the store one small question, when each stream query stored its newest batch, which the
 freshness line needs anyway. The part's own queries run, and its charts are built again, only when a query the
 part follows stored a batch since its last read (or, for tumbling rows, ``accept`` wrote a round of provisional
-ones: ``store.pipeline.TUMBLING_ROWS``), when its filters changed, or when the pipeline is not keeping up
+ones: ``store.pipeline.WINDOW_ROWS``), when its filters changed, or when the pipeline is not keeping up
 (no batch yet, or the newest older than the stale threshold): then every refresh reads, so lag and alerts keep
 moving while the job is stopped. Between batches the part draws the data of its last read, over the same range:
 the same charts, which the browser does not draw again. Redrawing every chart at every refresh, only for the
@@ -77,7 +77,7 @@ def read_when_new(config: Config, part: str, follows: Sequence[str], key: object
 
     ``part``: a name unique on its page; ``follows``: the stream queries, or other writers (``store.pipeline``),
     whose new batches are worth a new read, the first one's age telling whether the pipeline keeps up (e.g.
-    ``pipeline.TUMBLING_ROWS``); ``key``: everything ``read`` depends on besides time, compared with ``==``;
+    ``pipeline.WINDOW_ROWS``); ``key``: everything ``read`` depends on besides time, compared with ``==``;
     ``read``: the part's queries, returning everything it draws, the time range it chose included (a range ending
     now would move the axis at every refresh)."""
     batches = common.page_data(config, last_batches)

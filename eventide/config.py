@@ -267,8 +267,8 @@ class StreamConfig(_Section):
     lines fresher at the cost of ``accept``'s fixed cost per batch. Never longer than ``trigger_interval_s`` (a
     longer value is taken as ``trigger_interval_s``)."""
     provisional_windows: bool = True
-    """While ``accept`` runs more often than the trigger (a live job), the tumbling rows each accept batch's events
-    changed are written too, merged from its window partials into the stored rows
+    """While ``accept`` runs more often than the trigger (a live job), the tumbling and hopping rows each accept
+    batch's events changed are written too, merged from its window partials into the stored rows
     (``analytics.windows.provisional``): a window's count, rate, percentiles and distinct counts move at
     ``accept_interval_s`` instead of ``trigger_interval_s``. The ``windows`` query's own rows replace them; what is
     final is unchanged."""

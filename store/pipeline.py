@@ -23,10 +23,11 @@ KEYED_WINDOWS_QUERY = "keyed_windows"
 """Sliding windows and sessions (and their stragglers)."""
 QUERIES = (ACCEPT_QUERY, WINDOWS_QUERY, KEYED_WINDOWS_QUERY)
 PROVISIONAL_WINDOWS = "provisional_windows"
-"""Not a query: ``accept``'s provisional tumbling rows (``analytics.windows.provisional``), which record each round
-beside the queries' batches (``analytics.progress.record_round``), so :func:`last_batches` has it too."""
-TUMBLING_ROWS = (WINDOWS_QUERY, PROVISIONAL_WINDOWS)
-"""What moves the tumbling rows: the ``windows`` query's batches, and the provisional rounds between them."""
+"""Not a query: ``accept``'s provisional tumbling and hopping rows (``analytics.windows.provisional``), which record
+each round beside the queries' batches (``analytics.progress.record_round``), so :func:`last_batches` has it too."""
+WINDOW_ROWS = (WINDOWS_QUERY, PROVISIONAL_WINDOWS)
+"""What moves the tumbling and hopping rows: the ``windows`` query's batches, and the provisional rounds between
+them."""
 
 
 def watermarks(client: Client) -> dict[str, datetime]:

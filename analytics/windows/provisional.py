@@ -1,5 +1,5 @@
-"""Provisional tumbling rows: a window's row as it stands after each ``accept`` batch, before the ``windows`` query
-has taken that batch (hopping windows, minutes long, wait for it: :data:`PROVISIONAL_KINDS`).
+"""Provisional tumbling and hopping rows: a window's row as it stands after each ``accept`` batch, before the
+``windows`` query has taken that batch.
 
 The ``windows`` query takes a reader batch every ``stream.trigger_interval_s`` (``analytics.reader_batches``), so
 its rows move at that pace plus a batch's run time. ``accept`` runs more often (``stream.accept_interval_s``) and
@@ -8,7 +8,8 @@ batch, its driver merges that batch's partials, and those of every earlier batch
 taken yet, into the newest rows of the windows they touch (the ones it wrote last, kept while they can stand for the
 stored ones: :func:`reusable`; else the stored ones), and writes the result to ``window_aggregates`` like any row:
 readers see the window move after each accept batch, with no change on their side. Each round is recorded beside
-the queries' batches (``store.pipeline.PROVISIONAL_WINDOWS``), which the dashboard's tumbling charts follow.
+the queries' batches (``store.pipeline.PROVISIONAL_WINDOWS``), which the dashboard's tumbling and hopping charts
+follow.
 
 Which row wins is decided by ``version`` alone (``ReplacingMergeTree``), because a version names the newest accept
 batch a row covers (:func:`covered`):
@@ -40,7 +41,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -75,11 +75,6 @@ from store.pipeline import PROVISIONAL_WINDOWS
 from store.range_query import SKETCH_FORMATS, hll_estimate, merge_hll, merge_kll
 
 log = logging.getLogger(__name__)
-
-PROVISIONAL_KINDS = ("tumbling",)
-"""The window kinds that get provisional rows. A hopping spec puts each event in L/H windows (5 for 300 s every
-60 s), so its rows would cost most of the merging for windows minutes long, where a trigger's wait matters least
-(docs/performance.md, "Provisional window rows")."""
 
 PENDING_TRIGGERS_MAX = 3
 """Provisional rows are written only while the job keeps up within this many triggers (:func:`worth_writing`)."""
@@ -149,25 +144,49 @@ def worth_writing(pending: Sequence[BatchMeta], config: Config) -> bool:
 
 
 def window_contributions(partials: pa.Table, config: Config) -> pa.Table:
-    """One row per (partial, tumbling window of its bucket): the partial's index (``partial``) and the window's
-    columns."""
-    specs = [spec for spec in window_specs(config) if spec.kind in PROVISIONAL_KINDS]
-    assigned = assign_windows(specs, np.asarray(partials[BUCKET_START], dtype=np.int64))
+    """One row per (partial, tumbling or hopping window of its bucket): the partial's index (``partial``) and the
+    window's columns."""
+    assigned = assign_windows(window_specs(config), np.asarray(partials[BUCKET_START], dtype=np.int64))
     return assigned.rename_columns(["partial", *assigned.column_names[1:]])
 
 
-def touched_windows(config: Config, partials: pa.Table, bound_ms: int) -> tuple[set[WindowKey], set[WindowKey]]:
+@dataclass(frozen=True)
+class BatchPartials:
+    """One accept batch's window partials, indexed by the windows they count in: built once per batch, while each
+    round merges only the windows it writes (a batch stays pending for several rounds)."""
+
+    windows: dict[WindowKey, tuple[dict[str, Any], list[dict[str, Any]]]]
+    """Per window: its columns (kind, length, hop, start and end in ms) and the partials counting in it."""
+    newest_event_ms: int | None
+    """The batch's latest ``corrected_event_time`` (epoch ms); None for a batch without events."""
+
+
+def by_window(partials: pa.Table, config: Config) -> BatchPartials:
+    """An accept batch's ``partials`` (``analytics.windows.partials.SCHEMA``) indexed by window."""
+    rows = partials.to_pylist()
+    windows: dict[WindowKey, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for c in window_contributions(partials, config).to_pylist():
+        row = rows[c["partial"]]
+        key = _key(c, [row[s] for s in SERIES])
+        if key in windows:
+            windows[key][1].append(row)
+        else:
+            windows[key] = ({w: c[w] for w in _WINDOW}, [row])
+    newest = (int(partials["corrected_event_time"].cast(pa.int64()).to_numpy().max()) // 1000
+              if partials.num_rows else None)
+    return BatchPartials(windows, newest)
+
+
+def touched_windows(partials: BatchPartials, bound_ms: int) -> tuple[set[WindowKey], set[WindowKey]]:
     """The windows ``partials`` contribute to: those ending after ``bound_ms``, and those at or behind it."""
     after: set[WindowKey] = set()
     behind: set[WindowKey] = set()
-    series = [partials[s].to_pylist() for s in SERIES]
-    for c in window_contributions(partials, config).to_pylist():
-        key = _key(c, [column[c["partial"]] for column in series])
-        (after if c["window_end_ms"] > bound_ms else behind).add(key)
+    for key, (window, _) in partials.windows.items():
+        (after if window["window_end_ms"] > bound_ms else behind).add(key)
     return after, behind
 
 
-def provisional_rows(config: Config, batches: Sequence[int], pending: Mapping[int, pa.Table],
+def provisional_rows(config: Config, batches: Sequence[int], pending: Mapping[int, BatchPartials],
                      stored: Mapping[WindowKey, dict[str, Any]], committed: int, bound_ms: int,
                      written_at: datetime) -> Provisional:
     """The provisional rows of accept ``batches`` (one, or several taken together), versioned by the newest, k:
@@ -183,26 +202,21 @@ def provisional_rows(config: Config, batches: Sequence[int], pending: Mapping[in
     own: set[WindowKey] = set()
     behind: set[WindowKey] = set()
     for batch in batches:
-        after_bound, behind_bound = touched_windows(config, pending[batch], bound_ms)
+        after_bound, behind_bound = touched_windows(pending[batch], bound_ms)
         own |= after_bound
         behind |= behind_bound
-    since = {key: max(covered(stored[key]["version"]) if key in stored else -1, committed) for key in own}
-    earliest = min(since.values(), default=batch_id)
-    contributions: dict[WindowKey, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
-    for source, partials in sorted(pending.items()):
-        if not earliest < source <= batch_id or not partials.num_rows:
-            continue
-        rows = partials.to_pylist()
-        for c in window_contributions(partials, config).to_pylist():
-            row = rows[c["partial"]]
-            key = _key(c, [row[s] for s in SERIES])
-            if key in own:
-                contributions[key].append((source, {**row, **{w: c[w] for w in _WINDOW}}))
+    sources = sorted((item for item in pending.items() if item[0] <= batch_id), key=lambda item: item[0])
     written = {}
     for key in sorted(own):
-        parts = [part for source, part in contributions[key] if source > since[key]]
-        if parts:
-            written[key] = _merged(config, stored.get(key), parts)
+        since = max(covered(stored[key]["version"]) if key in stored else -1, committed)
+        window: dict[str, Any] | None = None
+        parts: list[dict[str, Any]] = []
+        for source, partials in sources:
+            if source > since and key in partials.windows:
+                window, rows = partials.windows[key]
+                parts.extend(rows)
+        if window is not None:
+            written[key] = _merged(config, window, stored.get(key), parts)
     out = list(written.values())
     table = (pa.Table.from_pylist(out, schema=_ROW_SCHEMA) if out else _ROW_SCHEMA.empty_table())
     table = table.append_column("version", pa.array([provisional_version(batch_id)] * table.num_rows, pa.uint64()))
@@ -225,8 +239,9 @@ def _key(contribution: dict[str, Any], series: list[str]) -> WindowKey:
             *series)   # type: ignore[return-value]
 
 
-def _merged(config: Config, base: dict[str, Any] | None, parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One window row: ``base`` (a stored row, or None) and the partials ``parts`` of that window, merged as the
+def _merged(config: Config, window: dict[str, Any], base: dict[str, Any] | None,
+            parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One window row: ``base`` (a stored row, or None) and the partials ``parts`` of the ``window``, merged as the
     ``windows`` query merges them (``analytics.windows.query.aggregate``)."""
     first = parts[0]
     counts = {f: sum(p[f] for p in parts) + (base[f] if base else 0) for f in _ADDED}
@@ -240,11 +255,11 @@ def _merged(config: Config, base: dict[str, Any] | None, parts: Sequence[dict[st
                                 tgt_hll_type.HLL_8) or hll_sketch(config.stream.hll_lg_k, tgt_hll_type.HLL_8)
                       for c in ("users_sketch", "devices_sketch"))
     has_values = counts["value_count"] > 0   # exactly when some merged KLL sketch holds values
-    length_ms = first["window_length_ms"]
+    length_ms = window["window_length_ms"]
     return {
-        "window_kind": first["window_kind"], "window_length_ms": length_ms, "window_hop_ms": first["window_hop_ms"],
-        "window_start": datetime.fromtimestamp(first["window_start_ms"] / 1000, UTC),
-        "window_end": datetime.fromtimestamp(first["window_end_ms"] / 1000, UTC),
+        "window_kind": window["window_kind"], "window_length_ms": length_ms, "window_hop_ms": window["window_hop_ms"],
+        "window_start": datetime.fromtimestamp(window["window_start_ms"] / 1000, UTC),
+        "window_end": datetime.fromtimestamp(window["window_end_ms"] / 1000, UTC),
         **{s: first[s] for s in SERIES},
         "event_count": counts["event_count"], "value_count": counts["value_count"], "sum": total,
         "min": min(lows) if has_values else None, "max": max(highs) if has_values else None,
@@ -285,7 +300,7 @@ class ProvisionalWindows:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.checkpoint = config.checkpoint_dir / WINDOWS_QUERY
-        self._partials: dict[int, pa.Table] = {}
+        self._partials: dict[int, BatchPartials] = {}
         self._written: dict[WindowKey, dict[str, Any]] = {}   # the rows last written, by window (see reusable)
         self._submitted: list[int] = []
         self._ready = threading.Condition()
@@ -331,12 +346,12 @@ class ProvisionalWindows:
                 pending = {m.batch_id: self._read(m.batch_id) for m in published}
             for gone in [b for b in self._partials if b <= taken]:
                 del self._partials[gone]
-            newest = max((int(t["corrected_event_time"].cast(pa.int64()).to_numpy().max()) // 1000
-                          for t in pending.values() if t.num_rows), default=None)
+            newest = max((p.newest_event_ms for p in pending.values() if p.newest_event_ms is not None),
+                         default=None)
             bound_ms = watermark_bound_ms(watermark_ms, newest, self.config)
             touched: set[WindowKey] = set()
             for batch in batches:
-                touched |= touched_windows(self.config, pending[batch], bound_ms)[0]
+                touched |= touched_windows(pending[batch], bound_ms)[0]
             try:
                 with timed(ACCEPT_QUERY, "provisional_windows.lookup"):
                     known = reusable(self._written, touched, committed)
@@ -377,11 +392,12 @@ class ProvisionalWindows:
         before = accepted_log.newest_batch_read(self.checkpoint, int(info.start_offsets.get("logOffset", -1)))
         return info.watermark_ms, -1 if before is None else before
 
-    def _read(self, batch_id: int) -> pa.Table:
+    def _read(self, batch_id: int) -> BatchPartials:
         if batch_id not in self._partials:
             files = accepted_log.partials_files(self.config, batch_id)
-            self._partials[batch_id] = (pa.concat_tables([pq.read_table(f, schema=PARTIALS_SCHEMA) for f in files])
-                                        if files else PARTIALS_SCHEMA.empty_table())
+            table = (pa.concat_tables([pq.read_table(f, schema=PARTIALS_SCHEMA) for f in files])
+                     if files else PARTIALS_SCHEMA.empty_table())
+            self._partials[batch_id] = by_window(table, self.config)
         return self._partials[batch_id]
 
     def _stored(self, keys: set[WindowKey]) -> dict[WindowKey, dict[str, Any]]:

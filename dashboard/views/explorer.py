@@ -86,11 +86,12 @@ def page() -> None:
     @common.refreshing(config)
     def charts() -> None:
         query = pipeline.KEYED_WINDOWS_QUERY if kind == "sliding" else pipeline.WINDOWS_QUERY
-        follows = pipeline.TUMBLING_ROWS if kind == "tumbling" else (query,)
+        follows = (query,) if kind == "sliding" else pipeline.WINDOW_ROWS
         batches, (span, data) = last_minutes_when_new(
             config, "explorer", follows, minutes, (chosen, kind, lengths, resolution_s, spec), explorer_data, chosen,
             kind, lengths_ms=lengths, resolution_s=resolution_s, hopping=spec)
-        common.show_freshness(config, batches, query)
+        common.show_freshness(config, batches, query,
+                              sooner=None if kind == "sliding" else {f"{kind} windows": pipeline.WINDOW_ROWS})
         df = data.windows
         if df.empty:
             st.info(f"No {kind} windows for this series in the chosen range.")

@@ -53,11 +53,11 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         batches, ((since, until), data) = read_when_new(
-            config, "logs_charts", pipeline.TUMBLING_ROWS, (window, minutes),
+            config, "logs_charts", pipeline.WINDOW_ROWS, (window, minutes),
             lambda: (chosen := span(), common.page_data(config, logs_charts_data, *chosen)))
         # lines (accept), their windows (tumbling rows in the charts), sliding
         common.show_freshness(config, batches, *pipeline.QUERIES, sooner={
-            "log lines": (pipeline.ACCEPT_QUERY,), "tumbling windows": pipeline.TUMBLING_ROWS})
+            "log lines": (pipeline.ACCEPT_QUERY,), "tumbling windows": pipeline.WINDOW_ROWS})
         resolution, levels, peaks = data.resolution_s, data.levels, data.peaks
         if levels is None or levels.empty:
             st.info("No log windows in the chosen range yet.")

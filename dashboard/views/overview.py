@@ -22,9 +22,9 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         batches, ((since, until), data) = last_minutes_when_new(
-            config, "overview", pipeline.TUMBLING_ROWS, minutes, (), overview_data)
+            config, "overview", pipeline.WINDOW_ROWS, minutes, (), overview_data)
         # windows, and accept's dead letters and duplicates; the rate charts are tumbling rows
-        common.show_freshness(config, batches, *pipeline.QUERIES, sooner={"tumbling windows": pipeline.TUMBLING_ROWS})
+        common.show_freshness(config, batches, *pipeline.QUERIES, sooner={"tumbling windows": pipeline.WINDOW_ROWS})
         resolution, rates, dropped, dead = data.resolution_s, data.rates, data.dropped, data.dead
         duplicates, marks, states, lag, loss = data.duplicates, data.watermarks, data.alert_states, data.lag, data.loss
         now = datetime.now(UTC)

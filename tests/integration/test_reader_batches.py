@@ -83,7 +83,11 @@ def test_a_window_moves_at_each_accept_batch_and_the_windows_query_has_the_last_
         moved = rows(config, "SELECT count() AS n FROM window_results WHERE name LIKE 'other_%' AND version % 2 = 0 "
                              "AND window_kind = 'tumbling' AND window_length_ms = 10000 AND event_count = 1")
         assert moved[0]["n"] == len(others)
-        # (each round recorded beside the queries' batches, which the dashboard's tumbling charts follow),
+        # and so do the hopping windows holding the 10 (300 s every 60 s: five),
+        hopping = rows(config, "SELECT event_count FROM window_results WHERE name = 'latency_ms' "
+                               "AND window_kind = 'hopping' AND version % 2 = 0")
+        assert [r["event_count"] for r in hopping] == [10] * 5, hopping
+        # (each round recorded beside the queries' batches, which the dashboard's window charts follow),
         with connect(config) as client:
             assert PROVISIONAL_WINDOWS in last_batches(client)
         # 5 more events in the same window move the same row (merged into the provisional one: none counted twice),

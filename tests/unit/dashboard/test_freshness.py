@@ -55,14 +55,14 @@ def test_a_part_that_moves_sooner_than_the_page_gets_its_own_age_from_its_newest
     # windows' 6 s: the page is 6 s behind, its tumbling charts 1 s.
     batches = {"accept": ago(1.5), "windows": ago(4), "keyed_windows": ago(6), "provisional_windows": ago(1)}
     line = freshness(NOW, batches, ["accept", "windows", "keyed_windows"], STALE_AFTER_S, 2.0,
-                     sooner={"tumbling windows": pipeline.TUMBLING_ROWS, "log lines": [pipeline.ACCEPT_QUERY]})
+                     sooner={"tumbling windows": pipeline.WINDOW_ROWS, "log lines": [pipeline.ACCEPT_QUERY]})
     assert line.level == "fresh"
     assert line.text == "data as of 10:42:04 UTC · 6 s behind · tumbling windows 1 s behind · log lines 2 s behind " \
                         "· refreshes every 2 s"
 
 
 def test_a_part_no_fresher_than_the_page_or_never_stored_adds_nothing():
-    sooner = {"tumbling windows": pipeline.TUMBLING_ROWS}
+    sooner = {"tumbling windows": pipeline.WINDOW_ROWS}
     same = freshness(NOW, {"windows": ago(3)}, ["windows"], STALE_AFTER_S, 2.0, sooner=sooner)
     assert same.text == "data as of 10:42:07 UTC · 3 s behind · refreshes every 2 s"
     within_a_second = freshness(NOW, {"windows": ago(3), "provisional_windows": ago(2.5)}, ["windows"],
@@ -74,7 +74,7 @@ def test_a_part_no_fresher_than_the_page_or_never_stored_adds_nothing():
 
 def test_a_fresh_part_does_not_make_a_stale_page_fresh():
     line = freshness(NOW, {"windows": ago(600), "provisional_windows": ago(1)}, ["windows"], STALE_AFTER_S, 2.0,
-                     sooner={"tumbling windows": pipeline.TUMBLING_ROWS})
+                     sooner={"tumbling windows": pipeline.WINDOW_ROWS})
     assert line.level == "stale"
     assert line.text.startswith("Stale: data as of 10:32:10 UTC · 10 min behind · tumbling windows 1 s behind")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from dashboard.live import LastRead, batch_is_fresh, followed_version, still_current
-from store.pipeline import TUMBLING_ROWS
+from store.pipeline import WINDOW_ROWS
 
 T0 = datetime(2026, 11, 28, 12, 0, 0, tzinfo=UTC)
 STALE_AFTER_S = 15.0
@@ -50,15 +50,15 @@ def test_the_first_refresh_reads():
 def test_a_tumbling_chart_reads_again_after_a_provisional_round_between_two_batches_of_the_windows_query():
     # accept's provisional rows move the tumbling windows every accept batch; the windows query every trigger.
     batch = {"windows": T0, "provisional_windows": T0 + timedelta(seconds=1)}
-    last = read_at(followed_version(batch, TUMBLING_ROWS))
-    assert still_current(last, 30, followed_version(dict(batch), TUMBLING_ROWS), trusted=True)
+    last = read_at(followed_version(batch, WINDOW_ROWS))
+    assert still_current(last, 30, followed_version(dict(batch), WINDOW_ROWS), trusted=True)
     a_round_later = {**batch, "provisional_windows": T0 + timedelta(seconds=2)}
-    assert not still_current(last, 30, followed_version(a_round_later, TUMBLING_ROWS), trusted=True)
+    assert not still_current(last, 30, followed_version(a_round_later, WINDOW_ROWS), trusted=True)
     # A part following the windows query alone (stragglers) waits for its next batch.
     assert followed_version(a_round_later, ("windows",)) == followed_version(batch, ("windows",))
 
 
 def test_a_part_reads_at_every_refresh_until_its_first_query_stored_a_batch():
     # Provisional rounds alone (the windows query's first batch still running) are not yet a version to keep.
-    assert followed_version({"provisional_windows": T0}, TUMBLING_ROWS) is None
+    assert followed_version({"provisional_windows": T0}, WINDOW_ROWS) is None
     assert not still_current(read_at(None), 30, None, trusted=True)

@@ -17,6 +17,8 @@ from analytics.accepted_log import BatchMeta
 from analytics.vocabulary import ARROW_TIME
 from analytics.windows.partials import partials
 from analytics.windows.provisional import (
+    BatchPartials,
+    by_window,
     covered,
     provisional_rows,
     provisional_version,
@@ -39,15 +41,15 @@ def at(ms: int) -> datetime:
     return datetime.fromtimestamp((T0_MS + ms) / 1000, UTC)
 
 
-def batch(*events: Event) -> pa.Table:
+def batch(*events: Event) -> BatchPartials:
     """The window partials of an accept batch of ``latency_ms`` events."""
     n = len(events)
-    return partials(pa.table({
+    return by_window(partials(pa.table({
         "app": ["shop"] * n, "kind": ["metric"] * n, "name": ["latency_ms"] * n, "series_tags": [""] * n,
         "corrected_event_time": pa.array([int(e.at.timestamp() * 1e6) for e in events], pa.int64()).cast(ARROW_TIME),
         "metric_value": pa.array([e.value for e in events], pa.float64()), "user": [e.user for e in events],
         "device": [e.device for e in events], "level": [e.level for e in events],
-    }), CONFIG)
+    }), CONFIG), CONFIG)
 
 
 def key(length_s: int, start_ms: int, kind: str = "tumbling") -> tuple:
@@ -90,8 +92,14 @@ def test_with_nothing_stored_a_window_gets_the_row_of_every_event_of_the_pending
     assert got["version"] == provisional_version(3) and result.windows_left == 0
     minute = rows[key(60, 0)]
     assert minute["event_count"] == 5 and minute["distinct_users"] == 3 and minute["max"] == 9.0
-    # hopping windows (five 300-s windows per event here) wait for the windows query
-    assert {k[0] for k in rows} == {"tumbling"}
+    # the hopping windows of 300 s every 60 s holding t = 1..12 s: the five starting 0, -60, ... -240 s
+    assert {k[2] - T0_MS for k in rows if k[0] == "hopping"} == {0, -60_000, -120_000, -180_000, -240_000}
+    hopping = rows[key(300, -240_000, "hopping")]
+    expected = window_row(CONFIG, LATENCY, at(-240_000), timedelta(seconds=300), FIRST + SECOND + THIRD,
+                          kind="hopping", hop=timedelta(seconds=60))
+    for column in ("event_count", "sum", "min", "max", "p50", "p99", "distinct_users", "distinct_devices", "rate"):
+        assert hopping[column] == pytest.approx(expected[column]), column
+    assert hopping["window_hop_ms"] == 60_000
 
 
 def test_a_stored_row_is_merged_with_only_the_batches_it_does_not_cover() -> None:
@@ -121,7 +129,8 @@ def test_an_earlier_provisional_row_counts_as_covering_its_own_batch() -> None:
 def test_the_row_written_last_stands_for_the_stored_one_while_it_covers_what_the_windows_query_committed() -> None:
     earlier = provisional_rows(CONFIG, [2], PENDING, {}, committed=0, bound_ms=BEFORE_ANY, written_at=NOW)
     written = {k: {**row, "version": provisional_version(2)} for k, row in earlier.written.items()}
-    assert earlier.written.keys() == {key(10, 0), key(60, 0)}
+    hopping = {key(300, -k * 60_000, "hopping") for k in range(5)}
+    assert earlier.written.keys() == {key(10, 0), key(60, 0), *hopping}
 
     # The windows query committed batch 1 (or 2): the rows written at batch 2 cover it, and merged with batch 3's
     # partials they give the row of every event so far, with no read of the store.
