@@ -2,8 +2,8 @@
 
 Every refresh asks the store one small question, when each stream query stored its newest batch, which the
 freshness line needs anyway. The part's own queries run, and its charts are built again, only when a query the
-part follows stored a batch since its last read (or, for tumbling rows, ``accept`` wrote a round of provisional
-ones: ``store.pipeline.WINDOW_ROWS``), when its filters changed, or when the pipeline is not keeping up
+part follows stored a batch since its last read (or, for tumbling and hopping rows, ``accept`` wrote a round of
+provisional ones: ``store.pipeline.WINDOW_ROWS``), when its filters changed, or when the pipeline is not keeping up
 (no batch yet, or the newest older than the stale threshold): then every refresh reads, so lag and alerts keep
 moving while the job is stopped. Between batches the part draws the data of its last read, over the same range:
 the same charts, which the browser does not draw again. Redrawing every chart at every refresh, only for the
