@@ -63,8 +63,9 @@ class PathsConfig(_Section):
 class MavenConfig(_Section):
     repository: str = "https://repo1.maven.org/maven2/"
     """Maven repository the broker and connector jars are resolved from (a mirror URL works too)."""
-    token_provider_fallback: str = "4.1.0-preview1"
-    """Version of spark-token-provider-kafka-0-10 used only if the one matching pyspark is missing."""
+    token_provider_fallback: str = "4.2.0"
+    """Version of spark-token-provider-kafka-0-10 used only if the one matching the connector is missing (a release
+    of the same Spark line; the helper serves Kafka delegation tokens alone, which this project does not use)."""
     connector_fallback: str | None = "4.2.0"
     """Version of spark-sql-kafka-0-10 used only if the one matching pyspark is missing (an earlier patch release
     of the same Spark line: Maven Central as reachable here lacks 4.2.1)."""
