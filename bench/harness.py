@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import os
 import random
@@ -381,6 +382,12 @@ class JvmCpu:
                 self._last.update(self._read_workers())
         self.own_cpu_s = time.thread_time()
 
+    def jit_s(self) -> float:
+        """The compiler threads' CPU seconds since creation, as of the poller's last reading (while it runs)."""
+        last = dict(self._last)   # one C-level copy: the poller updates it meanwhile
+        return sum(cpu - self._start.get(tid, 0.0) for tid, cpu in last.items()
+                   if not tid.startswith("p") and self._thread.get(tid, ("",))[0] == "jit")
+
     def stop(self) -> dict[str, Any]:
         """Stop reading; CPU seconds since creation by part (``jit``, ``gc``, ``executor``, ``python_workers``,
         ``driver_jvm``) and the driver-side and executor JVM threads' by name (``driver_jvm_threads``,
@@ -417,6 +424,10 @@ class Spent:
         self._collector = CollectorTime.snapshot()
         self._cpu, self._t = cpu_seconds(), time.perf_counter()
 
+    def jit_s(self) -> float:
+        """The JIT's CPU seconds so far (:meth:`JvmCpu.jit_s`)."""
+        return self._jvm.jit_s()
+
     def per(self, events: int) -> dict[str, Any]:
         """What was spent so far, and the rates for ``events`` events."""
         seconds, cpu = time.perf_counter() - self._t, cpu_seconds() - self._cpu
@@ -434,6 +445,44 @@ class Spent:
                 "driver": {**driver_figures(python, jvm, cpu, events, self._jvm.own_cpu_s,
                                             _rss_mb("self"), _rss_mb(self._jvm.pid), self._peaks_reset),
                            **self._rss_start, "driver_python_collector": collector}}
+
+
+class CpuByMinute:
+    """The machine's CPU per event in each minute of a live load (and what a last, shorter stretch took), also
+    without the load generator's own CPU and with the JIT's share: a run's average hides a young JVM's compiling,
+    which fades as the job runs on. Reads every ``every_s`` in a thread of its own until :meth:`stop`."""
+
+    def __init__(self, spent: Spent, loader_pid: int, events: Callable[[], int], every_s: float = 60.0) -> None:
+        self._spent, self._loader, self._events, self._every = spent, Path(f"/proc/{loader_pid}"), events, every_s
+        self._readings = [self._read()]
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-by-minute", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> tuple[float, float, float, float, int]:
+        loader = _stat(self._loader)
+        return (time.perf_counter(), cpu_seconds(), loader[2] if loader else 0.0, self._spent.jit_s(), self._events())
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._every):
+            self._readings.append(self._read())
+
+    def stop(self) -> list[dict[str, Any]]:
+        """One entry per stretch read: its seconds, events produced, and CPU µs per event (the machine's, without
+        the load generator's, the JIT's)."""
+        self._stopped.set()
+        self._thread.join()
+        last = self._read()
+        if last[0] - self._readings[-1][0] >= 1.0:
+            self._readings.append(last)
+        out = []
+        for (t0, cpu0, load0, jit0, n0), (t1, cpu1, load1, jit1, n1) in itertools.pairwise(self._readings):
+            events = max(n1 - n0, 1)
+            out.append({"seconds": round(t1 - t0, 1), "events": n1 - n0,
+                        "machine_cpu_us_per_event": round((cpu1 - cpu0) * 1e6 / events, 1),
+                        "without_load": round((cpu1 - cpu0 - (load1 - load0)) * 1e6 / events, 1),
+                        "jit_us_per_event": round((jit1 - jit0) * 1e6 / events, 1)})
+        return out
 
 
 def driver_figures(python: float, jvm: dict[str, Any], machine: float, events: int, measuring: float,

@@ -25,7 +25,8 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
   ``window_row_provisional`` (its window rows moved: when the provisional rows of its accept batch were written, if
   that batch's events got one in every window they touched, else ``window_row``), ``sliding_or_session_processed``
   (keyed_windows); and the machine's CPU per event and per accept batch, also without the load generator's own
-  CPU (``machine_cpu_us_per_event_without_load``: what compares with a drain's, whose backlog was produced before).
+  CPU (``machine_cpu_us_per_event_without_load``: what compares with a drain's, whose backlog was produced before),
+  and both by minute with the JIT's share (``cpu_by_minute``: a young JVM's compiling fades over minutes).
 
 Every drain also reports ``driver``: CPU per event of the driver (its Python process, this one, and the JVM's
 driver-side threads) apart from the executor's (task threads, Python workers), the JIT's and the collector's, which
@@ -67,6 +68,7 @@ from analytics.vocabulary import ACCEPT_QUERY
 from analytics.windows import provisional
 from bench.harness import (
     REPO,
+    CpuByMinute,
     Load,
     Spent,
     bench_config,
@@ -218,7 +220,10 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     loader = subprocess.Popen([sys.executable, "-m", "bench.pipeline", "--live-load", config.kafka.bootstrap,
                                config.kafka.events_topic, str(rate), str(seconds)], cwd=REPO)
     spent, t0 = Spent(spark), time.time()
-    loader.wait(timeout=seconds + 300)
+    by_minute = CpuByMinute(spent, loader.pid, lambda: sum(topic_end_offsets(config).values()))
+    os.waitid(os.P_PID, loader.pid, os.WEXITED | os.WNOWAIT)   # ended, not reaped: its CPU still readable
+    cpu_by_minute = by_minute.stop()
+    loader.wait()
     # The load generator is the apps, not the backend: its CPU (the only child this process reaps meanwhile) is
     # reported apart, so the job's CPU per event compares with a drain's, whose backlog was produced beforehand.
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -264,6 +269,7 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             "machine_cpu_us_per_event": round(cpu * 1e6 / max(produced, 1), 1),
             "load_generator_cpu_s": round(load_cpu, 1),
             "machine_cpu_us_per_event_without_load": round((cpu - load_cpu) * 1e6 / max(produced, 1), 1),
+            "cpu_by_minute": cpu_by_minute,
             "accept_batches": accept_batches,
             "machine_cpu_s_per_accept_batch": round(cpu / max(accept_batches, 1), 3),
             "driver": parts["driver"], "jit_cpu_s": parts["jit_cpu_s"], "stages": stages}
