@@ -221,7 +221,13 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
                                config.kafka.events_topic, str(rate), str(seconds)], cwd=REPO)
     spent, t0 = Spent(spark), time.time()
     by_minute = CpuByMinute(spent, loader.pid, lambda: sum(topic_end_offsets(config).values()))
-    os.waitid(os.P_PID, loader.pid, os.WEXITED | os.WNOWAIT)   # ended, not reaped: its CPU still readable
+    deadline = time.monotonic() + seconds + 300
+    # until it has ended, not reaped: its CPU is still readable for the last stretch
+    while os.waitid(os.P_PID, loader.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+        if time.monotonic() > deadline:
+            loader.kill()
+            raise TimeoutError(f"the load generator ran past {seconds + 300:.0f} s")
+        time.sleep(0.2)
     cpu_by_minute = by_minute.stop()
     loader.wait()
     # The load generator is the apps, not the backend: its CPU (the only child this process reaps meanwhile) is
