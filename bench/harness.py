@@ -382,11 +382,14 @@ class JvmCpu:
                 self._last.update(self._read_workers())
         self.own_cpu_s = time.thread_time()
 
+    def _part(self, key: str) -> str:
+        """The part a reading's key (a thread id, or ``p<pid>`` for a Python worker) counts in."""
+        return "python_workers" if key.startswith("p") else self._thread[key][0]
+
     def jit_s(self) -> float:
         """The compiler threads' CPU seconds since creation, as of the poller's last reading (while it runs)."""
         last = dict(self._last)   # one C-level copy: the poller updates it meanwhile
-        return sum(cpu - self._start.get(tid, 0.0) for tid, cpu in last.items()
-                   if not tid.startswith("p") and self._thread.get(tid, ("",))[0] == "jit")
+        return sum(cpu - self._start.get(key, 0.0) for key, cpu in last.items() if self._part(key) == "jit")
 
     def stop(self) -> dict[str, Any]:
         """Stop reading; CPU seconds since creation by part (``jit``, ``gc``, ``executor``, ``python_workers``,
@@ -399,13 +402,10 @@ class JvmCpu:
         names: dict[str, dict[str, float]] = {"driver_jvm": defaultdict(float), "executor": defaultdict(float)}
         for key, cpu in self._last.items():
             spent = cpu - self._start.get(key, 0.0)
-            if key.startswith("p"):
-                parts["python_workers"] += spent
-                continue
-            part, name = self._thread[key]
+            part = self._part(key)
             parts[part] += spent
             if part in names:
-                names[part][name] += spent
+                names[part][self._thread[key][1]] += spent
         return {**parts, "driver_jvm_threads": dict(names["driver_jvm"]), "executor_threads": dict(names["executor"])}
 
 
