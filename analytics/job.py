@@ -35,8 +35,10 @@ from analytics.disk_full import failure_message, reports_disk_full, stop_on_disk
 from analytics.keyed import rows as keyed_rows
 from analytics.keyed import runs as session_runs
 from analytics.keyed.layout import session_layout
+from analytics.keyed.provisional import ProvisionalSessions
 from analytics.keyed.query import keyed_windows
 from analytics.keyed.writer import keyed_windows_writer
+from analytics.rounds import AcceptRounds
 from analytics.sinks import BatchWriter
 from analytics.spark import checkpoint as spark_checkpoint
 from analytics.spark import settings as spark_settings
@@ -128,15 +130,19 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
     recorder = progress.progress_recorder(spark)
     live = trigger is None
     grouped = live and config.stream.accept_interval < config.stream.trigger_interval_s
-    # Between reader batches, each accept batch moves the windows its events touched (analytics.windows.provisional).
-    provisional = ProvisionalWindows(config) if grouped and config.stream.provisional_windows else None
+    # Between reader batches, each accept batch moves the windows and the sessions its events touched
+    # (analytics.windows.provisional, analytics.keyed.provisional), each on a thread of its own.
+    rounds: list[AcceptRounds] = [
+        *([ProvisionalWindows(config)] if grouped and config.stream.provisional_windows else []),
+        *([ProvisionalSessions(config)] if grouped and config.stream.provisional_sessions else []),
+    ]
     # How often Spark reports a query idle (default 10 s): every trigger interval, so the recorder re-stores an idle
     # query's newest row (analytics.progress) well within the dashboard's stale threshold.
     spark.conf.set("spark.sql.streaming.noDataProgressEventInterval",
                    str(round(config.stream.trigger_interval_s * 1000)))
     plans: list[tuple[str, Callable[[], DataFrame], str, BatchWriter]] = [
         (ACCEPT_QUERY, lambda: validation.parse(kafka_records(spark, config), config), "append",
-         accept_writer(config, live, provisional.submit if provisional else None)),
+         accept_writer(config, live, _submit_to(rounds) if rounds else None)),
         (WINDOWS_QUERY, lambda: aggregate(accepted_log.read_partials_stream(
             spark, config, from_arrow_schema(window_partials.SCHEMA)), config), "update", window_writer(config)),
         (KEYED_WINDOWS_QUERY, lambda: keyed_windows(accepted_events(spark, config), config, session_layout(
@@ -173,9 +179,18 @@ def start_queries(spark: SparkSession, config: Config, trigger: dict[str, Any] |
         queries.append(query)
         if name == ACCEPT_QUERY and grouped:
             _hand_over_when_idle(config, query)
-        if name == ACCEPT_QUERY and provisional is not None:
-            provisional.run_while(lambda query=query: query.isActive)
+        if name == ACCEPT_QUERY:
+            for provisional in rounds:
+                provisional.run_while(lambda query=query: query.isActive)
     return queries
+
+
+def _submit_to(rounds: list[AcceptRounds]) -> Callable[[int], None]:
+    """What ``accept``'s writer calls once it has published a batch: each round's thread takes it."""
+    def submit(batch_id: int) -> None:
+        for provisional in rounds:
+            provisional.submit(batch_id)
+    return submit
 
 
 def _hand_over_when_idle(config: Config, accept: StreamingQuery) -> None:

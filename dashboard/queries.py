@@ -333,21 +333,21 @@ def session_shapes(client: Client, since: datetime, until: datetime, limit: int 
 def active_sessions(client: Client, since: datetime, until: datetime, resolution_s: int) -> pd.DataFrame:
     """Per bucket and app: sessions active in the bucket, closed or still open. A session is active from its first
     to its last event (so far), and counts once in every bucket that span touches within the range."""
-    spans = ("SELECT app, session_start, last_event_time FROM {table} FINAL WHERE {open}last_event_time >= "
+    spans = ("SELECT app, session_start, last_event_time FROM {table}{final} WHERE last_event_time >= "
              "{{lo:DateTime64(3)}} AND session_start < {{hi:DateTime64(3)}}")
     return _bucketed(client,
         "SELECT toDateTime(b * {r:UInt32}) AS t, app, count() AS sessions FROM (SELECT app, arrayJoin(range("
         "intDiv(greatest(toUnixTimestamp(session_start), toUnixTimestamp({lo:DateTime64(3)})), {r:UInt32}), "
         "intDiv(least(toUnixTimestamp(last_event_time), toUnixTimestamp({hi:DateTime64(3)}) - 1), {r:UInt32}) + 1"
-        ")) AS b FROM (" + spans.format(table="sessions", open="") + " UNION ALL "
-        + spans.format(table="open_sessions", open="is_open AND ") + ")) GROUP BY t, app ORDER BY t, app",
+        ")) AS b FROM (" + spans.format(table="sessions", final=" FINAL") + " UNION ALL "
+        + spans.format(table="open_sessions_now", final="") + ")) GROUP BY t, app ORDER BY t, app",
         since, until, resolution_s)
 
 
 def open_sessions_per_app(client: Client) -> pd.DataFrame:
     """Per app: sessions open now (the job's latest batch) and the events they hold so far."""
     return _arrow_frame(client,
-        "SELECT app, count() AS open_sessions, sum(event_count) AS events FROM open_sessions FINAL WHERE is_open "
+        "SELECT app, count() AS open_sessions, sum(event_count) AS events FROM open_sessions_now "
         "GROUP BY app ORDER BY app")
 
 
@@ -355,8 +355,8 @@ def newest_open_sessions(client: Client, limit: int = OPEN_SESSION_ROWS) -> pd.D
     """The open sessions with the latest events (at most ``limit``), as they stand so far."""
     return _arrow_frame(client,
         "SELECT app, key_kind, session_key, session_start AS started, last_event_time AS last_event, "
-        "duration_ms / 1000 AS duration_s, event_count AS events, log_count AS log_lines FROM open_sessions FINAL "
-        "WHERE is_open ORDER BY last_event_time DESC, app, session_key LIMIT {n:UInt32}",
+        "duration_ms / 1000 AS duration_s, event_count AS events, log_count AS log_lines FROM open_sessions_now "
+        "ORDER BY last_event_time DESC, app, session_key LIMIT {n:UInt32}",
         n=limit)
 
 

@@ -273,6 +273,10 @@ class StreamConfig(_Section):
     (``analytics.windows.provisional``): a window's count, rate, percentiles and distinct counts move at
     ``accept_interval_s`` instead of ``trigger_interval_s``. The ``windows`` query's own rows replace them; what is
     final is unchanged."""
+    provisional_sessions: bool = True
+    """Likewise for sessions: while ``accept`` runs more often than the trigger, the sessions in progress of the
+    session keys each accept batch touched are written too (``analytics.keyed.provisional``), so open sessions move at
+    ``accept_interval_s``. The ``keyed_windows`` query's own rows replace them; what is final is unchanged."""
     accepted_poll_interval_s: float = Field(0.5, gt=0)
     """How often the windows and sessions queries look for a newly accepted batch. Kept well under
     ``trigger_interval_s`` so they start within this time of ``accept`` publishing a batch instead of at their next

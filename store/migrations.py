@@ -61,6 +61,7 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
 # Tables without a TTL, and why: each holds a bounded number of rows whose loss would change results.
 KEPT_WHOLE = {
     "query_watermarks_kept": "one row per streaming query: the finality clock (query_watermarks)",
+    "keyed_sessions_covered": "one row: which provisional open sessions still stand (open_sessions_now)",
     "schema_migrations": "one row per migration file: the ledger of what was applied",
 }
 _TTL = re.compile(r" TTL (.+?)(?: SETTINGS |$)")

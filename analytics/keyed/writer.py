@@ -35,6 +35,13 @@ _SESSION_NAMES = {"window_length_ms": "gap_ms", "kind": "key_kind", "name": "ses
                   "window_start": "session_start", "window_end": "session_end", "event_time": "last_event_time"}
 
 
+def open_session_version(newest_accept_batch: int) -> int:
+    """The ``version`` of the ``open_sessions`` rows the query writes in a micro-batch whose newest accept batch is
+    ``newest_accept_batch``: above every provisional row of the accept batches it took
+    (``analytics.keyed.provisional``, ``sql/0020_provisional_open_sessions.sql``)."""
+    return 2 * newest_accept_batch + 1
+
+
 def keyed_windows_writer(config: Config) -> BatchWriter:
     """Write sliding windows, sessions and their stragglers, each keyed so a replayed batch changes nothing.
 
@@ -46,9 +53,12 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
 
     def write(batch: DataFrame, batch_id: int) -> None:
         now = datetime.now(UTC)
+        info = batch_info(checkpoint, batch_id)
+        # (None only for a batch that read nothing, and so writes no open session)
+        newest = accepted_log.newest_batch_read(checkpoint, int(info.end_offsets.get("logOffset", -1))) or 0
         out = batch.select(*_output_columns(config.stream.sliding_window_s * 1000, config.stream.session_gap_s * 1000))
         with timed(KEYED_WINDOWS_QUERY, "tasks"):   # the stateful query runs when its rows are written
-            insert_in_tasks([out], [KeyedRows(config, checkpoint, batch_id, now)])
+            insert_in_tasks([out], [KeyedRows(config, checkpoint, batch_id, now, open_session_version(newest))])
         with timed(KEYED_WINDOWS_QUERY, "expire"):   # here, never beside this query's listing of its reader batches
             reader_batches.expire(config, KEYED_WINDOWS_QUERY)
 
@@ -81,11 +91,13 @@ class KeyedRows(TaskWriter):
     events dropped whole (``dropped_run``) is expanded into its events' stragglers from the batch's events files,
     read by the task that has the run (rare: late session events)."""
 
-    def __init__(self, config: Config, checkpoint: Path, batch_id: int, written_at: datetime) -> None:
+    def __init__(self, config: Config, checkpoint: Path, batch_id: int, written_at: datetime,
+                 open_version: int) -> None:
         super().__init__(config, KEYED_WINDOWS_QUERY)
         self.checkpoint = checkpoint
         self.batch_id = batch_id
         self.written_at = written_at
+        self.open_version = open_version
 
     def tables(self, out: pa.Table) -> tuple[list[tuple[str, pa.Table]], pa.Table | None]:
         batch_id, now = self.batch_id, self.written_at
@@ -110,7 +122,7 @@ class KeyedRows(TaskWriter):
             ("sliding_windows", with_constants(sliding.select(list(SLIDING_COLUMNS)),
                                                 version=batch_id, written_at=now)),
             ("open_sessions", with_constants(renamed(provisional, _SESSION_NAMES).select(list(OPEN_SESSION_COLUMNS)),
-                                             version=batch_id, written_at=now)),
+                                             version=self.open_version, written_at=now)),
             ("sessions", with_constants(renamed(sessions, _SESSION_NAMES).select(list(SESSION_COLUMNS)),
                                         version=batch_id, written_at=now)),
             ("stragglers", with_constants(renamed(dropped, {"event_time": "corrected_event_time"}).append_column(

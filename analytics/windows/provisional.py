@@ -39,9 +39,8 @@ with ``accept_interval_s`` equal to the trigger.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -53,11 +52,9 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from datasketches import hll_sketch, tgt_hll_type
 
 from analytics import accepted_log
-from analytics.accepted_log import BatchMeta
-from analytics.event_time import watermark_delay_ms
 from analytics.progress import record_round
+from analytics.rounds import AcceptRounds, reader_position, watermark_bound_ms, worth_writing
 from analytics.sinks import Newest, timed
-from analytics.spark.checkpoint import batch_info, planned_batches
 from analytics.vocabulary import (
     ACCEPT_QUERY,
     BUCKET_START,
@@ -75,9 +72,6 @@ from store.pipeline import PROVISIONAL_WINDOWS
 from store.range_query import SKETCH_FORMATS, hll_estimate, merge_hll, merge_kll
 
 log = logging.getLogger(__name__)
-
-PENDING_TRIGGERS_MAX = 3
-"""Provisional rows are written only while the job keeps up within this many triggers (:func:`worth_writing`)."""
 
 OUTCOMES_KEPT = 10_000
 outcomes: Newest[int, tuple[int, int]] = Newest(OUTCOMES_KEPT)
@@ -111,14 +105,6 @@ def covered(version: int) -> int:
     return version // 2
 
 
-def watermark_bound_ms(watermark_ms: int, newest_event_ms: int | None, config: Config) -> int:
-    """The highest watermark the ``windows`` query can apply while it takes the accept batches whose latest
-    corrected event time is ``newest_event_ms``, its current watermark being ``watermark_ms``."""
-    if newest_event_ms is None:
-        return watermark_ms
-    return max(watermark_ms, newest_event_ms - watermark_delay_ms(config))
-
-
 @dataclass(frozen=True)
 class Provisional:
     """The rows one accept batch writes, and what it left to the ``windows`` query."""
@@ -128,19 +114,6 @@ class Provisional:
     """Windows the batch's events touch that got no provisional row: at or behind the watermark bound."""
     written: dict[WindowKey, dict[str, Any]]
     """``rows`` by window, as dicts (without ``version``)."""
-
-
-def worth_writing(pending: Sequence[BatchMeta], config: Config) -> bool:
-    """Whether the provisional rows of the newest of ``pending`` (the published accept batches the ``windows`` query
-    has not taken, oldest first) are worth their cost. Not while ``accept`` started that batch more than
-    :data:`PENDING_TRIGGERS_MAX` triggers after the oldest: the ``windows`` query is that far behind, the partials to
-    merge grow with its lag, and its own rows are what is late. Nor while ``accept`` catches up on a backlog (the
-    batch's oldest record had reached the broker that long before the batch started): every window it touches is
-    already old, its batches are large, and the driver's CPU is better spent catching up."""
-    span_ms = PENDING_TRIGGERS_MAX * config.stream.trigger_interval_s * 1000
-    newest = pending[-1]
-    return (newest.accepted_at_ms - pending[0].accepted_at_ms <= span_ms
-            and newest.accepted_at_ms - newest.first_timestamp_ms <= span_ms)
 
 
 def window_contributions(partials: pa.Table, config: Config) -> pa.Table:
@@ -291,41 +264,18 @@ _ROW_SCHEMA = pa.schema([
 ])
 
 
-class ProvisionalWindows:
+class ProvisionalWindows(AcceptRounds):
     """``accept``'s side: the provisional rows of the windows each published batch touched (module docstring),
-    written by a thread of their own, so ``accept``'s next batch never waits for them. Batches published while the
-    thread was busy are taken together. Keeps the partials of the accept batches the ``windows`` query has not taken
-    yet, read once each."""
+    written by a thread of their own (``analytics.rounds``). Keeps the partials of the accept batches the
+    ``windows`` query has not taken yet, read once each."""
+
+    name = "provisional_windows"
 
     def __init__(self, config: Config) -> None:
-        self.config = config
+        super().__init__(config)
         self.checkpoint = config.checkpoint_dir / WINDOWS_QUERY
         self._partials: dict[int, BatchPartials] = {}
         self._written: dict[WindowKey, dict[str, Any]] = {}   # the rows last written, by window (see reusable)
-        self._submitted: list[int] = []
-        self._ready = threading.Condition()
-
-    def submit(self, batch_id: int) -> None:
-        """Accept batch ``batch_id`` is published: its rows are to be written."""
-        with self._ready:
-            self._submitted.append(batch_id)
-            self._ready.notify()
-
-    def run_while(self, active: Callable[[], bool]) -> None:
-        """Start the thread that writes the submitted batches' rows, for as long as ``active()`` (the ``accept``
-        query runs)."""
-        def work() -> None:
-            while active():
-                with self._ready:
-                    self._ready.wait_for(lambda: self._submitted, timeout=self.config.stream.accept_interval)
-                    batches, self._submitted = self._submitted, []
-                if batches:
-                    try:
-                        self.write(batches)
-                    except Exception:   # the windows query writes these windows all the same; say why these could not
-                        log.exception("provisional window rows of accept batches %s failed", batches)
-
-        threading.Thread(target=work, name="provisional-windows", daemon=True).start()
 
     def write(self, batches: list[int]) -> Provisional | None:
         """Write the provisional rows of published accept ``batches``; None when none were written on purpose (the
@@ -334,7 +284,7 @@ class ProvisionalWindows:
         with timed(ACCEPT_QUERY, "provisional_windows"):
             committed = accepted_log.last_read(self.checkpoint)   # before the store is read: see provisional_rows
             committed = -1 if committed is None else committed
-            watermark_ms, taken = self._windows_position()
+            watermark_ms, taken = reader_position(self.checkpoint)
             taken = min(taken, committed)
             published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= batch_id]
             batches = [b for b in batches if b > taken]   # the windows query's own rows cover the others
@@ -381,16 +331,6 @@ class ProvisionalWindows:
             self._written[key] = {**{c: row[c] for c in STORED_COLUMNS if c != "version"}, "version": version}
         for key in [k for k, row in self._written.items() if covered(row["version"]) < committed]:
             del self._written[key]
-
-    def _windows_position(self) -> tuple[int, int]:
-        """The watermark of the ``windows`` query's newest planned micro-batch and the newest accept batch it had
-        taken before that micro-batch (-1 before its first)."""
-        planned = planned_batches(self.checkpoint)
-        if not planned:
-            return 0, -1
-        info = batch_info(self.checkpoint, planned[-1])
-        before = accepted_log.newest_batch_read(self.checkpoint, int(info.start_offsets.get("logOffset", -1)))
-        return info.watermark_ms, -1 if before is None else before
 
     def _read(self, batch_id: int) -> BatchPartials:
         if batch_id not in self._partials:

@@ -2,7 +2,8 @@
 ``stream.trigger_interval_s``): log lines are stored at accept's pace, the windows take accept's batches grouped into
 reader batches, and the last batch before a pause still reaches them (``analytics.reader_batches``); meanwhile each
 accept batch writes the rows of the windows it changed, which the windows query's rows then replace
-(``analytics.windows.provisional``)."""
+(``analytics.windows.provisional``), and the sessions in progress it changed, which keyed_windows' rows then
+replace (``analytics.keyed.provisional``)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,42 @@ def test_a_window_moves_at_each_accept_batch_and_the_windows_query_has_the_last_
         wait_until(lambda: window() == (15, 24.0, False), timeout_s=15)
         # and once the windows query has taken them, its own row, with the same figures, replaces it.
         wait_until(lambda: window() == (15, 24.0, True), timeout_s=90)
+    finally:
+        for query in queries:
+            query.stop()
+
+
+def test_a_session_moves_at_each_accept_batch_and_the_keyed_query_has_the_last_word(kafka, spark):
+    # keyed_windows takes a reader batch only every 20 s; accept runs every 0.5 s.
+    config = fresh_stack(kafka, "provisional_sessions", partitions=1, trigger_interval_s=20.0,
+                         accept_interval_s=ACCEPT_S, accepted_poll_interval_s=0.25)
+    start = minute_in_past(5)
+    queries = start_queries(spark, config)
+
+    def sessions(user: str) -> list[tuple[int, int]]:
+        """The user's open sessions: (events, provisional), each checked to start at her first event (within the
+        device clock correction)."""
+        found = rows(config, "SELECT toUnixTimestamp64Milli(session_start) AS start, event_count, provisional "
+                             f"FROM open_sessions_now WHERE key_kind = 'user' AND session_key = '{user}' "
+                             "ORDER BY session_start")
+        assert all(abs(r["start"] - start) < 2_000 for r in found), (start, found)
+        return [(r["event_count"], r["provisional"]) for r in found]
+
+    try:
+        # Given ann's 10 events a second apart, and bob's 3,
+        produce(config, [Metric(at=start + i * 1_000, value=1.0, user="ann") for i in range(10)]
+                + [Metric(at=start + i * 1_000, value=1.0, user="bob", device="device-2") for i in range(3)])
+        sent = time.monotonic()
+        # her session in progress holds them within a few accept batches, long before keyed_windows takes them,
+        wait_until(lambda: sessions("ann") == [(10, 1)], timeout_s=15)
+        assert time.monotonic() - sent < 10
+        assert sessions("bob") == [(3, 1)]
+        # 5 more a minute later (less than G after her last) extend that session (none counted twice),
+        produce(config, [Metric(at=start + 60_000 + i * 1_000, value=1.0, user="ann") for i in range(5)])
+        wait_until(lambda: sessions("ann") == [(15, 1)], timeout_s=15)
+        # and once keyed_windows has taken them, its own row, with the same figures, stands instead: one session.
+        wait_until(lambda: sessions("ann") == [(15, 0)], timeout_s=90)
+        assert sessions("bob") == [(3, 0)]
     finally:
         for query in queries:
             query.stop()

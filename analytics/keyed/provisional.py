@@ -1,0 +1,334 @@
+"""Provisional open sessions: the sessions in progress of the session keys each ``accept`` batch touched, as they
+stand after that batch, before the ``keyed_windows`` query has taken it.
+
+``keyed_windows`` takes a reader batch every ``stream.trigger_interval_s`` (``analytics.reader_batches``), so the
+sessions in progress it writes (``open_sessions``) move at that pace plus its batch's run time. ``accept`` runs more
+often and already joins each batch's events of a session key into runs (``analytics.keyed.runs``). After publishing
+a batch, its driver takes the runs of every key the batch touched into that key's open sessions as last written (by
+this driver, or by the query: read from ``open_sessions_now``) and writes the key's open sessions again, marked
+``provisional``, with ``version`` ``2k`` for accept batch ``k``; the query writes ``2c + 1``, ``c`` being the newest
+accept batch of its micro-batch (``analytics.keyed.writer.open_session_version``).
+
+A provisional row stands until the query has taken batch ``k`` (``sql/0020_provisional_open_sessions.sql``: readers
+take ``open_sessions_now``): from then on the query's own rows say what is open for that key (it writes every open
+session of a key it touched), so a provisional session it would not confirm never lingers.
+
+Nothing here decides what is final or what is a straggler. A key is left to the query alone (no provisional rows
+until the query has taken this batch) when the watermark could make the query judge it otherwise: when one of its
+runs starts at or behind the highest watermark the query can apply while it takes these batches
+(``analytics.rounds.watermark_bound_ms``; only such a run can touch a closed session or be closed itself), or one of
+its open sessions ends there (the query closes it). For every other key the query's rule joins the same runs
+into the same sessions: runs less than G apart join (``analytics.keyed.sessions``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from analytics import accepted_log
+from analytics.keyed import runs as session_runs
+from analytics.keyed.sessions import COUNT_COLUMNS, _latest_end_per_key, run_counts
+from analytics.rounds import AcceptRounds, reader_position, watermark_bound_ms, worth_writing
+from analytics.sinks import Newest, timed
+from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, epoch_ms
+from eventide.config import Config
+from store.client import StoreUnavailable, connect
+
+log = logging.getLogger(__name__)
+
+SessionKey = tuple[str, str, str]
+"""(app, key kind, session key): ``open_sessions``' key but for the gap and the start."""
+
+OUTCOMES_KEPT = 10_000
+outcomes: Newest[int, tuple[int, int]] = Newest(OUTCOMES_KEPT)
+"""The newest accept batches' outcome in this driver: batch id → (session keys its events touched that were left to
+the ``keyed_windows`` query, when its rows were written, epoch ms). Read by the benchmark: the events of a batch with
+none left moved their sessions then."""
+
+_WIDTH = len(COUNT_COLUMNS)
+_RUN_COLUMNS = (*session_runs.EVENT_COLUMNS, session_runs.GAP, session_runs.EVENTS, session_runs.LAST,
+                *session_runs.LEVEL_COUNTS)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Session runs, one per entry: its key, first and last corrected event time (ms) and its COUNT_COLUMNS."""
+
+    keys: list[SessionKey]
+    first: np.ndarray
+    last: np.ndarray
+    counts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class BatchRuns:
+    """One accept batch's session runs; ``newest_event_ms`` its latest corrected event time (None: no events)."""
+
+    runs: Runs | None
+    """None when its files hold no runs of the job's gap (published before runs, or with another gap)."""
+    newest_event_ms: int | None
+
+
+@dataclass(frozen=True)
+class KeySessions:
+    """A session key's open sessions (sorted by start) as they stand after accept batch ``covered``."""
+
+    covered: int
+    first: np.ndarray
+    last: np.ndarray
+    counts: np.ndarray
+
+
+@dataclass(frozen=True)
+class Round:
+    """What a round writes: each key's open sessions, the starts no longer open, and the keys left to the query."""
+
+    sessions: dict[SessionKey, KeySessions]
+    retired: dict[SessionKey, np.ndarray]
+    left: set[SessionKey]
+
+
+def batch_runs(events: pa.Table, gap_ms: int) -> BatchRuns:
+    """The session runs of an accept batch's events (its files' :data:`_RUN_COLUMNS`): one per run head."""
+    newest = int(epoch_ms(events["corrected_event_time"]).max()) if events.num_rows else None
+    if not events.num_rows:
+        return BatchRuns(Runs([], *_empty()), newest)
+    gaps = pc.unique(events[session_runs.GAP]).to_pylist() if session_runs.GAP in events.column_names else [None]
+    if gaps != [gap_ms]:
+        return BatchRuns(None, newest)
+    heads = events.filter(pc.greater(events[session_runs.EVENTS], 0))
+    kind, name = session_runs.session_keys(heads)
+    keys = list(zip(heads["app"].to_pylist(), kind.to_pylist(), name.to_pylist(), strict=True))
+    levels = np.column_stack([np.asarray(heads[c], np.int64) for c in session_runs.LEVEL_COUNTS])
+    return BatchRuns(Runs(keys, epoch_ms(heads["corrected_event_time"]),
+                          np.asarray(heads[session_runs.LAST], np.int64),
+                          run_counts(np.asarray(heads[session_runs.EVENTS], np.int64), levels)), newest)
+
+
+def provisional_round(touched: Sequence[SessionKey], base: Mapping[SessionKey, KeySessions],
+                      pending: Mapping[int, Runs], batch_id: int, bound_ms: int, gap_ms: int) -> Round:
+    """The open sessions of the ``touched`` keys after accept batch ``batch_id``: each key's ``base`` sessions (none
+    for a key absent there), joined with its runs of the ``pending`` accept batches after the one its base covers, up
+    to ``batch_id``, as the session rule joins them (runs less than G apart form one session). A key with such a run
+    starting at or behind ``bound_ms``, or a base session ending there (``last + G <= bound_ms``), is ``left`` to the
+    query (module docstring)."""
+    order = list(dict.fromkeys(touched))
+    code_of = {key: code for code, key in enumerate(order)}
+    covered = np.array([base[k].covered if k in base else -1 for k in order], np.int64)
+
+    run_parts = []
+    for source, runs in sorted(pending.items()):
+        if source > batch_id or not len(runs):
+            continue
+        codes = np.array([code_of.get(k, -1) for k in runs.keys], np.int64)
+        take = codes >= 0
+        take[take] = covered[codes[take]] < source
+        run_parts.append((codes[take], runs.first[take], runs.last[take], runs.counts[take]))
+    base_parts = [(np.full(len(base[k].first), code_of[k], np.int64), base[k].first, base[k].last, base[k].counts)
+                  for k in order if k in base]
+    r_key, r_first, r_last, r_counts = _joined(run_parts)
+    b_key, b_first, b_last, b_counts = _joined(base_parts)
+
+    behind = np.zeros(len(order), bool)
+    behind[r_key[r_first <= bound_ms]] = True
+    behind[b_key[b_last + gap_ms <= bound_ms]] = True
+    keep_runs, keep_base = ~behind[r_key], ~behind[b_key]
+    key = np.concatenate([b_key[keep_base], r_key[keep_runs]])
+    first = np.concatenate([b_first[keep_base], r_first[keep_runs]])
+    last = np.concatenate([b_last[keep_base], r_last[keep_runs]])
+    counts = np.concatenate([b_counts[keep_base], r_counts[keep_runs]])
+    sessions: dict[SessionKey, KeySessions] = {}
+    retired: dict[SessionKey, np.ndarray] = {}
+    if len(key):
+        by = np.lexsort((last, first, key))
+        key, first, last, counts = key[by], first[by], last[by], counts[by]
+        starts = np.ones(len(key), bool)
+        starts[1:] = (key[1:] != key[:-1]) | (first[1:] - _latest_end_per_key(key, last)[:-1] >= gap_ms)
+        at = np.flatnonzero(starts)
+        s_key, s_first = key[at], first[at]
+        s_last, s_counts = np.maximum.reduceat(last, at), np.add.reduceat(counts, at, axis=0)
+        edges = np.searchsorted(s_key, np.arange(len(order) + 1))
+        for code in np.unique(s_key).tolist():
+            part = slice(edges[code], edges[code + 1])
+            sessions[order[code]] = KeySessions(batch_id, s_first[part], s_last[part], s_counts[part])
+        for k in order:
+            if k in base and k in sessions:
+                gone = base[k].first[~np.isin(base[k].first, sessions[k].first)]
+                if len(gone):
+                    retired[k] = gone
+    return Round(sessions, retired, {order[c] for c in np.flatnonzero(behind).tolist()})
+
+
+def round_rows(result: Round, gap_ms: int, version: int, written_at: datetime) -> pa.Table:
+    """``open_sessions`` rows of a round: each open session (``is_open``), each retired start (not), provisional."""
+    keys: list[SessionKey] = []
+    first, last, counts, is_open = [], [], [], []
+    for key, s in result.sessions.items():
+        keys += [key] * len(s.first)
+        first.append(s.first)
+        last.append(s.last)
+        counts.append(s.counts)
+        is_open.append(np.ones(len(s.first), np.uint8))
+    for key, starts in result.retired.items():
+        keys += [key] * len(starts)
+        first.append(starts)
+        last.append(starts)
+        counts.append(np.zeros((len(starts), _WIDTH), np.int64))
+        is_open.append(np.zeros(len(starts), np.uint8))
+    n = len(keys)
+    f, la = (np.concatenate(x) if x else np.empty(0, np.int64) for x in (first, last))
+    c = np.concatenate(counts) if counts else np.empty((0, _WIDTH), np.int64)
+    apps, kinds, names = (list(column) for column in zip(*keys, strict=True)) if keys else ([], [], [])
+    ms = pa.timestamp("ms", tz="UTC")
+    return pa.table({
+        "gap_ms": pa.array(np.full(n, gap_ms), pa.uint64()), "app": pa.array(apps, pa.string()),
+        "key_kind": pa.array(kinds, pa.string()), "session_key": pa.array(names, pa.string()),
+        "session_start": pa.array(f, pa.int64()).cast(ms), "session_end": pa.array(la + gap_ms, pa.int64()).cast(ms),
+        "last_event_time": pa.array(la, pa.int64()).cast(ms),
+        "duration_ms": pa.array(la - f, pa.uint64()),
+        **{name: pa.array(c[:, i], pa.uint64()) for i, name in enumerate(COUNT_COLUMNS)},
+        "is_open": pa.array(np.concatenate(is_open) if is_open else np.empty(0, np.uint8), pa.uint8()),
+        "provisional": pa.array(np.ones(n, np.uint8), pa.uint8()),
+        "version": pa.array(np.full(n, version), pa.uint64()),
+        "written_at": pa.array([written_at] * n, ms),
+    })
+
+
+def provisional_version(accept_batch: int) -> int:
+    """The ``version`` of the provisional open sessions written at ``accept_batch``."""
+    return 2 * accept_batch
+
+
+class ProvisionalSessions(AcceptRounds):
+    """``accept``'s side: the provisional open sessions of the keys each published batch touched (module
+    docstring), on a thread of their own (``analytics.rounds``). Keeps the runs of the accept batches the
+    ``keyed_windows`` query has not taken yet, read once each, and the open sessions it wrote last per key."""
+
+    name = "provisional_sessions"
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.checkpoint = config.checkpoint_dir / KEYED_WINDOWS_QUERY
+        self.gap_ms = config.stream.session_gap_s * 1000
+        self._runs: dict[int, BatchRuns] = {}
+        self._written: dict[SessionKey, KeySessions] = {}
+        self._left: dict[SessionKey, int] = {}   # key → the accept batch it was left to the query at
+
+    def write(self, batches: list[int]) -> Round | None:
+        """Write the provisional open sessions of published accept ``batches``; None when none were written on
+        purpose (the query too far behind, or runs of another gap) or could not be (the store unreachable)."""
+        batch_id = max(batches)
+        with timed(ACCEPT_QUERY, "provisional_sessions"):
+            committed = accepted_log.last_read(self.checkpoint)
+            committed = -1 if committed is None else committed
+            watermark_ms, taken = reader_position(self.checkpoint)
+            taken = min(taken, committed)
+            published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= batch_id]
+            batches = [b for b in batches if b > taken]
+            if not batches or not {m.batch_id for m in published}.issuperset(batches):
+                return None
+            if not worth_writing(published, self.config):
+                return None
+            with timed(ACCEPT_QUERY, "provisional_sessions.read"):
+                pending = {m.batch_id: self._read(m.batch_id) for m in published}
+            for gone in [b for b in self._runs if b <= taken]:
+                del self._runs[gone]
+            if any(p.runs is None for p in pending.values()):
+                return None
+            runs = {b: p.runs for b, p in pending.items() if p.runs is not None}
+            newest = max((p.newest_event_ms for p in pending.values() if p.newest_event_ms is not None),
+                         default=None)
+            bound_ms = watermark_bound_ms(watermark_ms, newest, self.config)
+            for key in [k for k, at in self._left.items() if at <= committed]:
+                del self._left[key]
+            for key in [k for k, s in self._written.items() if s.covered <= committed]:
+                del self._written[key]
+            touched = list(dict.fromkeys(k for b in batches for k in runs[b].keys))
+            eligible = [k for k in touched if k not in self._left]
+            try:
+                with timed(ACCEPT_QUERY, "provisional_sessions.lookup"):
+                    base = {k: self._written[k] for k in eligible if k in self._written}
+                    base |= self._stored([k for k in eligible if k not in base], committed)
+                with timed(ACCEPT_QUERY, "provisional_sessions.merge"):
+                    result = provisional_round(eligible, base, runs, batch_id, bound_ms, self.gap_ms)
+                    rows = round_rows(result, self.gap_ms, provisional_version(batch_id), datetime.now(UTC))
+                if rows.num_rows:
+                    with timed(ACCEPT_QUERY, "provisional_sessions.insert"), connect(self.config) as client:
+                        client.insert_arrow("open_sessions", rows)
+            except (StoreUnavailable, ClickHouseError) as exc:
+                log.warning("accept batches %s: no provisional open sessions (%s)", batches,
+                            str(exc).splitlines()[0][:200])
+                return None
+        for key in result.left:
+            self._left[key] = batch_id
+            self._written.pop(key, None)
+        self._written.update(result.sessions)
+        written_ms = int(time.time() * 1000)
+        left = set(touched) - set(eligible) | result.left
+        for batch in batches:
+            outcomes.note(batch, (len(left & set(runs[batch].keys)), written_ms))
+        return result
+
+    def _read(self, batch_id: int) -> BatchRuns:
+        if batch_id not in self._runs:
+            files = accepted_log.events_files(self.config, batch_id)
+            tables = [pq.read_table(f, columns=[c for c in _RUN_COLUMNS if c in pq.read_schema(f).names])
+                      for f in files]
+            events = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
+            self._runs[batch_id] = (batch_runs(events, self.gap_ms) if events.num_rows
+                                    else BatchRuns(Runs([], *_empty()), None))
+        return self._runs[batch_id]
+
+    def _stored(self, keys: list[SessionKey], committed: int) -> dict[SessionKey, KeySessions]:
+        """The open sessions readers see now (``open_sessions_now``) of ``keys``, each key's covering the newest
+        accept batch its provisional rows were written at, else the newest the query's rows cover (at least
+        ``committed``: the query writes its rows before it commits)."""
+        if not keys:
+            return {}
+        with connect(self.config) as client:
+            [[query_covered]] = client.query("SELECT max(covered) FROM keyed_sessions_covered").result_rows
+            found = client.query(
+                "SELECT app, key_kind, session_key, toUnixTimestamp64Milli(session_start), "
+                f"toUnixTimestamp64Milli(last_event_time), {', '.join(COUNT_COLUMNS)}, provisional, version "
+                "FROM open_sessions_now WHERE gap_ms = %(gap)s AND (app, key_kind, session_key) IN %(keys)s",
+                parameters={"gap": self.gap_ms, "keys": tuple(keys)}).result_rows
+        base_covered = max(int(query_covered or 0), committed)
+        rows = pd.DataFrame(found, columns=["app", "kind", "name", "first", "last", *COUNT_COLUMNS,
+                                            "provisional", "version"])
+        out = {}
+        for key, group in rows.groupby(["app", "kind", "name"], sort=False):
+            group = group.sort_values("first")
+            mine = group["version"][group["provisional"] == 1]
+            out[key] = KeySessions(int(mine.max()) // 2 if len(mine) else base_covered,
+                                   group["first"].to_numpy(np.int64), group["last"].to_numpy(np.int64),
+                                   group[list(COUNT_COLUMNS)].to_numpy(np.int64))
+        # A key without open sessions has an empty base covering what the query covers.
+        for key in keys:
+            out.setdefault(key, KeySessions(base_covered, *_empty()))
+        return out  # type: ignore[return-value]
+
+
+def _empty() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, _WIDTH), np.int64)
+
+
+def _joined(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    if not parts:
+        return np.empty(0, np.int64), *_empty()
+    key, first, last, counts = zip(*parts, strict=True)
+    return (np.concatenate(key), np.concatenate(first), np.concatenate(last),
+            np.concatenate(counts).reshape(-1, _WIDTH))

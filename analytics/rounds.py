@@ -1,0 +1,97 @@
+"""Provisional rounds: what ``accept``'s driver writes after each published batch, ahead of the reader that will take
+that batch (``analytics.windows.provisional``: tumbling and hopping rows for ``windows``;
+``analytics.keyed.provisional``: open sessions for ``keyed_windows``).
+
+Both follow one pattern, kept here: a thread of their own takes the batches ``accept`` published (several at once
+if it was busy), only while the reader keeps up and ``accept`` is not catching up on a backlog
+(:func:`worth_writing`), and writes only what the reader cannot judge differently: what lies past every watermark
+the reader can apply while it takes these batches (:func:`watermark_bound_ms`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from analytics import accepted_log
+from analytics.accepted_log import BatchMeta
+from analytics.event_time import watermark_delay_ms
+from analytics.spark.checkpoint import batch_info, planned_batches
+from eventide.config import Config
+
+log = logging.getLogger(__name__)
+
+PENDING_TRIGGERS_MAX = 3
+"""Provisional rows are written only while the reader keeps up within this many triggers (:func:`worth_writing`)."""
+
+
+def watermark_bound_ms(watermark_ms: int, newest_event_ms: int | None, config: Config) -> int:
+    """The highest watermark a reader can apply while it takes the accept batches whose latest corrected event
+    time is ``newest_event_ms``, its current watermark being ``watermark_ms``: its watermark is the latest corrected
+    event time of the reader batches before the one it takes, minus the allowed lateness."""
+    if newest_event_ms is None:
+        return watermark_ms
+    return max(watermark_ms, newest_event_ms - watermark_delay_ms(config))
+
+
+def worth_writing(pending: Sequence[BatchMeta], config: Config) -> bool:
+    """Whether the provisional rows of the newest of ``pending`` (the published accept batches the reader has not
+    taken, oldest first) are worth their cost. Not while ``accept`` started that batch more than
+    :data:`PENDING_TRIGGERS_MAX` triggers after the oldest: the reader is that far behind, what there is to merge
+    grows with its lag, and its own rows are what is late. Nor while ``accept`` catches up on a backlog (the
+    batch's oldest record had reached the broker that long before the batch started): everything it touches is
+    already old, its batches are large, and the driver's CPU is better spent catching up."""
+    span_ms = PENDING_TRIGGERS_MAX * config.stream.trigger_interval_s * 1000
+    newest = pending[-1]
+    return (newest.accepted_at_ms - pending[0].accepted_at_ms <= span_ms
+            and newest.accepted_at_ms - newest.first_timestamp_ms <= span_ms)
+
+
+def reader_position(checkpoint: Path) -> tuple[int, int]:
+    """The watermark of the reader's newest planned micro-batch and the newest accept batch it had taken before
+    that micro-batch (-1 before its first)."""
+    planned = planned_batches(checkpoint)
+    if not planned:
+        return 0, -1
+    info = batch_info(checkpoint, planned[-1])
+    before = accepted_log.newest_batch_read(checkpoint, int(info.start_offsets.get("logOffset", -1)))
+    return info.watermark_ms, -1 if before is None else before
+
+
+class AcceptRounds:
+    """A thread that runs :meth:`write` over the accept batches :meth:`submit` names, taking together those
+    published while it was busy, so ``accept``'s next batch never waits for it."""
+
+    name = "provisional"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._submitted: list[int] = []
+        self._ready = threading.Condition()
+
+    def submit(self, batch_id: int) -> None:
+        """Accept batch ``batch_id`` is published: its round is due."""
+        with self._ready:
+            self._submitted.append(batch_id)
+            self._ready.notify()
+
+    def run_while(self, active: Callable[[], bool]) -> None:
+        """Start the thread, for as long as ``active()`` (the ``accept`` query runs)."""
+        def work() -> None:
+            while active():
+                with self._ready:
+                    self._ready.wait_for(lambda: self._submitted, timeout=self.config.stream.accept_interval)
+                    batches, self._submitted = self._submitted, []
+                if batches:
+                    try:
+                        self.write(batches)
+                    except Exception:   # the reader writes these rows all the same; say why these could not
+                        log.exception("%s rows of accept batches %s failed", self.name, batches)
+
+        threading.Thread(target=work, name=self.name.replace("_", "-"), daemon=True).start()
+
+    def write(self, batches: list[int]) -> object:
+        """Write the round of published accept ``batches``."""
+        raise NotImplementedError

@@ -1,0 +1,134 @@
+"""Provisional open sessions (analytics.keyed.provisional): given a key's open sessions as last written and the
+session runs of the accept batches after them, the sessions in progress as the session rule would form them; keys
+the watermark could judge otherwise are left to the keyed_windows query."""
+
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow as pa
+
+from analytics.keyed import runs as session_runs
+from analytics.keyed.provisional import (
+    KeySessions,
+    Runs,
+    batch_runs,
+    provisional_round,
+    provisional_version,
+    round_rows,
+)
+from analytics.keyed.sessions import COUNT_COLUMNS
+from analytics.keyed.writer import open_session_version
+
+G = 300_000
+T0 = 1_800_000_000_000
+ANN = ("shop", "user", "ann")
+BOB = ("shop", "user", "bob")
+WIDTH = len(COUNT_COLUMNS)
+FAR_BEHIND = T0 - 3_600_000   # a watermark bound no run or session here reaches
+
+
+def metric_counts(events: int) -> list[int]:
+    return [events, events, 0] + [0] * (WIDTH - 3)
+
+
+def runs(*entries: tuple[tuple[str, str, str], int, int, int]) -> Runs:
+    """Runs of (key, first, last, metric events)."""
+    return Runs([e[0] for e in entries], np.array([e[1] for e in entries], np.int64),
+                np.array([e[2] for e in entries], np.int64),
+                np.array([metric_counts(e[3]) for e in entries], np.int64).reshape(-1, WIDTH))
+
+
+def open_sessions(covered: int, *sessions: tuple[int, int, int]) -> KeySessions:
+    """A key's open sessions (first, last, metric events), as they stand after accept batch ``covered``."""
+    return KeySessions(covered, np.array([s[0] for s in sessions], np.int64),
+                       np.array([s[1] for s in sessions], np.int64),
+                       np.array([metric_counts(s[2]) for s in sessions], np.int64).reshape(-1, WIDTH))
+
+
+def as_lists(s: KeySessions) -> list[tuple[int, int, int]]:
+    return list(zip(s.first.tolist(), s.last.tolist(), s.counts[:, 0].tolist(), strict=True))
+
+
+def test_a_run_less_than_g_after_an_open_session_extends_it():
+    base = {ANN: open_sessions(4, (T0, T0 + 10_000, 3))}
+    result = provisional_round([ANN], base, {5: runs((ANN, T0 + 60_000, T0 + 61_000, 2))}, 5, FAR_BEHIND, G)
+    assert as_lists(result.sessions[ANN]) == [(T0, T0 + 61_000, 5)]
+    assert result.sessions[ANN].covered == 5
+    assert not result.retired and not result.left
+
+
+def test_a_run_g_or_more_after_starts_a_second_session():
+    base = {ANN: open_sessions(4, (T0, T0 + 10_000, 3))}
+    later = T0 + 10_000 + G   # exactly G after the last event: a new session (BRIEF: gaps under G join)
+    result = provisional_round([ANN], base, {5: runs((ANN, later, later, 1))}, 5, FAR_BEHIND, G)
+    assert as_lists(result.sessions[ANN]) == [(T0, T0 + 10_000, 3), (later, later, 1)]
+
+
+def test_a_run_bridging_two_sessions_joins_them_and_retires_the_later_start():
+    base = {ANN: open_sessions(4, (T0, T0 + 1_000, 1), (T0 + 400_000, T0 + 401_000, 1))}
+    bridge = runs((ANN, T0 + 200_000, T0 + 200_000, 1))
+    result = provisional_round([ANN], base, {5: bridge}, 5, FAR_BEHIND, G)
+    assert as_lists(result.sessions[ANN]) == [(T0, T0 + 401_000, 3)]
+    assert result.retired[ANN].tolist() == [T0 + 400_000]
+
+
+def test_runs_of_every_pending_batch_after_the_base_count_once():
+    """The base covers accept batch 5: batch 5's runs are in it already, batches 6 and 7 are added."""
+    base = {ANN: open_sessions(5, (T0, T0 + 1_000, 2))}
+    pending = {5: runs((ANN, T0 + 1_000, T0 + 1_000, 1)), 6: runs((ANN, T0 + 2_000, T0 + 2_000, 1)),
+               7: runs((ANN, T0 + 3_000, T0 + 3_000, 1), (BOB, T0 + 3_000, T0 + 3_500, 4))}
+    result = provisional_round([ANN, BOB], base, pending, 7, FAR_BEHIND, G)
+    assert as_lists(result.sessions[ANN]) == [(T0, T0 + 3_000, 4)]
+    assert as_lists(result.sessions[BOB]) == [(T0 + 3_000, T0 + 3_500, 4)]   # no base: a new session
+
+
+def test_a_batch_after_the_round_is_not_taken():
+    pending = {7: runs((ANN, T0, T0, 1)), 8: runs((ANN, T0 + 1_000, T0 + 1_000, 1))}
+    assert as_lists(provisional_round([ANN], {}, pending, 7, FAR_BEHIND, G).sessions[ANN]) == [(T0, T0, 1)]
+
+
+def test_a_key_with_a_run_at_or_behind_the_watermark_bound_is_left_to_the_query():
+    """A late run may touch a closed session or be closed itself: the query decides, so the key gets no row; the
+    other keys of the batch do."""
+    bound = T0 + 50_000
+    pending = {5: runs((ANN, bound, bound + 1_000, 1), (BOB, bound + 1, bound + 1, 1))}
+    result = provisional_round([ANN, BOB], {}, pending, 5, bound, G)
+    assert result.left == {ANN}
+    assert list(result.sessions) == [BOB]
+
+
+def test_a_key_whose_open_session_the_watermark_closes_is_left_to_the_query():
+    bound = T0 + 1_000 + G   # the session [T0, T0 + 1 s + G) is closed once the watermark reaches its end
+    base = {ANN: open_sessions(4, (T0, T0 + 1_000, 1))}
+    result = provisional_round([ANN], base, {5: runs((ANN, bound + 5_000, bound + 5_000, 1))}, 5, bound, G)
+    assert result.left == {ANN} and not result.sessions
+
+
+def test_round_rows_are_provisional_open_sessions_and_retired_starts_at_the_accept_batch_version():
+    base = {ANN: open_sessions(4, (T0, T0 + 1_000, 1), (T0 + 400_000, T0 + 401_000, 1))}
+    result = provisional_round([ANN], base, {9: runs((ANN, T0 + 200_000, T0 + 200_000, 1))}, 9, FAR_BEHIND, G)
+    rows = round_rows(result, G, provisional_version(9), datetime(2027, 1, 15, tzinfo=UTC)).to_pylist()
+    assert [(r["session_key"], r["is_open"], r["event_count"], r["duration_ms"]) for r in rows] == [
+        ("ann", 1, 3, 401_000), ("ann", 0, 0, 0)]
+    assert {(r["provisional"], r["version"], r["gap_ms"]) for r in rows} == {(1, 18, G)}
+    assert rows[0]["session_end"] == datetime.fromtimestamp((T0 + 401_000 + G) / 1000, UTC)
+
+
+def test_the_query_s_rows_outrank_the_provisional_rows_of_every_batch_they_took():
+    assert open_session_version(9) > provisional_version(9) > open_session_version(8)
+
+
+def test_batch_runs_take_the_heads_of_an_accept_batch_s_runs():
+    t = pa.array([T0, T0 + 1_000, T0 + 2_000], pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+    events = session_runs.with_runs(pa.table({
+        "app": ["shop", "shop", "shop"], "user": ["ann", "ann", None], "device": ["d1", "d1", "d2"],
+        "corrected_event_time": t, "level": [None, "error", None]}), G)
+    found = batch_runs(events, G)
+    assert found.newest_event_ms == T0 + 2_000
+    assert found.runs is not None
+    by_key = {k: (f, la, c[0], c[2]) for k, f, la, c in zip(found.runs.keys, found.runs.first.tolist(),
+                                                            found.runs.last.tolist(), found.runs.counts.tolist(),
+                                                            strict=True)}
+    assert by_key == {("shop", "user", "ann"): (T0, T0 + 1_000, 2, 1), ("shop", "device", "d2"): (T0 + 2_000,
+                                                                                                 T0 + 2_000, 1, 0)}
+    assert batch_runs(events, G + 1).runs is None   # runs formed with another gap: left to the query
