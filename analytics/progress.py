@@ -130,10 +130,10 @@ class ProgressRecorder(JsonProgressListener):
 
 
 def record_round(client: Client, writer: str, at: datetime) -> None:
-    """Record that ``writer`` (not a Spark query: ``store.pipeline.PROVISIONAL_WINDOWS``) finished writing a round of
-    rows at ``at``, where the queries' newest batches are kept (``query_watermarks_kept``): the dashboard reads it
-    as it reads theirs (``store.pipeline.last_batches``). It has no watermark: epoch 0, which a maximum never
-    picks and ``store.pipeline.watermarks`` leaves out."""
+    """Record that ``writer`` (not a Spark query: ``store.pipeline.PROVISIONAL_WINDOWS`` or
+    ``PROVISIONAL_SESSIONS``) finished writing a round of rows at ``at``, where the queries' newest batches are kept
+    (``query_watermarks_kept``): the dashboard reads it as it reads theirs (``store.pipeline.last_batches``). It has
+    no watermark: epoch 0, which a maximum never picks and ``store.pipeline.watermarks`` leaves out."""
     client.insert("query_watermarks_kept", [[writer, datetime.fromtimestamp(0, UTC), at]],
                   column_names=["query_name", "watermark", "recorded_at"])
 

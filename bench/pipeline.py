@@ -24,9 +24,12 @@ series, 10 % logs, 5,000 users, a few % late, some malformed, 1 % sent twice) an
   (windows: its tumbling and hopping rows),
   ``window_row_provisional`` (its window rows moved: when the provisional rows of its accept batch were written, if
   that batch's events got one in every window they touched, else ``window_row``), ``sliding_or_session_processed``
-  (keyed_windows); and the machine's CPU per event and per accept batch, also without the load generator's own
-  CPU (``machine_cpu_us_per_event_without_load``: what compares with a drain's, whose backlog was produced before),
-  and both by minute with the JIT's share (``cpu_by_minute``: a young JVM's compiling fades over minutes).
+  (keyed_windows), ``session_provisional`` (its open session moved: when the provisional sessions of its accept
+  batch were written, if none of that batch's session keys was left to keyed_windows, else
+  ``sliding_or_session_processed``); and the machine's CPU per event and per accept batch, also without the load
+  generator's own CPU (``machine_cpu_us_per_event_without_load``: what compares with a drain's, whose backlog was
+  produced before), and both by minute with the JIT's share (``cpu_by_minute``: a young JVM's compiling fades over
+  minutes).
 
 Every drain also reports ``driver``: CPU per event of the driver (its Python process, this one, and the JVM's
 driver-side threads) apart from the executor's (task threads, Python workers), the JIT's and the collector's, which
@@ -64,6 +67,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from analytics.accept import writer as accept_writer
 from analytics.job import QUERIES
+from analytics.keyed import provisional as provisional_sessions
 from analytics.vocabulary import ACCEPT_QUERY
 from analytics.windows import provisional
 from bench.harness import (
@@ -211,6 +215,7 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
 
     sinks.sink_seconds.clear()
     provisional.outcomes.clear()
+    provisional_sessions.outcomes.clear()
     accept_writer.lines_stored.clear()
     # Every progress report of the run is read back from the queries: Spark keeps the last 100 by default, fewer
     # than the readers' batches in a few minutes (they poll every stream.accepted_poll_interval_s).
@@ -254,6 +259,14 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     provisional_visible = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps, at_ms=complete)
     earliest = {p: np.minimum(visible["windows"][p], provisional_visible[p]) for p in stamps}
     provisional_row = _latencies(earliest, stamps, t0)
+    # Likewise an open session, once the provisional sessions of its accept batch are written, if no session key of
+    # the batch was left to keyed_windows (analytics.keyed.provisional).
+    sessions_complete = {batch: written_ms for batch, (left, written_ms) in provisional_sessions.outcomes.items()
+                         if not left}
+    sessions_visible = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps,
+                                   at_ms=sessions_complete)
+    session_moved = _latencies({p: np.minimum(visible["keyed_windows"][p], sessions_visible[p]) for p in stamps},
+                               stamps, t0)
     # A log line is searchable once its task's insert returned, before the batch ends (analytics.accept.writer).
     stored = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps,
                          partition_at_ms=dict(accept_writer.lines_stored))
@@ -271,6 +284,8 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             "window_row_provisional": {**provisional_row,
                                        "unprocessed_at_stop": produced - provisional_row["events"],
                                        "accept_batches_complete": len(complete)},
+            "session_provisional": {**session_moved, "unprocessed_at_stop": produced - session_moved["events"],
+                                    "accept_batches_complete": len(sessions_complete)},
             "cpu_share_of_machine": round(cpu / wall / (os.cpu_count() or 1), 2),
             "machine_cpu_us_per_event": round(cpu * 1e6 / max(produced, 1), 1),
             "load_generator_cpu_s": round(load_cpu, 1),

@@ -28,6 +28,11 @@ each round beside the queries' batches (``analytics.progress.record_round``), so
 WINDOW_ROWS = (WINDOWS_QUERY, PROVISIONAL_WINDOWS)
 """What moves the tumbling and hopping rows: the ``windows`` query's batches, and the provisional rounds between
 them."""
+PROVISIONAL_SESSIONS = "provisional_sessions"
+"""Not a query either: ``accept``'s provisional open sessions (``analytics.keyed.provisional``), recorded likewise."""
+SESSION_ROWS = (KEYED_WINDOWS_QUERY, PROVISIONAL_SESSIONS)
+"""What moves the sessions in progress: the ``keyed_windows`` query's batches, and the provisional rounds between
+them."""
 
 
 def watermarks(client: Client) -> dict[str, datetime]:

@@ -23,6 +23,7 @@ into the same sessions: runs less than G apart join (``analytics.keyed.sessions`
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -39,11 +40,13 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from analytics import accepted_log
 from analytics.keyed import runs as session_runs
 from analytics.keyed.sessions import COUNT_COLUMNS, _latest_end_per_key, run_counts
+from analytics.progress import record_round
 from analytics.rounds import AcceptRounds, reader_position, watermark_bound_ms, worth_writing
 from analytics.sinks import Newest, timed
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, epoch_ms
 from eventide.config import Config
 from store.client import StoreUnavailable, connect
+from store.pipeline import PROVISIONAL_SESSIONS
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +98,30 @@ class KeySessions:
 
 @dataclass(frozen=True)
 class Round:
-    """What a round writes: each key's open sessions, the starts no longer open, and the keys left to the query."""
+    """What a round writes, flat: the open sessions of each key (``keys[code]``), sorted by key and start; the starts
+    no longer open; and the keys left to the query."""
 
-    sessions: dict[SessionKey, KeySessions]
-    retired: dict[SessionKey, np.ndarray]
+    keys: list[SessionKey]
+    covered: int
+    code: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    counts: np.ndarray
+    retired_code: np.ndarray
+    retired_first: np.ndarray
     left: set[SessionKey]
+
+    @property
+    def sessions(self) -> dict[SessionKey, KeySessions]:
+        """Each key's open sessions."""
+        edges = np.searchsorted(self.code, np.arange(len(self.keys) + 1))
+        return {self.keys[c]: KeySessions(self.covered, self.first[a:b], self.last[a:b], self.counts[a:b])
+                for c, (a, b) in enumerate(itertools.pairwise(edges)) if b > a}
+
+    @property
+    def retired(self) -> dict[SessionKey, np.ndarray]:
+        """Each key's starts no longer open."""
+        return {self.keys[c]: self.retired_first[self.retired_code == c] for c in np.unique(self.retired_code)}
 
 
 def batch_runs(events: pa.Table, gap_ms: int) -> BatchRuns:
@@ -125,7 +147,7 @@ def provisional_round(touched: Sequence[SessionKey], base: Mapping[SessionKey, K
     for a key absent there), joined with its runs of the ``pending`` accept batches after the one its base covers, up
     to ``batch_id``, as the session rule joins them (runs less than G apart form one session). A key with such a run
     starting at or behind ``bound_ms``, or a base session ending there (``last + G <= bound_ms``), is ``left`` to the
-    query (module docstring)."""
+    query (module docstring). In array operations over every key at once: a round touches thousands."""
     order = list(dict.fromkeys(touched))
     code_of = {key: code for code, key in enumerate(order)}
     covered = np.array([base[k].covered if k in base else -1 for k in order], np.int64)
@@ -138,8 +160,10 @@ def provisional_round(touched: Sequence[SessionKey], base: Mapping[SessionKey, K
         take = codes >= 0
         take[take] = covered[codes[take]] < source
         run_parts.append((codes[take], runs.first[take], runs.last[take], runs.counts[take]))
-    base_parts = [(np.full(len(base[k].first), code_of[k], np.int64), base[k].first, base[k].last, base[k].counts)
-                  for k in order if k in base]
+    held = [(code, base[k]) for code, k in enumerate(order) if k in base and len(base[k].first)]
+    base_parts = [(np.repeat(np.array([c for c, _ in held], np.int64), [len(s.first) for _, s in held]),
+                   *(np.concatenate(part) for part in zip(*((s.first, s.last, s.counts) for _, s in held),
+                                                          strict=True)))] if held else []
     r_key, r_first, r_last, r_counts = _joined(run_parts)
     b_key, b_first, b_last, b_counts = _joined(base_parts)
 
@@ -151,60 +175,46 @@ def provisional_round(touched: Sequence[SessionKey], base: Mapping[SessionKey, K
     first = np.concatenate([b_first[keep_base], r_first[keep_runs]])
     last = np.concatenate([b_last[keep_base], r_last[keep_runs]])
     counts = np.concatenate([b_counts[keep_base], r_counts[keep_runs]])
-    sessions: dict[SessionKey, KeySessions] = {}
-    retired: dict[SessionKey, np.ndarray] = {}
     if len(key):
         by = np.lexsort((last, first, key))
         key, first, last, counts = key[by], first[by], last[by], counts[by]
         starts = np.ones(len(key), bool)
         starts[1:] = (key[1:] != key[:-1]) | (first[1:] - _latest_end_per_key(key, last)[:-1] >= gap_ms)
         at = np.flatnonzero(starts)
-        s_key, s_first = key[at], first[at]
-        s_last, s_counts = np.maximum.reduceat(last, at), np.add.reduceat(counts, at, axis=0)
-        edges = np.searchsorted(s_key, np.arange(len(order) + 1))
-        for code in np.unique(s_key).tolist():
-            part = slice(edges[code], edges[code + 1])
-            sessions[order[code]] = KeySessions(batch_id, s_first[part], s_last[part], s_counts[part])
-        for k in order:
-            if k in base and k in sessions:
-                gone = base[k].first[~np.isin(base[k].first, sessions[k].first)]
-                if len(gone):
-                    retired[k] = gone
-    return Round(sessions, retired, {order[c] for c in np.flatnonzero(behind).tolist()})
+        key, last, counts = key[at], np.maximum.reduceat(last, at), np.add.reduceat(counts, at, axis=0)
+        first = first[at]
+    # A base start no longer among its key's starts was joined into an earlier one: retired.
+    held_first, held_key = b_first[keep_base], b_key[keep_base]
+    gone = ~np.isin(_pairs(held_key, held_first), _pairs(key, first))
+    return Round(order, batch_id, key, first, last, counts.reshape(-1, _WIDTH), held_key[gone], held_first[gone],
+                 {order[c] for c in np.flatnonzero(behind).tolist()})
+
+
+def _pairs(code: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """(key code, start) as one int64 each, for set operations: starts are epoch ms, under 2^42 until 2109."""
+    return (code.astype(np.int64) << 42) | first.astype(np.int64)
 
 
 def round_rows(result: Round, gap_ms: int, version: int, written_at: datetime) -> pa.Table:
     """``open_sessions`` rows of a round: each open session (``is_open``), each retired start (not), provisional."""
-    keys: list[SessionKey] = []
-    first, last, counts, is_open = [], [], [], []
-    for key, s in result.sessions.items():
-        keys += [key] * len(s.first)
-        first.append(s.first)
-        last.append(s.last)
-        counts.append(s.counts)
-        is_open.append(np.ones(len(s.first), np.uint8))
-    for key, starts in result.retired.items():
-        keys += [key] * len(starts)
-        first.append(starts)
-        last.append(starts)
-        counts.append(np.zeros((len(starts), _WIDTH), np.int64))
-        is_open.append(np.zeros(len(starts), np.uint8))
-    n = len(keys)
-    f, la = (np.concatenate(x) if x else np.empty(0, np.int64) for x in (first, last))
-    c = np.concatenate(counts) if counts else np.empty((0, _WIDTH), np.int64)
-    apps, kinds, names = (list(column) for column in zip(*keys, strict=True)) if keys else ([], [], [])
+    code = np.concatenate([result.code, result.retired_code])
+    first = np.concatenate([result.first, result.retired_first])
+    last = np.concatenate([result.last, result.retired_first])
+    counts = np.concatenate([result.counts, np.zeros((len(result.retired_code), _WIDTH), np.int64)])
+    is_open = np.concatenate([np.ones(len(result.code), np.uint8), np.zeros(len(result.retired_code), np.uint8)])
+    n = len(code)
+    keys = [np.array([k[i] for k in result.keys], dtype=object)[code] if n else [] for i in range(3)]
     ms = pa.timestamp("ms", tz="UTC")
     return pa.table({
-        "gap_ms": pa.array(np.full(n, gap_ms), pa.uint64()), "app": pa.array(apps, pa.string()),
-        "key_kind": pa.array(kinds, pa.string()), "session_key": pa.array(names, pa.string()),
-        "session_start": pa.array(f, pa.int64()).cast(ms), "session_end": pa.array(la + gap_ms, pa.int64()).cast(ms),
-        "last_event_time": pa.array(la, pa.int64()).cast(ms),
-        "duration_ms": pa.array(la - f, pa.uint64()),
-        **{name: pa.array(c[:, i], pa.uint64()) for i, name in enumerate(COUNT_COLUMNS)},
-        "is_open": pa.array(np.concatenate(is_open) if is_open else np.empty(0, np.uint8), pa.uint8()),
-        "provisional": pa.array(np.ones(n, np.uint8), pa.uint8()),
+        "gap_ms": pa.array(np.full(n, gap_ms), pa.uint64()), "app": pa.array(keys[0], pa.string()),
+        "key_kind": pa.array(keys[1], pa.string()), "session_key": pa.array(keys[2], pa.string()),
+        "session_start": pa.array(first, pa.int64()).cast(ms),
+        "session_end": pa.array(last + gap_ms, pa.int64()).cast(ms),
+        "last_event_time": pa.array(last, pa.int64()).cast(ms), "duration_ms": pa.array(last - first, pa.uint64()),
+        **{name: pa.array(counts[:, i], pa.uint64()) for i, name in enumerate(COUNT_COLUMNS)},
+        "is_open": pa.array(is_open, pa.uint8()), "provisional": pa.array(np.ones(n, np.uint8), pa.uint8()),
         "version": pa.array(np.full(n, version), pa.uint64()),
-        "written_at": pa.array([written_at] * n, ms),
+        "written_at": pa.array(np.full(n, int(written_at.timestamp() * 1000)), pa.int64()).cast(ms),
     })
 
 
@@ -269,6 +279,8 @@ class ProvisionalSessions(AcceptRounds):
                 if rows.num_rows:
                     with timed(ACCEPT_QUERY, "provisional_sessions.insert"), connect(self.config) as client:
                         client.insert_arrow("open_sessions", rows)
+                        # After the rows: a page that sees the round reads them (dashboard.live).
+                        record_round(client, PROVISIONAL_SESSIONS, datetime.now(UTC))
             except (StoreUnavailable, ClickHouseError) as exc:
                 log.warning("accept batches %s: no provisional open sessions (%s)", batches,
                             str(exc).splitlines()[0][:200])

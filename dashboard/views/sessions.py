@@ -17,8 +17,9 @@ def page() -> None:
     @common.refreshing(config)
     def live() -> None:
         batches, ((since, until), data) = last_minutes_when_new(
-            config, "sessions", (pipeline.KEYED_WINDOWS_QUERY,), minutes, (), sessions_data)
-        common.show_freshness(config, batches, pipeline.KEYED_WINDOWS_QUERY)
+            config, "sessions", pipeline.SESSION_ROWS, minutes, (), sessions_data)
+        common.show_freshness(config, batches, pipeline.KEYED_WINDOWS_QUERY,
+                              sooner={"open sessions": pipeline.SESSION_ROWS})
         gap_s, resolution, per_app, shapes = config.stream.session_gap_s, data.resolution_s, data.per_app, data.shapes
         if not data.open_now and per_app.empty and data.active.empty:
             st.info("No session yet in the chosen range: a session opens with a user's (or a device's) first "
@@ -34,8 +35,9 @@ def page() -> None:
                                           "sessions", (since, until), "app"), width="stretch")
         if data.open_now:
             st.subheader("Open sessions")
-            st.caption(f"as of the job's latest batch, the {len(data.newest_open):,} with the latest events; each "
-                       f"closes once the watermark passes its last event + {gap_s} s, and is then counted as ended")
+            st.caption(f"as of the job's latest accepted batch, the {len(data.newest_open):,} with the latest "
+                       f"events; each closes once the watermark passes its last event + {gap_s} s, and is then "
+                       "counted as ended")
             st.dataframe(common.shown(data.newest_open), hide_index=True, width="stretch", height=260)
         if per_app.empty:
             st.info(f"No session ended in the chosen range yet (a session ends once the watermark passes its last "

@@ -102,8 +102,8 @@ def test_a_window_moves_at_each_accept_batch_and_the_windows_query_has_the_last_
 
 
 def test_a_session_moves_at_each_accept_batch_and_the_keyed_query_has_the_last_word(kafka, spark):
-    # keyed_windows takes a reader batch only every 20 s; accept runs every 0.5 s.
-    config = fresh_stack(kafka, "provisional_sessions", partitions=1, trigger_interval_s=20.0,
+    # keyed_windows takes a reader batch only every 30 s; accept runs every 0.5 s.
+    config = fresh_stack(kafka, "provisional_sessions", partitions=1, trigger_interval_s=30.0,
                          accept_interval_s=ACCEPT_S, accepted_poll_interval_s=0.25)
     start = minute_in_past(5)
     queries = start_queries(spark, config)
@@ -121,14 +121,12 @@ def test_a_session_moves_at_each_accept_batch_and_the_keyed_query_has_the_last_w
         # Given ann's 10 events a second apart, and bob's 3,
         produce(config, [Metric(at=start + i * 1_000, value=1.0, user="ann") for i in range(10)]
                 + [Metric(at=start + i * 1_000, value=1.0, user="bob", device="device-2") for i in range(3)])
-        sent = time.monotonic()
-        # her session in progress holds them within a few accept batches, long before keyed_windows takes them,
-        wait_until(lambda: sessions("ann") == [(10, 1)], timeout_s=15)
-        assert time.monotonic() - sent < 10
+        # her session in progress holds them within a few accept batches, before keyed_windows takes them,
+        wait_until(lambda: sessions("ann") == [(10, 1)], timeout_s=20)
         assert sessions("bob") == [(3, 1)]
         # 5 more a minute later (less than G after her last) extend that session (none counted twice),
         produce(config, [Metric(at=start + 60_000 + i * 1_000, value=1.0, user="ann") for i in range(5)])
-        wait_until(lambda: sessions("ann") == [(15, 1)], timeout_s=15)
+        wait_until(lambda: sessions("ann") == [(15, 1)], timeout_s=20)
         # and once keyed_windows has taken them, its own row, with the same figures, stands instead: one session.
         wait_until(lambda: sessions("ann") == [(15, 0)], timeout_s=90)
         assert sessions("bob") == [(3, 0)]
