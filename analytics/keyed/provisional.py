@@ -319,19 +319,24 @@ class ProvisionalSessions(AcceptRounds):
                 "FROM open_sessions_now WHERE gap_ms = %(gap)s AND (app, key_kind, session_key) IN %(keys)s",
                 parameters={"gap": self.gap_ms, "keys": tuple(keys)}).result_rows
         base_covered = max(int(query_covered or 0), committed)
-        rows = pd.DataFrame(found, columns=["app", "kind", "name", "first", "last", *COUNT_COLUMNS,
-                                            "provisional", "version"])
-        out = {}
-        for key, group in rows.groupby(["app", "kind", "name"], sort=False):
-            group = group.sort_values("first")
-            mine = group["version"][group["provisional"] == 1]
-            out[key] = KeySessions(int(mine.max()) // 2 if len(mine) else base_covered,
-                                   group["first"].to_numpy(np.int64), group["last"].to_numpy(np.int64),
-                                   group[list(COUNT_COLUMNS)].to_numpy(np.int64))
+        out: dict[SessionKey, KeySessions] = {}
+        if found:
+            columns = list(zip(*found, strict=True))
+            codes, uniques = pd.factorize(pd.MultiIndex.from_arrays(columns[:3]))
+            first, last = np.asarray(columns[3], np.int64), np.asarray(columns[4], np.int64)
+            counts = np.column_stack([np.asarray(c, np.int64) for c in columns[5:5 + _WIDTH]])
+            mine = np.where(np.asarray(columns[-2], np.int64) == 1, np.asarray(columns[-1], np.int64) // 2, -1)
+            by = np.lexsort((first, codes))
+            codes, first, last, counts, mine = codes[by], first[by], last[by], counts[by], mine[by]
+            at = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+            newest_mine = np.maximum.reduceat(mine, at)
+            for i, (a, b) in enumerate(itertools.pairwise([*at.tolist(), len(codes)])):
+                out[uniques[codes[a]]] = KeySessions(int(newest_mine[i]) if newest_mine[i] >= 0 else base_covered,
+                                                     first[a:b], last[a:b], counts[a:b])
         # A key without open sessions has an empty base covering what the query covers.
         for key in keys:
             out.setdefault(key, KeySessions(base_covered, *_empty()))
-        return out  # type: ignore[return-value]
+        return out
 
 
 def _empty() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
