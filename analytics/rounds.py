@@ -12,16 +12,22 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from analytics import accepted_log
 from analytics.accepted_log import BatchMeta
 from analytics.event_time import watermark_delay_ms
+from analytics.sinks import timed
 from analytics.spark.checkpoint import batch_info, planned_batches
+from analytics.vocabulary import ACCEPT_QUERY
 from eventide.config import Config
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 PENDING_TRIGGERS_MAX = 3
 """Provisional rows are written only while the reader keeps up within this many triggers (:func:`worth_writing`)."""
@@ -60,14 +66,34 @@ def reader_position(checkpoint: Path) -> tuple[int, int]:
     return info.watermark_ms, -1 if before is None else before
 
 
-class AcceptRounds:
-    """A thread that runs :meth:`write` over the accept batches :meth:`submit` names, taking together those
-    published while it was busy, so ``accept``'s next batch never waits for it."""
+@dataclass(frozen=True)
+class Pending:
+    """Where a round starts: what the reader has taken, and the accept batches it has not."""
+
+    committed: int
+    """The newest accept batch of the reader's newest committed micro-batch (-1 before its first)."""
+    watermark_ms: int
+    """The watermark of the reader's newest planned micro-batch."""
+    taken: int
+    """The newest accept batch the reader had taken before that micro-batch (at most ``committed``)."""
+    published: list[BatchMeta]
+    """The published accept batches after ``taken``, up to the round's newest, oldest first."""
+    batches: list[int]
+    """The round's accept batches the reader has not taken."""
+
+
+class AcceptRounds(Generic[T]):
+    """A thread that writes a round over the accept batches :meth:`submit` names, taking together those published
+    while it was busy, so ``accept``'s next batch never waits for it. A round reads what it needs of each pending
+    batch once (:meth:`read`), and writes (:meth:`round`) only while it is worth its cost (:meth:`pending`)."""
 
     name = "provisional"
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, checkpoint: Path) -> None:
         self.config = config
+        self.checkpoint = checkpoint
+        """The reader's checkpoint: what it has taken."""
+        self._kept: dict[int, T] = {}
         self._submitted: list[int] = []
         self._ready = threading.Condition()
 
@@ -92,6 +118,48 @@ class AcceptRounds:
 
         threading.Thread(target=work, name=self.name.replace("_", "-"), daemon=True).start()
 
-    def write(self, batches: list[int]) -> object:
-        """Write the round of published accept ``batches``."""
+    def write(self, batches: list[int]) -> object | None:
+        """Write the round of published accept ``batches``; None when there was nothing to write
+        (:meth:`pending`) or :meth:`round` wrote none."""
+        with timed(ACCEPT_QUERY, self.name):
+            start = self.pending(batches)
+            if start is None:
+                return None
+            with timed(ACCEPT_QUERY, f"{self.name}.read"):
+                pending = {m.batch_id: self._kept[m.batch_id] if m.batch_id in self._kept else self.read(m.batch_id)
+                           for m in start.published}
+            self._kept.update(pending)
+            for gone in [b for b in self._kept if b <= start.taken]:
+                del self._kept[gone]
+            return self.round(start, pending)
+
+    def pending(self, batches: list[int]) -> Pending | None:
+        """Where the round of ``batches`` starts; None when it has nothing to write: the reader took them all, or
+        one is not published, or it is not worth its cost (:func:`worth_writing`)."""
+        committed = accepted_log.last_read(self.checkpoint)   # before the store is read: the reader writes, then
+        committed = -1 if committed is None else committed    # commits
+        watermark_ms, taken = reader_position(self.checkpoint)
+        taken = min(taken, committed)
+        newest = max(batches)
+        published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= newest]
+        batches = [b for b in batches if b > taken]   # the reader's own rows cover the others
+        if not batches or not {m.batch_id for m in published}.issuperset(batches):
+            return None
+        if not worth_writing(published, self.config):
+            return None
+        return Pending(committed, watermark_ms, taken, published, batches)
+
+    def bound_ms(self, start: Pending, newest_event_ms: Iterable[int | None]) -> int:
+        """:func:`watermark_bound_ms` for a round: the reader's watermark and the latest corrected event time of
+        the pending batches (``newest_event_ms``, None for a batch without events)."""
+        newest = max((t for t in newest_event_ms if t is not None), default=None)
+        return watermark_bound_ms(start.watermark_ms, newest, self.config)
+
+    def read(self, batch_id: int) -> T:
+        """What a round needs of published accept batch ``batch_id``."""
+        raise NotImplementedError
+
+    def round(self, start: Pending, pending: dict[int, T]) -> object | None:
+        """Write the round that ``start`` describes, ``pending`` holding :meth:`read` of each published batch the
+        reader has not taken."""
         raise NotImplementedError

@@ -7,21 +7,22 @@
 -- (say, a start a late run moved) must not linger. Read open sessions from open_sessions_now.
 ALTER TABLE open_sessions ADD COLUMN IF NOT EXISTS provisional UInt8 DEFAULT 0 AFTER is_open;
 
--- The newest accept batch the keyed_windows query's open-session rows cover (one row, kept as rows arrive).
+-- The newest version of the keyed_windows query's open-session rows, 2c + 1 (one row, kept as rows arrive).
 CREATE TABLE IF NOT EXISTS keyed_sessions_covered
 (
-    covered  SimpleAggregateFunction(max, UInt64)
+    version  SimpleAggregateFunction(max, UInt64)
 )
 ENGINE = AggregatingMergeTree
 ORDER BY tuple();
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS keyed_sessions_covered_mv TO keyed_sessions_covered AS
-SELECT max(intDiv(version, 2)) AS covered
+SELECT max(version) AS version
 FROM open_sessions
 WHERE provisional = 0;
 
--- Sessions open now: the query's rows, and the provisional rows of accept batches it has not taken yet.
+-- Sessions open now: the query's rows, and the provisional rows of accept batches it has not taken yet
+-- (2k >= 2c + 1 exactly when k > c; all of them before the query's first row, max of nothing being 0).
 CREATE OR REPLACE VIEW open_sessions_now AS
 SELECT *
 FROM open_sessions FINAL
-WHERE is_open AND (provisional = 0 OR intDiv(version, 2) > (SELECT max(covered) FROM keyed_sessions_covered));
+WHERE is_open AND (provisional = 0 OR version >= (SELECT max(version) FROM keyed_sessions_covered));

@@ -41,7 +41,7 @@ from analytics import accepted_log
 from analytics.keyed import runs as session_runs
 from analytics.keyed.sessions import COUNT_COLUMNS, _latest_end_per_key, run_counts
 from analytics.progress import record_round
-from analytics.rounds import AcceptRounds, reader_position, watermark_bound_ms, worth_writing
+from analytics.rounds import AcceptRounds, Pending
 from analytics.sinks import Newest, timed
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, epoch_ms
 from eventide.config import Config
@@ -223,7 +223,7 @@ def provisional_version(accept_batch: int) -> int:
     return 2 * accept_batch
 
 
-class ProvisionalSessions(AcceptRounds):
+class ProvisionalSessions(AcceptRounds[BatchRuns]):
     """``accept``'s side: the provisional open sessions of the keys each published batch touched (module
     docstring), on a thread of their own (``analytics.rounds``). Keeps the runs of the accept batches the
     ``keyed_windows`` query has not taken yet, read once each, and the open sessions it wrote last per key."""
@@ -231,60 +231,41 @@ class ProvisionalSessions(AcceptRounds):
     name = "provisional_sessions"
 
     def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self.checkpoint = config.checkpoint_dir / KEYED_WINDOWS_QUERY
+        super().__init__(config, config.checkpoint_dir / KEYED_WINDOWS_QUERY)
         self.gap_ms = config.stream.session_gap_s * 1000
-        self._runs: dict[int, BatchRuns] = {}
         self._written: dict[SessionKey, KeySessions] = {}
         self._left: dict[SessionKey, int] = {}   # key → the accept batch it was left to the query at
 
-    def write(self, batches: list[int]) -> Round | None:
-        """Write the provisional open sessions of published accept ``batches``; None when none were written on
-        purpose (the query too far behind, or runs of another gap) or could not be (the store unreachable)."""
-        batch_id = max(batches)
-        with timed(ACCEPT_QUERY, "provisional_sessions"):
-            committed = accepted_log.last_read(self.checkpoint)
-            committed = -1 if committed is None else committed
-            watermark_ms, taken = reader_position(self.checkpoint)
-            taken = min(taken, committed)
-            published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= batch_id]
-            batches = [b for b in batches if b > taken]
-            if not batches or not {m.batch_id for m in published}.issuperset(batches):
-                return None
-            if not worth_writing(published, self.config):
-                return None
-            with timed(ACCEPT_QUERY, "provisional_sessions.read"):
-                pending = {m.batch_id: self._read(m.batch_id) for m in published}
-            for gone in [b for b in self._runs if b <= taken]:
-                del self._runs[gone]
-            if any(p.runs is None for p in pending.values()):
-                return None
-            runs = {b: p.runs for b, p in pending.items() if p.runs is not None}
-            newest = max((p.newest_event_ms for p in pending.values() if p.newest_event_ms is not None),
-                         default=None)
-            bound_ms = watermark_bound_ms(watermark_ms, newest, self.config)
-            for key in [k for k, at in self._left.items() if at <= committed]:
-                del self._left[key]
-            for key in [k for k, s in self._written.items() if s.covered <= committed]:
-                del self._written[key]
-            touched = list(dict.fromkeys(k for b in batches for k in runs[b].keys))
-            eligible = [k for k in touched if k not in self._left]
-            try:
-                with timed(ACCEPT_QUERY, "provisional_sessions.lookup"):
-                    base = {k: self._written[k] for k in eligible if k in self._written}
-                    base |= self._stored([k for k in eligible if k not in base], committed)
-                with timed(ACCEPT_QUERY, "provisional_sessions.merge"):
-                    result = provisional_round(eligible, base, runs, batch_id, bound_ms, self.gap_ms)
-                    rows = round_rows(result, self.gap_ms, provisional_version(batch_id), datetime.now(UTC))
-                if rows.num_rows:
-                    with timed(ACCEPT_QUERY, "provisional_sessions.insert"), connect(self.config) as client:
-                        client.insert_arrow("open_sessions", rows)
-                        # After the rows: a page that sees the round reads them (dashboard.live).
-                        record_round(client, PROVISIONAL_SESSIONS, datetime.now(UTC))
-            except (StoreUnavailable, ClickHouseError) as exc:
-                log.warning("accept batches %s: no provisional open sessions (%s)", batches,
-                            str(exc).splitlines()[0][:200])
-                return None
+    def round(self, start: Pending, pending: dict[int, BatchRuns]) -> Round | None:
+        """Write the provisional open sessions of the round's accept batches; None when none were written on
+        purpose (runs of another gap) or could not be (the store unreachable)."""
+        committed, batches, batch_id = start.committed, start.batches, max(start.batches)
+        if any(p.runs is None for p in pending.values()):
+            return None
+        runs = {b: p.runs for b, p in pending.items() if p.runs is not None}
+        bound_ms = self.bound_ms(start, (p.newest_event_ms for p in pending.values()))
+        for key in [k for k, at in self._left.items() if at <= committed]:
+            del self._left[key]
+        for key in [k for k, s in self._written.items() if s.covered <= committed]:
+            del self._written[key]
+        touched = list(dict.fromkeys(k for b in batches for k in runs[b].keys))
+        eligible = [k for k in touched if k not in self._left]
+        try:
+            with timed(ACCEPT_QUERY, "provisional_sessions.lookup"):
+                base = {k: self._written[k] for k in eligible if k in self._written}
+                base |= self._stored([k for k in eligible if k not in base], committed)
+            with timed(ACCEPT_QUERY, "provisional_sessions.merge"):
+                result = provisional_round(eligible, base, runs, batch_id, bound_ms, self.gap_ms)
+                rows = round_rows(result, self.gap_ms, provisional_version(batch_id), datetime.now(UTC))
+            if rows.num_rows:
+                with timed(ACCEPT_QUERY, "provisional_sessions.insert"), connect(self.config) as client:
+                    client.insert_arrow("open_sessions", rows)
+                    # After the rows: a page that sees the round reads them (dashboard.live).
+                    record_round(client, PROVISIONAL_SESSIONS, datetime.now(UTC))
+        except (StoreUnavailable, ClickHouseError) as exc:
+            log.warning("accept batches %s: no provisional open sessions (%s)", batches,
+                        str(exc).splitlines()[0][:200])
+            return None
         for key in result.left:
             self._left[key] = batch_id
             self._written.pop(key, None)
@@ -295,15 +276,11 @@ class ProvisionalSessions(AcceptRounds):
             outcomes.note(batch, (len(left & set(runs[batch].keys)), written_ms))
         return result
 
-    def _read(self, batch_id: int) -> BatchRuns:
-        if batch_id not in self._runs:
-            files = accepted_log.events_files(self.config, batch_id)
-            tables = [pq.read_table(f, columns=[c for c in _RUN_COLUMNS if c in pq.read_schema(f).names])
-                      for f in files]
-            events = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
-            self._runs[batch_id] = (batch_runs(events, self.gap_ms) if events.num_rows
-                                    else BatchRuns(Runs([], *_empty()), None))
-        return self._runs[batch_id]
+    def read(self, batch_id: int) -> BatchRuns:
+        files = [pq.ParquetFile(f) for f in accepted_log.events_files(self.config, batch_id)]
+        tables = [f.read(columns=[c for c in _RUN_COLUMNS if c in f.schema_arrow.names]) for f in files]
+        events = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
+        return batch_runs(events, self.gap_ms) if events.num_rows else BatchRuns(Runs([], *_empty()), None)
 
     def _stored(self, keys: list[SessionKey], committed: int) -> dict[SessionKey, KeySessions]:
         """The open sessions readers see now (``open_sessions_now``) of ``keys``, each key's covering the newest
@@ -312,13 +289,13 @@ class ProvisionalSessions(AcceptRounds):
         if not keys:
             return {}
         with connect(self.config) as client:
-            [[query_covered]] = client.query("SELECT max(covered) FROM keyed_sessions_covered").result_rows
+            [[query_version]] = client.query("SELECT maxOrNull(version) FROM keyed_sessions_covered").result_rows
             found = client.query(
                 "SELECT app, key_kind, session_key, toUnixTimestamp64Milli(session_start), "
                 f"toUnixTimestamp64Milli(last_event_time), {', '.join(COUNT_COLUMNS)}, provisional, version "
                 "FROM open_sessions_now WHERE gap_ms = %(gap)s AND (app, key_kind, session_key) IN %(keys)s",
                 parameters={"gap": self.gap_ms, "keys": tuple(keys)}).result_rows
-        base_covered = max(int(query_covered or 0), committed)
+        base_covered = max(-1 if query_version is None else int(query_version) // 2, committed)
         out: dict[SessionKey, KeySessions] = {}
         if found:
             columns = list(zip(*found, strict=True))

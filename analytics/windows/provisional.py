@@ -53,7 +53,7 @@ from datasketches import hll_sketch, tgt_hll_type
 
 from analytics import accepted_log
 from analytics.progress import record_round
-from analytics.rounds import AcceptRounds, reader_position, watermark_bound_ms, worth_writing
+from analytics.rounds import AcceptRounds, Pending
 from analytics.sinks import Newest, timed
 from analytics.vocabulary import (
     ACCEPT_QUERY,
@@ -264,7 +264,7 @@ _ROW_SCHEMA = pa.schema([
 ])
 
 
-class ProvisionalWindows(AcceptRounds):
+class ProvisionalWindows(AcceptRounds[BatchPartials]):
     """``accept``'s side: the provisional rows of the windows each published batch touched (module docstring),
     written by a thread of their own (``analytics.rounds``). Keeps the partials of the accept batches the
     ``windows`` query has not taken yet, read once each."""
@@ -272,52 +272,33 @@ class ProvisionalWindows(AcceptRounds):
     name = "provisional_windows"
 
     def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self.checkpoint = config.checkpoint_dir / WINDOWS_QUERY
-        self._partials: dict[int, BatchPartials] = {}
+        super().__init__(config, config.checkpoint_dir / WINDOWS_QUERY)
         self._written: dict[WindowKey, dict[str, Any]] = {}   # the rows last written, by window (see reusable)
 
-    def write(self, batches: list[int]) -> Provisional | None:
-        """Write the provisional rows of published accept ``batches``; None when none were written on purpose (the
-        ``windows`` query too far behind) or could not be (the store unreachable)."""
-        batch_id = max(batches)
-        with timed(ACCEPT_QUERY, "provisional_windows"):
-            committed = accepted_log.last_read(self.checkpoint)   # before the store is read: see provisional_rows
-            committed = -1 if committed is None else committed
-            watermark_ms, taken = reader_position(self.checkpoint)
-            taken = min(taken, committed)
-            published = [m for m in accepted_log.metas(self.config) if taken < m.batch_id <= batch_id]
-            batches = [b for b in batches if b > taken]   # the windows query's own rows cover the others
-            if not batches or not {m.batch_id for m in published}.issuperset(batches):
-                return None
-            if not worth_writing(published, self.config):
-                return None
-            with timed(ACCEPT_QUERY, "provisional_windows.read"):
-                pending = {m.batch_id: self._read(m.batch_id) for m in published}
-            for gone in [b for b in self._partials if b <= taken]:
-                del self._partials[gone]
-            newest = max((p.newest_event_ms for p in pending.values() if p.newest_event_ms is not None),
-                         default=None)
-            bound_ms = watermark_bound_ms(watermark_ms, newest, self.config)
-            touched: set[WindowKey] = set()
-            for batch in batches:
-                touched |= touched_windows(pending[batch], bound_ms)[0]
-            try:
-                with timed(ACCEPT_QUERY, "provisional_windows.lookup"):
-                    known = reusable(self._written, touched, committed)
-                    stored = known | self._stored(touched - known.keys())
-                with timed(ACCEPT_QUERY, "provisional_windows.merge"):
-                    result = provisional_rows(self.config, batches, pending, stored, committed, bound_ms,
-                                              datetime.now(UTC))
-                if result.rows.num_rows:
-                    with timed(ACCEPT_QUERY, "provisional_windows.insert"), connect(self.config) as client:
-                        client.insert_arrow("window_aggregates", result.rows)
-                        # After the rows: a page that sees the round reads them (dashboard.live).
-                        record_round(client, PROVISIONAL_WINDOWS, datetime.now(UTC))
-            except (StoreUnavailable, ClickHouseError) as exc:
-                log.warning("accept batches %s: no provisional window rows (%s)", batches,
-                            str(exc).splitlines()[0][:200])
-                return None
+    def round(self, start: Pending, pending: dict[int, BatchPartials]) -> Provisional | None:
+        """Write the provisional rows of the round's accept batches; None when they could not be (the store
+        unreachable). (``start.committed`` was read before the store is: see :func:`provisional_rows`.)"""
+        committed, batches, batch_id = start.committed, start.batches, max(start.batches)
+        bound_ms = self.bound_ms(start, (p.newest_event_ms for p in pending.values()))
+        touched: set[WindowKey] = set()
+        for batch in batches:
+            touched |= touched_windows(pending[batch], bound_ms)[0]
+        try:
+            with timed(ACCEPT_QUERY, "provisional_windows.lookup"):
+                known = reusable(self._written, touched, committed)
+                stored = known | self._stored(touched - known.keys())
+            with timed(ACCEPT_QUERY, "provisional_windows.merge"):
+                result = provisional_rows(self.config, batches, pending, stored, committed, bound_ms,
+                                          datetime.now(UTC))
+            if result.rows.num_rows:
+                with timed(ACCEPT_QUERY, "provisional_windows.insert"), connect(self.config) as client:
+                    client.insert_arrow("window_aggregates", result.rows)
+                    # After the rows: a page that sees the round reads them (dashboard.live).
+                    record_round(client, PROVISIONAL_WINDOWS, datetime.now(UTC))
+        except (StoreUnavailable, ClickHouseError) as exc:
+            log.warning("accept batches %s: no provisional window rows (%s)", batches,
+                        str(exc).splitlines()[0][:200])
+            return None
         self._remember(result, provisional_version(batch_id), committed)
         written_ms = int(time.time() * 1000)
         for batch in batches:
@@ -332,13 +313,11 @@ class ProvisionalWindows(AcceptRounds):
         for key in [k for k, row in self._written.items() if covered(row["version"]) < committed]:
             del self._written[key]
 
-    def _read(self, batch_id: int) -> BatchPartials:
-        if batch_id not in self._partials:
-            files = accepted_log.partials_files(self.config, batch_id)
-            table = (pa.concat_tables([pq.read_table(f, schema=PARTIALS_SCHEMA) for f in files])
-                     if files else PARTIALS_SCHEMA.empty_table())
-            self._partials[batch_id] = by_window(table, self.config)
-        return self._partials[batch_id]
+    def read(self, batch_id: int) -> BatchPartials:
+        files = accepted_log.partials_files(self.config, batch_id)
+        table = (pa.concat_tables([pq.read_table(f, schema=PARTIALS_SCHEMA) for f in files])
+                 if files else PARTIALS_SCHEMA.empty_table())
+        return by_window(table, self.config)
 
     def _stored(self, keys: set[WindowKey]) -> dict[WindowKey, dict[str, Any]]:
         """The newest stored row of each window of ``keys``."""

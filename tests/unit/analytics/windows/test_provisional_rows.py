@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from analytics.accepted_log import BatchMeta
+from analytics.rounds import watermark_bound_ms, worth_writing
 from analytics.vocabulary import ARROW_TIME
 from analytics.windows.partials import partials
 from analytics.windows.provisional import (
@@ -23,9 +24,7 @@ from analytics.windows.provisional import (
     provisional_rows,
     provisional_version,
     reusable,
-    watermark_bound_ms,
     window_version,
-    worth_writing,
 )
 from eventide.config import load_config
 from store.range_query import SeriesKey
