@@ -54,7 +54,9 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
     def write(batch: DataFrame, batch_id: int) -> None:
         now = datetime.now(UTC)
         info = batch_info(checkpoint, batch_id)
-        # (None only for a batch that read nothing, and so writes no open session)
+        # A batch without data (the watermark moved: timers close sessions) covers what the batch before it did, so
+        # its retiring rows have that batch's version and win as the later insert (ReplacingMergeTree keeps the last
+        # of equal versions), as the windows query's rows do. None only before the first accept batch.
         newest = accepted_log.newest_batch_read(checkpoint, int(info.end_offsets.get("logOffset", -1))) or 0
         out = batch.select(*_output_columns(config.stream.sliding_window_s * 1000, config.stream.session_gap_s * 1000))
         with timed(KEYED_WINDOWS_QUERY, "tasks"):   # the stateful query runs when its rows are written

@@ -26,11 +26,11 @@ written meanwhile has a version of its own and wins or loses by it, never double
 What is final does not change. A provisional row is written only for a window whose end is past **every
 watermark the ``windows`` query can apply while it takes these accept batches**: that query's watermark is the
 latest corrected event time of the reader batches before the one it is taking, minus the allowed lateness, so it
-is at most the latest time of every accept batch up to ``k`` minus that lateness (:func:`watermark_bound_ms`).
-The ``windows`` query will therefore keep every contribution the provisional row counted, and write the window
-again after it; a window at or behind that bound is left to the ``windows`` query alone (its contribution may be
-a dropped straggler). Provisional rows are never final (``window_results.is_final``), and nothing judges them:
-the alert evaluator reads final windows only.
+is at most the latest time of every accept batch up to ``k`` minus that lateness
+(``analytics.rounds.watermark_bound_ms``). The ``windows`` query will therefore keep every contribution the
+provisional row counted, and write the window again after it; a window at or behind that bound is left to the
+``windows`` query alone (its contribution may be a dropped straggler). Provisional rows are never final
+(``window_results.is_final``), and nothing judges them: the alert evaluator reads final windows only.
 
 A drain (``availableNow``) hands every accept batch over on its own, so it writes none, and neither does a job
 with ``accept_interval_s`` equal to the trigger.
