@@ -33,6 +33,12 @@ PENDING_TRIGGERS_MAX = 3
 """Provisional rows are written only while the reader keeps up within this many triggers (:func:`worth_writing`)."""
 
 
+def provisional_version(accept_batch: int) -> int:
+    """The ``version`` of the provisional rows written at ``accept_batch``: below the reader's rows covering it
+    (``2c + 1`` for newest accept batch ``c``), above those covering less."""
+    return 2 * accept_batch
+
+
 def watermark_bound_ms(watermark_ms: int, newest_event_ms: int | None, config: Config) -> int:
     """The highest watermark a reader can apply while it takes the accept batches whose latest corrected event
     time is ``newest_event_ms``, its current watermark being ``watermark_ms``: its watermark is the latest corrected

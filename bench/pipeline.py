@@ -254,19 +254,15 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
     visible = {q: _visible_at(config, q, batches.get(q, []), stamps) for q in QUERIES}
     by_query = {q: _latencies(visible[q], stamps, t0) for q in QUERIES}
     # A window row moves before the windows query takes its events once the provisional rows of the accept batch
-    # that took them are written, if every window they touched got one (analytics.windows.provisional).
-    complete = {batch: written_ms for batch, (left, written_ms) in provisional.outcomes.items() if not left}
-    provisional_visible = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps, at_ms=complete)
-    earliest = {p: np.minimum(visible["windows"][p], provisional_visible[p]) for p in stamps}
-    provisional_row = _latencies(earliest, stamps, t0)
-    # Likewise an open session, once the provisional sessions of its accept batch are written, if no session key of
-    # the batch was left to keyed_windows (analytics.keyed.provisional).
-    sessions_complete = {batch: written_ms for batch, (left, written_ms) in provisional_sessions.outcomes.items()
-                         if not left}
-    sessions_visible = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps,
-                                   at_ms=sessions_complete)
-    session_moved = _latencies({p: np.minimum(visible["keyed_windows"][p], sessions_visible[p]) for p in stamps},
-                               stamps, t0)
+    # that took them are written, if every window they touched got one (analytics.windows.provisional); an open
+    # session likewise, if no session key of the batch was left to keyed_windows (analytics.keyed.provisional).
+    def moved(query: str, outcomes: dict[int, tuple[int, int]]) -> tuple[dict[str, Any], int]:
+        complete = {batch: written_ms for batch, (left, written_ms) in outcomes.items() if not left}
+        at = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps, at_ms=complete)
+        return _latencies({p: np.minimum(visible[query][p], at[p]) for p in stamps}, stamps, t0), len(complete)
+
+    provisional_row, windows_complete = moved("windows", provisional.outcomes)
+    session_moved, sessions_complete = moved("keyed_windows", provisional_sessions.outcomes)
     # A log line is searchable once its task's insert returned, before the batch ends (analytics.accept.writer).
     stored = _visible_at(config, ACCEPT_QUERY, batches.get(ACCEPT_QUERY, []), stamps,
                          partition_at_ms=dict(accept_writer.lines_stored))
@@ -283,9 +279,9 @@ def freshness(spark: Any, config: Config, rate: int, seconds: float) -> dict[str
             "log_line_stored": {**log_line_stored, "unprocessed_at_stop": produced - log_line_stored["events"]},
             "window_row_provisional": {**provisional_row,
                                        "unprocessed_at_stop": produced - provisional_row["events"],
-                                       "accept_batches_complete": len(complete)},
+                                       "accept_batches_complete": windows_complete},
             "session_provisional": {**session_moved, "unprocessed_at_stop": produced - session_moved["events"],
-                                    "accept_batches_complete": len(sessions_complete)},
+                                    "accept_batches_complete": sessions_complete},
             "cpu_share_of_machine": round(cpu / wall / (os.cpu_count() or 1), 2),
             "machine_cpu_us_per_event": round(cpu * 1e6 / max(produced, 1), 1),
             "load_generator_cpu_s": round(load_cpu, 1),

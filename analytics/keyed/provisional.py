@@ -41,7 +41,7 @@ from analytics import accepted_log
 from analytics.keyed import runs as session_runs
 from analytics.keyed.sessions import COUNT_COLUMNS, _latest_end_per_key, run_counts
 from analytics.progress import record_round
-from analytics.rounds import AcceptRounds, Pending
+from analytics.rounds import AcceptRounds, Pending, provisional_version
 from analytics.sinks import Newest, timed
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, epoch_ms
 from eventide.config import Config
@@ -218,11 +218,6 @@ def round_rows(result: Round, gap_ms: int, version: int, written_at: datetime) -
     })
 
 
-def provisional_version(accept_batch: int) -> int:
-    """The ``version`` of the provisional open sessions written at ``accept_batch``."""
-    return 2 * accept_batch
-
-
 class ProvisionalSessions(AcceptRounds[BatchRuns]):
     """``accept``'s side: the provisional open sessions of the keys each published batch touched (module
     docstring), on a thread of their own (``analytics.rounds``). Keeps the runs of the accept batches the
@@ -280,7 +275,7 @@ class ProvisionalSessions(AcceptRounds[BatchRuns]):
         files = [pq.ParquetFile(f) for f in accepted_log.events_files(self.config, batch_id)]
         tables = [f.read(columns=[c for c in _RUN_COLUMNS if c in f.schema_arrow.names]) for f in files]
         events = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
-        return batch_runs(events, self.gap_ms) if events.num_rows else BatchRuns(Runs([], *_empty()), None)
+        return batch_runs(events, self.gap_ms)
 
     def _stored(self, keys: list[SessionKey], committed: int) -> dict[SessionKey, KeySessions]:
         """The open sessions readers see now (``open_sessions_now``) of ``keys``, each key's covering the newest

@@ -53,7 +53,7 @@ from datasketches import hll_sketch, tgt_hll_type
 
 from analytics import accepted_log
 from analytics.progress import record_round
-from analytics.rounds import AcceptRounds, Pending
+from analytics.rounds import AcceptRounds, Pending, provisional_version
 from analytics.sinks import Newest, timed
 from analytics.vocabulary import (
     ACCEPT_QUERY,
@@ -93,11 +93,6 @@ def window_version(newest_accept_batch: int) -> int:
     """The ``version`` of the rows the ``windows`` query writes in a micro-batch whose newest accept batch is
     ``newest_accept_batch``."""
     return 2 * newest_accept_batch + 1
-
-
-def provisional_version(accept_batch: int) -> int:
-    """The ``version`` of the provisional rows written at ``accept_batch``."""
-    return 2 * accept_batch
 
 
 def covered(version: int) -> int:
