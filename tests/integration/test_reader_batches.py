@@ -118,12 +118,18 @@ def test_a_session_moves_at_each_accept_batch_and_the_keyed_query_has_the_last_w
         return [(r["event_count"], r["provisional"]) for r in found]
 
     try:
-        # Given ann's 10 events a second apart, and bob's 3,
+        # Given ann's 10 events a second apart, bob's 3, and 2 of a user named to break out of a quoted SQL string
+        # (session keys are looked up in the store by name),
+        hostile = "eve'); DROP TABLE logs; --\\"
         produce(config, [Metric(at=start + i * 1_000, value=1.0, user="ann") for i in range(10)]
-                + [Metric(at=start + i * 1_000, value=1.0, user="bob", device="device-2") for i in range(3)])
+                + [Metric(at=start + i * 1_000, value=1.0, user="bob", device="device-2") for i in range(3)]
+                + [Metric(at=start + i * 1_000, value=1.0, user=hostile, device="device-3") for i in range(2)])
         # her session in progress holds them within a few accept batches, before keyed_windows takes them,
         wait_until(lambda: sessions("ann") == [(10, 1)], timeout_s=20)
         assert sessions("bob") == [(3, 1)]
+        with connect(config) as client:
+            assert client.query("SELECT event_count, provisional FROM open_sessions_now WHERE session_key = "
+                                "{user:String}", parameters={"user": hostile}).result_rows == [(2, 1)]
         # 5 more a minute later (less than G after her last) extend that session (none counted twice),
         produce(config, [Metric(at=start + 60_000 + i * 1_000, value=1.0, user="ann") for i in range(5)])
         wait_until(lambda: sessions("ann") == [(15, 1)], timeout_s=20)
