@@ -119,6 +119,16 @@ class Round:
                 for c, (a, b) in enumerate(itertools.pairwise(edges)) if b > a}
 
     @property
+    def earliest_last(self) -> dict[SessionKey, int]:
+        """Each key's earliest last event time among its open sessions (ms): the first of them the watermark
+        closes ends ``G`` after it."""
+        if not len(self.code):
+            return {}
+        at = np.flatnonzero(np.r_[True, self.code[1:] != self.code[:-1]])
+        return dict(zip([self.keys[c] for c in self.code[at].tolist()],
+                        np.minimum.reduceat(self.last, at).tolist(), strict=True))
+
+    @property
     def retired(self) -> dict[SessionKey, np.ndarray]:
         """Each key's starts no longer open."""
         return {self.keys[c]: self.retired_first[self.retired_code == c] for c in np.unique(self.retired_code)}
@@ -218,17 +228,64 @@ def round_rows(result: Round, gap_ms: int, version: int, written_at: datetime) -
     })
 
 
+class Remembered:
+    """The open sessions the rounds wrote last, per key: a round's base for those keys in place of a store lookup.
+
+    A key's entry stays exact while every accept batch published since was taken by a round that wrote: such a round
+    rewrites every key its batches touched, and any other batch might hold runs of the key that nothing here read.
+    So all of it is forgotten as soon as one batch escaped the rounds (skipped, failed, or taken by the reader
+    first). Its sessions need no refresh when ``keyed_windows`` takes the batches it covers: the query joins the same
+    runs the same way, and what the query alone can do (close a session, drop a run) happens only at or behind the
+    watermark bound, where the key is left to the query. An entry is dropped once one of its sessions is due by
+    that bound: the key would be left to the query on its next run anyway."""
+
+    def __init__(self, gap_ms: int) -> None:
+        self.gap_ms = gap_ms
+        self._sessions: dict[SessionKey, KeySessions] = {}
+        self._due_ms: dict[SessionKey, int] = {}   # when the key's first open session closes: earliest last + G
+        self._through: int | None = None   # the newest accept batch of the last round written
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def base(self, start: Pending, bound_ms: int) -> dict[SessionKey, KeySessions]:
+        """The entries a round starting at ``start`` can take as its base, under watermark bound ``bound_ms``."""
+        since = self._through
+        if since is None or start.taken > since or any(
+                m.batch_id > since and m.batch_id not in start.batches for m in start.published):
+            self.forget()
+        for key in [k for k, due in self._due_ms.items() if due <= bound_ms]:
+            del self._sessions[key], self._due_ms[key]
+        return self._sessions
+
+    def remember(self, result: Round) -> None:
+        """The round ``result`` was written."""
+        for key in result.left:
+            self._sessions.pop(key, None)
+            self._due_ms.pop(key, None)
+        self._sessions.update(result.sessions)
+        self._due_ms.update({k: last + self.gap_ms for k, last in result.earliest_last.items()})
+        self._through = result.covered
+
+    def forget(self) -> None:
+        """A batch escaped the rounds: no entry can be trusted."""
+        self._sessions.clear()
+        self._due_ms.clear()
+        self._through = None
+
+
 class ProvisionalSessions(AcceptRounds[BatchRuns]):
     """``accept``'s side: the provisional open sessions of the keys each published batch touched (module
     docstring), on a thread of their own (``analytics.rounds``). Keeps the runs of the accept batches the
-    ``keyed_windows`` query has not taken yet, read once each, and the open sessions it wrote last per key."""
+    ``keyed_windows`` query has not taken yet, read once each, and the open sessions it wrote last per key
+    (:class:`Remembered`)."""
 
     name = "provisional_sessions"
 
     def __init__(self, config: Config) -> None:
         super().__init__(config, config.checkpoint_dir / KEYED_WINDOWS_QUERY)
         self.gap_ms = config.stream.session_gap_s * 1000
-        self._written: dict[SessionKey, KeySessions] = {}
+        self._written = Remembered(self.gap_ms)
         self._left: dict[SessionKey, int] = {}   # key → the accept batch it was left to the query at
 
     def round(self, start: Pending, pending: dict[int, BatchRuns]) -> Round | None:
@@ -241,13 +298,12 @@ class ProvisionalSessions(AcceptRounds[BatchRuns]):
         bound_ms = self.bound_ms(start, (p.newest_event_ms for p in pending.values()))
         for key in [k for k, at in self._left.items() if at <= committed]:
             del self._left[key]
-        for key in [k for k, s in self._written.items() if s.covered <= committed]:
-            del self._written[key]
+        written = self._written.base(start, bound_ms)
         touched = list(dict.fromkeys(k for b in batches for k in runs[b].keys))
         eligible = [k for k in touched if k not in self._left]
         try:
             with timed(ACCEPT_QUERY, "provisional_sessions.lookup"):
-                base = {k: self._written[k] for k in eligible if k in self._written}
+                base = {k: written[k] for k in eligible if k in written}
                 base |= self._stored([k for k in eligible if k not in base], committed)
             with timed(ACCEPT_QUERY, "provisional_sessions.merge"):
                 result = provisional_round(eligible, base, runs, batch_id, bound_ms, self.gap_ms)
@@ -263,8 +319,7 @@ class ProvisionalSessions(AcceptRounds[BatchRuns]):
             return None
         for key in result.left:
             self._left[key] = batch_id
-            self._written.pop(key, None)
-        self._written.update(result.sessions)
+        self._written.remember(result)
         written_ms = int(time.time() * 1000)
         left = set(touched) - set(eligible) | result.left
         for batch in batches:

@@ -7,9 +7,11 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 
+from analytics.accepted_log import BatchMeta
 from analytics.keyed import runs as session_runs
 from analytics.keyed.provisional import (
     KeySessions,
+    Remembered,
     Runs,
     batch_runs,
     provisional_round,
@@ -18,6 +20,7 @@ from analytics.keyed.provisional import (
 )
 from analytics.keyed.sessions import COUNT_COLUMNS
 from analytics.keyed.writer import open_session_version
+from analytics.rounds import Pending
 
 G = 300_000
 T0 = 1_800_000_000_000
@@ -132,3 +135,50 @@ def test_batch_runs_take_the_heads_of_an_accept_batch_s_runs():
     assert by_key == {("shop", "user", "ann"): (T0, T0 + 1_000, 2, 1), ("shop", "device", "d2"): (T0 + 2_000,
                                                                                                  T0 + 2_000, 1, 0)}
     assert batch_runs(events, G + 1).runs is None   # runs formed with another gap: left to the query
+
+
+def round_start(batches: list[int], published: list[int], taken: int) -> Pending:
+    """A round of accept ``batches``, ``published`` being every published batch after the reader's ``taken``."""
+    metas = [BatchMeta(b, {}, {}, T0, T0) for b in published]
+    return Pending(committed=taken, watermark_ms=FAR_BEHIND, taken=taken, published=metas, batches=batches)
+
+
+def remembered_after_round_3() -> Remembered:
+    """Ann's session (T0 .. T0 + 1 s) and bob's (T0 + 60 s .. T0 + 61 s), as a round wrote them at accept batch 3."""
+    written = Remembered(G)
+    pending = {3: runs((ANN, T0, T0 + 1_000, 2), (BOB, T0 + 60_000, T0 + 61_000, 1))}
+    written.remember(provisional_round([ANN, BOB], {}, pending, 3, FAR_BEHIND, G))
+    return written
+
+
+def test_what_a_round_wrote_is_the_next_round_s_base_even_after_the_query_took_it():
+    """The query has taken batch 3 (taken = 3): it joined the same runs, so what was written stays the base."""
+    base = remembered_after_round_3().base(round_start([4], [4], taken=3), FAR_BEHIND)
+    assert as_lists(base[ANN]) == [(T0, T0 + 1_000, 2)] and base[ANN].covered == 3
+    assert set(base) == {ANN, BOB}
+
+
+def test_everything_is_forgotten_once_a_published_batch_escaped_the_rounds():
+    """Batch 4's round was not written (skipped or failed): it may hold runs of ann or bob nothing read."""
+    assert remembered_after_round_3().base(round_start([5], [4, 5], taken=3), FAR_BEHIND) == {}
+
+
+def test_everything_is_forgotten_once_the_reader_took_a_batch_no_round_wrote():
+    assert remembered_after_round_3().base(round_start([5], [5], taken=4), FAR_BEHIND) == {}
+
+
+def test_a_key_is_forgotten_once_its_first_session_is_due_by_the_watermark_bound():
+    """Its next run would leave it to the query, which may have closed the session by then."""
+    written = remembered_after_round_3()
+    assert set(written.base(round_start([4], [4], taken=3), T0 + 1_000 + G - 1)) == {ANN, BOB}
+    assert set(written.base(round_start([4], [4], taken=3), T0 + 1_000 + G)) == {BOB}
+
+
+def test_a_key_left_to_the_query_is_forgotten():
+    written = remembered_after_round_3()
+    bound = T0 + 100_000
+    late = {4: runs((ANN, bound - 1, bound - 1, 1))}   # at or behind the bound: the query decides
+    result = provisional_round([ANN], written.base(round_start([4], [4], taken=3), bound), late, 4, bound, G)
+    assert result.left == {ANN}
+    written.remember(result)
+    assert set(written.base(round_start([5], [5], taken=3), bound)) == {BOB}
