@@ -35,8 +35,19 @@ PENDING_TRIGGERS_MAX = 3
 
 def provisional_version(accept_batch: int) -> int:
     """The ``version`` of the provisional rows written at ``accept_batch``: below the reader's rows covering it
-    (``2c + 1`` for newest accept batch ``c``), above those covering less."""
+    (:func:`reader_version`), above those covering less."""
     return 2 * accept_batch
+
+
+def reader_version(newest_accept_batch: int) -> int:
+    """The ``version`` of the rows a reader (``windows``, ``keyed_windows``) writes in a micro-batch whose newest
+    accept batch is ``newest_accept_batch``: above every provisional row of the accept batches it took."""
+    return 2 * newest_accept_batch + 1
+
+
+def covered(version: int) -> int:
+    """The newest accept batch a row of this ``version`` covers, a reader's or a provisional one."""
+    return version // 2
 
 
 def watermark_bound_ms(watermark_ms: int, newest_event_ms: int | None, config: Config) -> int:
@@ -138,6 +149,10 @@ class AcceptRounds(Generic[T]):
             for gone in [b for b in self._kept if b <= start.taken]:
                 del self._kept[gone]
             return self.round(start, pending)
+
+    def forget_reads(self) -> None:
+        """Read every pending batch again at the next round (what :meth:`read` returns depends on state it dropped)."""
+        self._kept.clear()
 
     def pending(self, batches: list[int]) -> Pending | None:
         """Where the round of ``batches`` starts; None when it has nothing to write: the reader took them all, or

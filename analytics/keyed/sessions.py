@@ -146,10 +146,7 @@ def add_bucket_runs(bucket: SessionBucket, session_keys: np.ndarray, first: np.n
     index = np.concatenate([np.full(n_c, -1, np.int64), np.arange(n_o), np.arange(n_e)])
     order = np.lexsort((index, source, last, first, key))
     key, first, last, source, index = key[order], first[order], last[order], source[order], index[order]
-    # A run starts at a new key or where an interval starts G or more after every earlier end of its key (sorted
-    # by start, the latest end so far of the key is the latest end of the current run).
-    starts = np.ones(len(key), dtype=bool)
-    starts[1:] = (key[1:] != key[:-1]) | (first[1:] - _latest_end_per_key(key, last)[:-1] >= gap_ms)
+    starts = run_starts(key, first, last, gap_ms)
     run_start = np.flatnonzero(starts)
     run = np.cumsum(starts) - 1
     is_closed, is_open, is_fresh = source == 0, source == 1, source == 2
@@ -200,6 +197,16 @@ def _stacked(arrays: list[np.ndarray], dtype: type, width: int = 0) -> np.ndarra
     if not arrays:
         return np.empty((0, width) if width else 0, dtype=dtype)
     return np.concatenate(arrays).astype(dtype, copy=False)
+
+
+def run_starts(key: np.ndarray, first: np.ndarray, last: np.ndarray, gap_ms: int) -> np.ndarray:
+    """Where the runs of intervals ``[first, last]`` start, the intervals sorted by ``key`` (integer codes) and
+    ``first``: at a new key, or where an interval starts G or more after every earlier end of its key (sorted by
+    start, the latest end so far of the key is the latest end of the current run). The rule's join: under G apart."""
+    starts = np.ones(len(key), dtype=bool)
+    if len(key) > 1:
+        starts[1:] = (key[1:] != key[:-1]) | (first[1:] - _latest_end_per_key(key, last)[:-1] >= gap_ms)
+    return starts
 
 
 def _latest_end_per_key(key: np.ndarray, last: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from analytics import accepted_log, reader_batches
 from analytics.keyed import runs as session_runs
 from analytics.keyed.schema import DROPPED_RUN, OPEN_SESSION, OPEN_SESSION_GONE, RUN_LAST, SESSION, SLIDING
+from analytics.rounds import reader_version
 from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, renamed, timed, with_constants
 from analytics.spark.checkpoint import batch_info, files_read
 from analytics.vocabulary import KEYED_WINDOWS_QUERY, LEVEL_FIELDS, SERIES, epoch_ms
@@ -35,13 +36,6 @@ _SESSION_NAMES = {"window_length_ms": "gap_ms", "kind": "key_kind", "name": "ses
                   "window_start": "session_start", "window_end": "session_end", "event_time": "last_event_time"}
 
 
-def open_session_version(newest_accept_batch: int) -> int:
-    """The ``version`` of the ``open_sessions`` rows the query writes in a micro-batch whose newest accept batch is
-    ``newest_accept_batch``: above every provisional row of the accept batches it took
-    (``analytics.keyed.provisional``, ``sql/0020_provisional_open_sessions.sql``)."""
-    return 2 * newest_accept_batch + 1
-
-
 def keyed_windows_writer(config: Config) -> BatchWriter:
     """Write sliding windows, sessions and their stragglers, each keyed so a replayed batch changes nothing.
 
@@ -60,7 +54,7 @@ def keyed_windows_writer(config: Config) -> BatchWriter:
         newest = accepted_log.newest_batch_read(checkpoint, int(info.end_offsets.get("logOffset", -1))) or 0
         out = batch.select(*_output_columns(config.stream.sliding_window_s * 1000, config.stream.session_gap_s * 1000))
         with timed(KEYED_WINDOWS_QUERY, "tasks"):   # the stateful query runs when its rows are written
-            insert_in_tasks([out], [KeyedRows(config, checkpoint, batch_id, now, open_session_version(newest))])
+            insert_in_tasks([out], [KeyedRows(config, checkpoint, batch_id, now, reader_version(newest))])
         with timed(KEYED_WINDOWS_QUERY, "expire"):   # here, never beside this query's listing of its reader batches
             reader_batches.expire(config, KEYED_WINDOWS_QUERY)
 

@@ -12,11 +12,11 @@ the queries' batches (``store.pipeline.PROVISIONAL_WINDOWS``), which the dashboa
 follow.
 
 Which row wins is decided by ``version`` alone (``ReplacingMergeTree``), because a version names the newest accept
-batch a row covers (:func:`covered`):
+batch a row covers (``analytics.rounds.covered``):
 
 - the ``windows`` query writes ``2c + 1``, ``c`` being the newest accept batch of its micro-batch
-  (:func:`window_version`);
-- a provisional row written at accept batch ``k`` has ``2k`` (:func:`provisional_version`).
+  (``analytics.rounds.reader_version``);
+- a provisional row written at accept batch ``k`` has ``2k`` (``analytics.rounds.provisional_version``).
 
 So a provisional row replaces every row covering less, and the ``windows`` query's row replaces it once that
 query has taken batch ``k``: the exact row always has the last word. A provisional row is the stored row it was
@@ -53,7 +53,7 @@ from datasketches import hll_sketch, tgt_hll_type
 
 from analytics import accepted_log
 from analytics.progress import record_round
-from analytics.rounds import AcceptRounds, Pending, provisional_version
+from analytics.rounds import AcceptRounds, Pending, covered, provisional_version
 from analytics.sinks import Newest, timed
 from analytics.vocabulary import (
     ACCEPT_QUERY,
@@ -87,17 +87,6 @@ _ADDED = ("event_count", "value_count", *LEVEL_FIELDS)
 STORED_COLUMNS = ("event_count", "value_count", "sum", "min", "max", "value_sketch", "users_sketch",
                   "devices_sketch", *LEVEL_FIELDS, "version")
 """What a provisional row needs of the stored row it merges into."""
-
-
-def window_version(newest_accept_batch: int) -> int:
-    """The ``version`` of the rows the ``windows`` query writes in a micro-batch whose newest accept batch is
-    ``newest_accept_batch``."""
-    return 2 * newest_accept_batch + 1
-
-
-def covered(version: int) -> int:
-    """The newest accept batch a row of this ``version`` covers."""
-    return version // 2
 
 
 @dataclass(frozen=True)

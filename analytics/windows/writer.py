@@ -18,10 +18,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics import accepted_log, reader_batches
+from analytics.rounds import reader_version
 from analytics.sinks import BatchWriter, TaskWriter, insert_in_tasks, insert_tables, timed, with_constants
 from analytics.spark.checkpoint import BatchInfo, batch_info, files_read
 from analytics.vocabulary import LEVEL_FIELDS, QUANTILES, WINDOWS_QUERY
-from analytics.windows import provisional
 from analytics.windows.stragglers import corrections, late_contributions, late_events, merged_corrections, stragglers
 from eventide.config import Config
 
@@ -50,7 +50,7 @@ def _window_row_columns() -> tuple[Column, ...]:
 
 class WindowRows(TaskWriter):
     """A task's share of the window rows a micro-batch changed, versioned by the newest accept batch the
-    micro-batch took (``provisional.window_version``: ``version`` orders corrections, and provisional rows; a
+    micro-batch took (``analytics.rounds.reader_version``: ``version`` orders corrections, and provisional rows; a
     replayed batch writes the same version)."""
 
     def __init__(self, config: Config, version: int, written_at: datetime) -> None:
@@ -99,7 +99,7 @@ def window_writer(config: Config) -> BatchWriter:
                  if info.has_records else [])
         # (None only for a batch that read nothing, and so writes no row)
         newest = accepted_log.newest_batch_read(checkpoint, int(info.end_offsets.get("logOffset", -1))) or 0
-        version = provisional.window_version(newest)
+        version = reader_version(newest)
         frames, writers = [window_rows(batch)], [WindowRows(config, version, now)]
         if files:
             # One task per events file, each reading only its own file.

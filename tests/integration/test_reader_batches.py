@@ -13,7 +13,7 @@ import pytest
 
 from analytics import accepted_log
 from analytics.job import start_queries
-from analytics.windows.provisional import covered, window_version
+from analytics.rounds import covered, reader_version
 from store.client import connect
 from store.pipeline import PROVISIONAL_WINDOWS, last_batches
 from tests.support.pipeline import Metric, minute_in_past, produce, rows, wait_until, window_rows
@@ -39,7 +39,7 @@ def test_accept_batches_reach_the_windows_grouped_and_every_event_is_counted_onc
         # not provisional ones, have the last word),
         expected = [(start + b * 10_000, 10, True) for b in range(BURSTS)]
         wait_until(lambda: [(int(r["window_start"].timestamp() * 1000), r["event_count"],
-                             r["version"] == window_version(covered(r["version"])))
+                             r["version"] == reader_version(covered(r["version"])))
                             for r in window_rows(config, 10)] == expected, timeout_s=90)
         # (the events after the last accept batch handed over by the idle timer, no new accept batch coming),
         accepted = [m.batch_id for m in accepted_log.metas(config)]
@@ -68,8 +68,8 @@ def test_a_window_moves_at_each_accept_batch_and_the_windows_query_has_the_last_
         if not found:
             return None
         row = found[0]
-        assert not row["is_final"] or row["version"] == window_version(covered(row["version"])), row
-        return row["event_count"], row["max"], row["version"] == window_version(covered(row["version"]))
+        assert not row["is_final"] or row["version"] == reader_version(covered(row["version"])), row
+        return row["event_count"], row["max"], row["version"] == reader_version(covered(row["version"]))
 
     try:
         # Given 10 events in one 10-s window, and one in each of 81 other series (hundreds of windows to look up, one

@@ -10,17 +10,19 @@ import pyarrow as pa
 from analytics.accepted_log import BatchMeta
 from analytics.keyed import runs as session_runs
 from analytics.keyed.provisional import (
+    KeyCodes,
     KeySessions,
     Remembered,
+    Round,
     Runs,
+    Standing,
     batch_runs,
     provisional_round,
     provisional_version,
     round_rows,
 )
 from analytics.keyed.sessions import COUNT_COLUMNS
-from analytics.keyed.writer import open_session_version
-from analytics.rounds import Pending
+from analytics.rounds import Pending, reader_version
 
 G = 300_000
 T0 = 1_800_000_000_000
@@ -28,6 +30,8 @@ ANN = ("shop", "user", "ann")
 BOB = ("shop", "user", "bob")
 WIDTH = len(COUNT_COLUMNS)
 FAR_BEHIND = T0 - 3_600_000   # a watermark bound no run or session here reaches
+KEYS = KeyCodes()
+SessionKey = tuple[str, str, str]
 
 
 def metric_counts(events: int) -> list[int]:
@@ -36,7 +40,7 @@ def metric_counts(events: int) -> list[int]:
 
 def runs(*entries: tuple[tuple[str, str, str], int, int, int]) -> Runs:
     """Runs of (key, first, last, metric events)."""
-    return Runs([e[0] for e in entries], np.array([e[1] for e in entries], np.int64),
+    return Runs(KEYS.codes(e[0] for e in entries), np.array([e[1] for e in entries], np.int64),
                 np.array([e[2] for e in entries], np.int64),
                 np.array([metric_counts(e[3]) for e in entries], np.int64).reshape(-1, WIDTH))
 
@@ -48,31 +52,59 @@ def open_sessions(covered: int, *sessions: tuple[int, int, int]) -> KeySessions:
                        np.array([metric_counts(s[2]) for s in sessions], np.int64).reshape(-1, WIDTH))
 
 
+def provisional(touched: list[SessionKey], base: dict[SessionKey, KeySessions], pending: dict[int, Runs],
+                batch_id: int, bound_ms: int) -> Round:
+    """The round of accept batch ``batch_id`` over keys ``touched``, each with its ``base`` sessions."""
+    by_code = dict(zip(KEYS.codes(base).tolist(), base.values(), strict=True))
+    return provisional_round(np.sort(KEYS.codes(touched)), Standing.of(by_code), pending, batch_id, bound_ms, G)
+
+
+def by_key(standing: Standing) -> dict[SessionKey, KeySessions]:
+    return {KEYS.keys(np.array([code]))[0]: s for code, s in standing.by_key().items()}
+
+
+def sessions(result: Round) -> dict[SessionKey, KeySessions]:
+    """Each key's open sessions after the round."""
+    return by_key(result.open)
+
+
+def retired(result: Round) -> dict[SessionKey, list[int]]:
+    """Each key's starts no longer open."""
+    starts: dict[SessionKey, list[int]] = {}
+    for key, first in zip(KEYS.keys(result.retired_key), result.retired_first.tolist(), strict=True):
+        starts.setdefault(key, []).append(first)
+    return starts
+
+
+def left(result: Round) -> set[SessionKey]:
+    return set(KEYS.keys(result.left))
+
+
 def as_lists(s: KeySessions) -> list[tuple[int, int, int]]:
     return list(zip(s.first.tolist(), s.last.tolist(), s.counts[:, 0].tolist(), strict=True))
 
 
 def test_a_run_less_than_g_after_an_open_session_extends_it():
     base = {ANN: open_sessions(4, (T0, T0 + 10_000, 3))}
-    result = provisional_round([ANN], base, {5: runs((ANN, T0 + 60_000, T0 + 61_000, 2))}, 5, FAR_BEHIND, G)
-    assert as_lists(result.sessions[ANN]) == [(T0, T0 + 61_000, 5)]
-    assert result.sessions[ANN].covered == 5
-    assert not result.retired and not result.left
+    result = provisional([ANN], base, {5: runs((ANN, T0 + 60_000, T0 + 61_000, 2))}, 5, FAR_BEHIND)
+    assert as_lists(sessions(result)[ANN]) == [(T0, T0 + 61_000, 5)]
+    assert sessions(result)[ANN].covered == 5
+    assert not retired(result) and not left(result)
 
 
 def test_a_run_g_or_more_after_starts_a_second_session():
     base = {ANN: open_sessions(4, (T0, T0 + 10_000, 3))}
     later = T0 + 10_000 + G   # exactly G after the last event: a new session (BRIEF: gaps under G join)
-    result = provisional_round([ANN], base, {5: runs((ANN, later, later, 1))}, 5, FAR_BEHIND, G)
-    assert as_lists(result.sessions[ANN]) == [(T0, T0 + 10_000, 3), (later, later, 1)]
+    result = provisional([ANN], base, {5: runs((ANN, later, later, 1))}, 5, FAR_BEHIND)
+    assert as_lists(sessions(result)[ANN]) == [(T0, T0 + 10_000, 3), (later, later, 1)]
 
 
 def test_a_run_bridging_two_sessions_joins_them_and_retires_the_later_start():
     base = {ANN: open_sessions(4, (T0, T0 + 1_000, 1), (T0 + 400_000, T0 + 401_000, 1))}
     bridge = runs((ANN, T0 + 200_000, T0 + 200_000, 1))
-    result = provisional_round([ANN], base, {5: bridge}, 5, FAR_BEHIND, G)
-    assert as_lists(result.sessions[ANN]) == [(T0, T0 + 401_000, 3)]
-    assert result.retired[ANN].tolist() == [T0 + 400_000]
+    result = provisional([ANN], base, {5: bridge}, 5, FAR_BEHIND)
+    assert as_lists(sessions(result)[ANN]) == [(T0, T0 + 401_000, 3)]
+    assert retired(result)[ANN] == [T0 + 400_000]
 
 
 def test_runs_of_every_pending_batch_after_the_base_count_once():
@@ -80,14 +112,14 @@ def test_runs_of_every_pending_batch_after_the_base_count_once():
     base = {ANN: open_sessions(5, (T0, T0 + 1_000, 2))}
     pending = {5: runs((ANN, T0 + 1_000, T0 + 1_000, 1)), 6: runs((ANN, T0 + 2_000, T0 + 2_000, 1)),
                7: runs((ANN, T0 + 3_000, T0 + 3_000, 1), (BOB, T0 + 3_000, T0 + 3_500, 4))}
-    result = provisional_round([ANN, BOB], base, pending, 7, FAR_BEHIND, G)
-    assert as_lists(result.sessions[ANN]) == [(T0, T0 + 3_000, 4)]
-    assert as_lists(result.sessions[BOB]) == [(T0 + 3_000, T0 + 3_500, 4)]   # no base: a new session
+    result = provisional([ANN, BOB], base, pending, 7, FAR_BEHIND)
+    assert as_lists(sessions(result)[ANN]) == [(T0, T0 + 3_000, 4)]
+    assert as_lists(sessions(result)[BOB]) == [(T0 + 3_000, T0 + 3_500, 4)]   # no base: a new session
 
 
 def test_a_batch_after_the_round_is_not_taken():
     pending = {7: runs((ANN, T0, T0, 1)), 8: runs((ANN, T0 + 1_000, T0 + 1_000, 1))}
-    assert as_lists(provisional_round([ANN], {}, pending, 7, FAR_BEHIND, G).sessions[ANN]) == [(T0, T0, 1)]
+    assert as_lists(sessions(provisional([ANN], {}, pending, 7, FAR_BEHIND))[ANN]) == [(T0, T0, 1)]
 
 
 def test_a_key_with_a_run_at_or_behind_the_watermark_bound_is_left_to_the_query():
@@ -95,22 +127,22 @@ def test_a_key_with_a_run_at_or_behind_the_watermark_bound_is_left_to_the_query(
     other keys of the batch do."""
     bound = T0 + 50_000
     pending = {5: runs((ANN, bound, bound + 1_000, 1), (BOB, bound + 1, bound + 1, 1))}
-    result = provisional_round([ANN, BOB], {}, pending, 5, bound, G)
-    assert result.left == {ANN}
-    assert list(result.sessions) == [BOB]
+    result = provisional([ANN, BOB], {}, pending, 5, bound)
+    assert left(result) == {ANN}
+    assert list(sessions(result)) == [BOB]
 
 
 def test_a_key_whose_open_session_the_watermark_closes_is_left_to_the_query():
     bound = T0 + 1_000 + G   # the session [T0, T0 + 1 s + G) is closed once the watermark reaches its end
     base = {ANN: open_sessions(4, (T0, T0 + 1_000, 1))}
-    result = provisional_round([ANN], base, {5: runs((ANN, bound + 5_000, bound + 5_000, 1))}, 5, bound, G)
-    assert result.left == {ANN} and not result.sessions
+    result = provisional([ANN], base, {5: runs((ANN, bound + 5_000, bound + 5_000, 1))}, 5, bound)
+    assert left(result) == {ANN} and not sessions(result)
 
 
 def test_round_rows_are_provisional_open_sessions_and_retired_starts_at_the_accept_batch_version():
     base = {ANN: open_sessions(4, (T0, T0 + 1_000, 1), (T0 + 400_000, T0 + 401_000, 1))}
-    result = provisional_round([ANN], base, {9: runs((ANN, T0 + 200_000, T0 + 200_000, 1))}, 9, FAR_BEHIND, G)
-    rows = round_rows(result, G, provisional_version(9), datetime(2027, 1, 15, tzinfo=UTC)).to_pylist()
+    result = provisional([ANN], base, {9: runs((ANN, T0 + 200_000, T0 + 200_000, 1))}, 9, FAR_BEHIND)
+    rows = round_rows(result, KEYS, G, provisional_version(9), datetime(2027, 1, 15, tzinfo=UTC)).to_pylist()
     assert [(r["session_key"], r["is_open"], r["event_count"], r["duration_ms"]) for r in rows] == [
         ("ann", 1, 3, 401_000), ("ann", 0, 0, 0)]
     assert {(r["provisional"], r["version"], r["gap_ms"]) for r in rows} == {(1, 18, G)}
@@ -118,7 +150,7 @@ def test_round_rows_are_provisional_open_sessions_and_retired_starts_at_the_acce
 
 
 def test_the_query_s_rows_outrank_the_provisional_rows_of_every_batch_they_took():
-    assert open_session_version(9) > provisional_version(9) > open_session_version(8)
+    assert reader_version(9) > provisional_version(9) > reader_version(8)
 
 
 def test_batch_runs_take_the_heads_of_an_accept_batch_s_runs():
@@ -126,15 +158,15 @@ def test_batch_runs_take_the_heads_of_an_accept_batch_s_runs():
     events = session_runs.with_runs(pa.table({
         "app": ["shop", "shop", "shop"], "user": ["ann", "ann", None], "device": ["d1", "d1", "d2"],
         "corrected_event_time": t, "level": [None, "error", None]}), G)
-    found = batch_runs(events, G)
+    found = batch_runs(events, G, KEYS)
     assert found.newest_event_ms == T0 + 2_000
     assert found.runs is not None
-    by_key = {k: (f, la, c[0], c[2]) for k, f, la, c in zip(found.runs.keys, found.runs.first.tolist(),
-                                                            found.runs.last.tolist(), found.runs.counts.tolist(),
-                                                            strict=True)}
-    assert by_key == {("shop", "user", "ann"): (T0, T0 + 1_000, 2, 1), ("shop", "device", "d2"): (T0 + 2_000,
+    runs_by_key = {k: (f, la, c[0], c[2]) for k, f, la, c in zip(
+        KEYS.keys(found.runs.keys), found.runs.first.tolist(), found.runs.last.tolist(), found.runs.counts.tolist(),
+        strict=True)}
+    assert runs_by_key == {("shop", "user", "ann"): (T0, T0 + 1_000, 2, 1), ("shop", "device", "d2"): (T0 + 2_000,
                                                                                                  T0 + 2_000, 1, 0)}
-    assert batch_runs(events, G + 1).runs is None   # runs formed with another gap: left to the query
+    assert batch_runs(events, G + 1, KEYS).runs is None   # runs formed with another gap: left to the query
 
 
 def round_start(batches: list[int], published: list[int], taken: int) -> Pending:
@@ -147,38 +179,39 @@ def remembered_after_round_3() -> Remembered:
     """Ann's session (T0 .. T0 + 1 s) and bob's (T0 + 60 s .. T0 + 61 s), as a round wrote them at accept batch 3."""
     written = Remembered(G)
     pending = {3: runs((ANN, T0, T0 + 1_000, 2), (BOB, T0 + 60_000, T0 + 61_000, 1))}
-    written.remember(provisional_round([ANN, BOB], {}, pending, 3, FAR_BEHIND, G))
+    written.remember(provisional([ANN, BOB], {}, pending, 3, FAR_BEHIND))
     return written
 
 
 def test_what_a_round_wrote_is_the_next_round_s_base_even_after_the_query_took_it():
     """The query has taken batch 3 (taken = 3): it joined the same runs, so what was written stays the base."""
-    base = remembered_after_round_3().base(round_start([4], [4], taken=3), FAR_BEHIND)
+    base = by_key(remembered_after_round_3().base(round_start([4], [4], taken=3), FAR_BEHIND))
     assert as_lists(base[ANN]) == [(T0, T0 + 1_000, 2)] and base[ANN].covered == 3
     assert set(base) == {ANN, BOB}
 
 
 def test_everything_is_forgotten_once_a_published_batch_escaped_the_rounds():
     """Batch 4's round was not written (skipped or failed): it may hold runs of ann or bob nothing read."""
-    assert remembered_after_round_3().base(round_start([5], [4, 5], taken=3), FAR_BEHIND) == {}
+    assert by_key(remembered_after_round_3().base(round_start([5], [4, 5], taken=3), FAR_BEHIND)) == {}
 
 
 def test_everything_is_forgotten_once_the_reader_took_a_batch_no_round_wrote():
-    assert remembered_after_round_3().base(round_start([5], [5], taken=4), FAR_BEHIND) == {}
+    assert by_key(remembered_after_round_3().base(round_start([5], [5], taken=4), FAR_BEHIND)) == {}
 
 
 def test_a_key_is_forgotten_once_its_first_session_is_due_by_the_watermark_bound():
     """Its next run would leave it to the query, which may have closed the session by then."""
     written = remembered_after_round_3()
-    assert set(written.base(round_start([4], [4], taken=3), T0 + 1_000 + G - 1)) == {ANN, BOB}
-    assert set(written.base(round_start([4], [4], taken=3), T0 + 1_000 + G)) == {BOB}
+    assert set(by_key(written.base(round_start([4], [4], taken=3), T0 + 1_000 + G - 1))) == {ANN, BOB}
+    assert set(by_key(written.base(round_start([4], [4], taken=3), T0 + 1_000 + G))) == {BOB}
 
 
 def test_a_key_left_to_the_query_is_forgotten():
     written = remembered_after_round_3()
     bound = T0 + 100_000
     late = {4: runs((ANN, bound - 1, bound - 1, 1))}   # at or behind the bound: the query decides
-    result = provisional_round([ANN], written.base(round_start([4], [4], taken=3), bound), late, 4, bound, G)
-    assert result.left == {ANN}
+    result = provisional_round(KEYS.codes([ANN]), written.base(round_start([4], [4], taken=3), bound), late, 4,
+                               bound, G)
+    assert left(result) == {ANN}
     written.remember(result)
-    assert set(written.base(round_start([5], [5], taken=3), bound)) == {BOB}
+    assert set(by_key(written.base(round_start([5], [5], taken=3), bound))) == {BOB}

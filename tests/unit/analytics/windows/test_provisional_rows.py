@@ -14,17 +14,15 @@ import pyarrow as pa
 import pytest
 
 from analytics.accepted_log import BatchMeta
-from analytics.rounds import watermark_bound_ms, worth_writing
+from analytics.rounds import covered, reader_version, watermark_bound_ms, worth_writing
 from analytics.vocabulary import ARROW_TIME
 from analytics.windows.partials import partials
 from analytics.windows.provisional import (
     BatchPartials,
     by_window,
-    covered,
     provisional_rows,
     provisional_version,
     reusable,
-    window_version,
 )
 from eventide.config import load_config
 from store.range_query import SeriesKey
@@ -75,8 +73,8 @@ BEFORE_ANY = T0_MS - 3_600_000   # a watermark far behind every event: no window
 
 
 def test_versions_order_a_provisional_row_between_the_windows_rows_before_and_after_its_batch() -> None:
-    assert window_version(6) < provisional_version(7) < window_version(7)
-    assert covered(window_version(7)) == covered(provisional_version(7)) == 7
+    assert reader_version(6) < provisional_version(7) < reader_version(7)
+    assert covered(reader_version(7)) == covered(provisional_version(7)) == 7
 
 
 def test_with_nothing_stored_a_window_gets_the_row_of_every_event_of_the_pending_batches() -> None:
@@ -103,7 +101,7 @@ def test_with_nothing_stored_a_window_gets_the_row_of_every_event_of_the_pending
 
 def test_a_stored_row_is_merged_with_only_the_batches_it_does_not_cover() -> None:
     windows_row = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST + SECOND,
-                             version=window_version(2))   # the windows query took batches 1 and 2
+                             version=reader_version(2))   # the windows query took batches 1 and 2
 
     result = provisional_rows(CONFIG, [3], PENDING, {key(10, 0): stored(windows_row)}, committed=2,
                               bound_ms=BEFORE_ANY, written_at=NOW)
@@ -147,7 +145,7 @@ def test_the_row_written_last_stands_for_the_stored_one_while_it_covers_what_the
 
 def test_batches_a_committed_windows_micro_batch_took_are_never_added_again() -> None:
     # The windows query committed batch 2; the window's stored row is older (it wrote nothing for it since).
-    old_row = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST, version=window_version(1))
+    old_row = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST, version=reader_version(1))
     result = provisional_rows(CONFIG, [3], PENDING, {key(10, 0): stored(old_row)}, committed=2,
                               bound_ms=BEFORE_ANY, written_at=NOW)
 
@@ -156,7 +154,7 @@ def test_batches_a_committed_windows_micro_batch_took_are_never_added_again() ->
 
 def test_a_window_the_stored_row_already_covers_up_to_this_batch_gets_no_row() -> None:
     taken = window_row(CONFIG, LATENCY, at(0), timedelta(seconds=10), FIRST + SECOND + THIRD[:1],
-                       version=window_version(3))   # the windows query was quicker than this batch
+                       version=reader_version(3))   # the windows query was quicker than this batch
 
     result = provisional_rows(CONFIG, [3], PENDING, {key(10, 0): stored(taken)}, committed=0, bound_ms=BEFORE_ANY,
                               written_at=NOW)
