@@ -215,3 +215,10 @@ def test_a_key_left_to_the_query_is_forgotten():
     assert left(result) == {ANN}
     written.remember(result)
     assert set(by_key(written.base(round_start([5], [5], taken=3), bound))) == {BOB}
+
+
+def test_key_codes_number_each_key_once_in_the_order_first_seen():
+    codes = KeyCodes()
+    assert codes.codes([BOB, ANN, BOB]).tolist() == [0, 1, 0]
+    assert codes.known([ANN, ("shop", "device", "d9")]).tolist() == [1]   # a key not seen has no code
+    assert codes.keys(np.array([1, 0])) == [ANN, BOB] and len(codes) == 2
