@@ -23,7 +23,6 @@ into the same sessions: runs less than G apart join (``analytics.keyed.sessions`
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -125,16 +124,6 @@ class BatchRuns:
 
 
 @dataclass(frozen=True)
-class KeySessions:
-    """A session key's open sessions (sorted by start) as they stand after accept batch ``covered``."""
-
-    covered: int
-    first: np.ndarray
-    last: np.ndarray
-    counts: np.ndarray
-
-
-@dataclass(frozen=True)
 class Standing:
     """The open sessions of some session keys (codes), flat, as they stand after accept batch ``covered[i]`` for key
     ``keys[i]`` (each key once; a key may have none). Session ``j`` belongs to ``key[j]``, spans ``first[j]`` to
@@ -152,27 +141,8 @@ class Standing:
     def empty(cls) -> Standing:
         return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), *_empty())
 
-    @classmethod
-    def of(cls, by_key: Mapping[int, KeySessions]) -> Standing:
-        """From each key's :class:`KeySessions`, by code."""
-        held = list(by_key.items())
-        codes = np.array([k for k, _ in held], np.int64)
-        return cls(codes, np.array([s.covered for _, s in held], np.int64),
-                   np.repeat(codes, [len(s.first) for _, s in held]),
-                   *(np.concatenate([empty, *(getattr(s, name) for _, s in held)])
-                     for name, empty in zip(("first", "last", "counts"), _empty(), strict=True)))
-
     def __len__(self) -> int:
         return len(self.keys)
-
-    def by_key(self) -> dict[int, KeySessions]:
-        """Each key's :class:`KeySessions`, by code."""
-        edges = np.flatnonzero(np.r_[True, self.key[1:] != self.key[:-1], True]).tolist() if len(self.key) else []
-        spans = {int(self.key[a]): slice(a, b) for a, b in itertools.pairwise(edges)}
-        none = slice(0, 0)
-        return {k: KeySessions(c, self.first[spans.get(k, none)], self.last[spans.get(k, none)],
-                               self.counts[spans.get(k, none)])
-                for k, c in zip(self.keys.tolist(), self.covered.tolist(), strict=True)}
 
     def of_keys(self, keys: np.ndarray, among: bool = True) -> Standing:
         """The part of ``keys`` (``among``), or of every other key."""
@@ -418,9 +388,9 @@ class ProvisionalSessions(AcceptRounds[BatchRuns]):
         return batch_runs(events, self.gap_ms, self._codes)
 
     def _stored(self, keys: np.ndarray, committed: int) -> Standing:
-        """The open sessions readers see now (``open_sessions_now``) of ``keys`` (codes), each key's covering the
-        newest accept batch its provisional rows were written at, else the newest the query's rows cover (at least
-        ``committed``: the query writes its rows before it commits)."""
+        """The open sessions readers see now (``open_sessions_now``) of ``keys`` (codes, sorted), each key's
+        covering the newest accept batch its provisional rows were written at, else the newest the query's rows
+        cover (at least ``committed``: the query writes its rows before it commits)."""
         if not len(keys):
             return Standing.empty()
         with connect(self.config) as client:
@@ -439,7 +409,6 @@ class ProvisionalSessions(AcceptRounds[BatchRuns]):
         # A key's base covers the newest batch its provisional rows stand after, else what the query's rows cover;
         # a key without open sessions has an empty base covering what the query covers.
         provisional, version = np.asarray(columns[-2], np.int64), np.asarray(columns[-1], np.int64)
-        keys = np.sort(keys)
         at, mine = _positions(keys, key), np.where(provisional == 1, covered(version), -1)
         newest_mine = np.full(len(keys), -1, np.int64)
         np.maximum.at(newest_mine, at[at >= 0], mine[at >= 0])

@@ -2,6 +2,8 @@
 session runs of the accept batches after them, the sessions in progress as the session rule would form them; keys
 the watermark could judge otherwise are left to the keyed_windows query."""
 
+import itertools
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
@@ -11,7 +13,6 @@ from analytics.accepted_log import BatchMeta
 from analytics.keyed import runs as session_runs
 from analytics.keyed.provisional import (
     KeyCodes,
-    KeySessions,
     Remembered,
     Round,
     Runs,
@@ -32,6 +33,28 @@ WIDTH = len(COUNT_COLUMNS)
 FAR_BEHIND = T0 - 3_600_000   # a watermark bound no run or session here reaches
 KEYS = KeyCodes()
 SessionKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class KeySessions:
+    """A key's open sessions (sorted by start) as they stand after accept batch ``covered``: one key's part of a
+    :class:`Standing`."""
+
+    covered: int
+    first: np.ndarray
+    last: np.ndarray
+    counts: np.ndarray
+
+
+def standing(by_code: dict[int, KeySessions]) -> Standing:
+    """The :class:`Standing` of each key's sessions, by code."""
+    held = list(by_code.items())
+    codes = np.array([k for k, _ in held], np.int64)
+    return Standing(codes, np.array([s.covered for _, s in held], np.int64),
+                    np.repeat(codes, [len(s.first) for _, s in held]),
+                    np.concatenate([np.empty(0, np.int64), *(s.first for _, s in held)]),
+                    np.concatenate([np.empty(0, np.int64), *(s.last for _, s in held)]),
+                    np.concatenate([np.empty((0, WIDTH), np.int64), *(s.counts for _, s in held)]))
 
 
 def metric_counts(events: int) -> list[int]:
@@ -56,11 +79,17 @@ def provisional(touched: list[SessionKey], base: dict[SessionKey, KeySessions], 
                 batch_id: int, bound_ms: int) -> Round:
     """The round of accept batch ``batch_id`` over keys ``touched``, each with its ``base`` sessions."""
     by_code = dict(zip(KEYS.codes(base).tolist(), base.values(), strict=True))
-    return provisional_round(np.sort(KEYS.codes(touched)), Standing.of(by_code), pending, batch_id, bound_ms, G)
+    return provisional_round(np.sort(KEYS.codes(touched)), standing(by_code), pending, batch_id, bound_ms, G)
 
 
-def by_key(standing: Standing) -> dict[SessionKey, KeySessions]:
-    return {KEYS.keys(np.array([code]))[0]: s for code, s in standing.by_key().items()}
+def by_key(held: Standing) -> dict[SessionKey, KeySessions]:
+    """Each key's part of ``held``, by key."""
+    edges = np.flatnonzero(np.r_[True, held.key[1:] != held.key[:-1], True]).tolist() if len(held.key) else []
+    spans = {int(held.key[a]): slice(a, b) for a, b in itertools.pairwise(edges)}
+    none = slice(0, 0)
+    return {KEYS.keys(np.array([k]))[0]: KeySessions(c, held.first[spans.get(k, none)], held.last[spans.get(k, none)],
+                                                     held.counts[spans.get(k, none)])
+            for k, c in zip(held.keys.tolist(), held.covered.tolist(), strict=True)}
 
 
 def sessions(result: Round) -> dict[SessionKey, KeySessions]:
