@@ -129,13 +129,19 @@ class ProgressRecorder(JsonProgressListener):
             log.exception("could not record progress of %s", row[0])
 
 
+ROUND_TYPES = ("LowCardinality(String)", "SimpleAggregateFunction(max, DateTime64(3, 'UTC'))",
+               "SimpleAggregateFunction(max, DateTime64(3, 'UTC'))")
+"""``query_watermarks_kept``'s column types (sql/0009): given, the client does not ask the store for them before
+each round's insert."""
+
+
 def record_round(client: Client, writer: str, at: datetime) -> None:
     """Record that ``writer`` (not a Spark query: ``store.pipeline.PROVISIONAL_WINDOWS`` or
     ``PROVISIONAL_SESSIONS``) finished writing a round of rows at ``at``, where the queries' newest batches are kept
     (``query_watermarks_kept``): the dashboard reads it as it reads theirs (``store.pipeline.last_batches``). It has
     no watermark: epoch 0, which a maximum never picks and ``store.pipeline.watermarks`` leaves out."""
     client.insert("query_watermarks_kept", [[writer, datetime.fromtimestamp(0, UTC), at]],
-                  column_names=["query_name", "watermark", "recorded_at"])
+                  column_names=["query_name", "watermark", "recorded_at"], column_type_names=ROUND_TYPES)
 
 
 def progress_recorder(spark: SparkSession) -> ProgressRecorder:

@@ -8,11 +8,15 @@ Arrow (``mapInArrow``), and each task, in parallel over the partitions of the ev
 - marks session runs and the rows ``keyed_windows`` reads (``analytics.keyed.runs``, ``analytics.keyed.rows``) and
   stages its partition's events file, then its window partials (``analytics.windows.partials``), for the driver to
   publish (``accepted_log.publish``) once every task has succeeded;
-- stores its log lines, duplicates, rejected records and devices' clock offsets in ClickHouse, and forwards the
-  rejected records to the dead-letter topic;
-- returns one small row (:data:`RESULT`): its counts, broker-time span, dedup state size and stage timings.
+- stores its log lines, duplicates and rejected records in ClickHouse, and forwards the rejected records to the
+  dead-letter topic;
+- returns one small row (:data:`RESULT`): its counts, broker-time span, dedup state size, stage timings and its
+  devices' clock offsets, which the driver stores for the whole batch in one insert (in place of one per
+  partition: an insert costs the store a part, and at a real-time pace their number, more than their rows, is its
+  cost).
 
-So what reaches the driver per batch is one row per partition, whatever the number of events.
+So what reaches the driver per batch is one row per partition, whatever the number of events (its clock offsets:
+a row per device the partition's batch heard from).
 
 Everything a task writes is idempotent, so a retried task or a replayed batch changes nothing: staged files are
 published only once (a replay of a published batch stages nothing and takes its first copies from the published
@@ -63,13 +67,14 @@ RESULT = pa.schema([
     ("first_timestamp_ms", pa.int64()), ("last_timestamp_ms", pa.int64()), ("horizon_ids", pa.int64()),
     ("horizon_bytes", pa.int64()), ("horizon_memory_bytes", pa.int64()), ("staged_bytes", pa.int64()),
     ("spilled_bytes", pa.int64()), ("oversized", pa.int64()), ("seconds", pa.string()),
-    ("warnings", pa.list_(pa.string())), ("stored_at_ms", pa.int64()),
+    ("warnings", pa.list_(pa.string())), ("stored_at_ms", pa.int64()), ("device_clocks", pa.binary()),
 ])
 """What each task returns to the driver: one row per Kafka partition of the batch (``spilled_bytes``: its valid records
 written to its local disk, 0 unless they exceeded ``stream.task_memory_bytes``; ``oversized``: its rejected records
 over ``envelope.max_record_bytes``, which the driver copies to the dead-letter topic; ``seconds``: its stage timings
 as JSON, for the benchmark; ``warnings``: what it logged while it waited for the store, for the driver's log;
-``stored_at_ms``: when its rows, the log lines among them, were in the store, epoch ms, for the benchmark)."""
+``stored_at_ms``: when its rows, the log lines among them, were in the store, epoch ms, for the benchmark;
+``device_clocks``: :func:`clock_offsets` of its accepted events, an Arrow IPC stream)."""
 
 
 @dataclass(frozen=True)
@@ -190,8 +195,6 @@ class AcceptPartition:
             if copies.num_rows:
                 rows.append(("duplicates", with_constants(copies.rename_columns(list(DUPLICATE_COLUMNS)),
                                                            batch_id=batch_id, detected_at=self.now)))
-        rows.append(("device_clocks", with_constants(clock_offsets(accepted), batch_id=batch_id,
-                                                      recorded_at=self.now)))
         self._reject(rejected, clock, rows)
         return {
             "partition": partition, "candidates": batch.num_rows, "accepted": accepted.num_rows,
@@ -200,7 +203,7 @@ class AcceptPartition:
             "horizon_ids": sum(m.partition_events(partition) for m in memory),
             "horizon_bytes": sum(m.partition_bytes(partition) for m in memory), "horizon_memory_bytes": memory_bytes,
             "staged_bytes": staged_bytes, "spilled_bytes": held.spilled_bytes, "seconds": json.dumps(clock.seconds),
-            "stored_at_ms": int(time.time() * 1000),
+            "stored_at_ms": int(time.time() * 1000), "device_clocks": ipc_stream(clock_offsets(accepted)),
         }
 
     def _events_file_rows(self, batch: pa.Table, slices: list[tuple[int, int]], kept: np.ndarray,
@@ -231,7 +234,7 @@ class AcceptPartition:
         if not config.stream.deduplicate:
             return pa.array(np.ones(candidates.num_rows, dtype=bool))
         memory.extend(dedup.horizon(config, self.batch_id, partition, earliest_ms))
-        return dedup.first_copies(candidates, _memory(config, partition).of(memory))
+        return _memory(config, partition).first_copies(candidates, memory)
 
 
 def _only_partition(found: set[int], config: Config) -> int:
@@ -309,6 +312,14 @@ def clock_offsets(accepted: pa.Table) -> pa.Table:
         "offset_avg_ms": grouped["clock_offset_ms_mean"],
         "last_received": grouped["received_time_max"].cast(pa.timestamp("ms", tz="UTC")),
     })
+
+
+def ipc_stream(table: pa.Table) -> bytes:
+    """``table`` as an Arrow IPC stream: a table inside one value of a task's result row."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
 def _as_text(raw: pa.ChunkedArray) -> pa.ChunkedArray:

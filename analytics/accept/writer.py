@@ -24,7 +24,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from analytics import accepted_log, reader_batches
 from analytics.accept import validation
 from analytics.accept.task import KAFKA_COORDINATES, RESULT, AcceptPartition
-from analytics.sinks import BatchWriter, Newest, insert_tables, sink_seconds, timed
+from analytics.sinks import BatchWriter, Newest, insert_tables, sink_seconds, timed, with_constants
 from analytics.spark.checkpoint import batch_info
 from analytics.vocabulary import ACCEPT_QUERY, KEYED_WINDOWS_QUERY, WINDOWS_QUERY
 from eventide.config import Config
@@ -87,7 +87,8 @@ def accept_writer(config: Config, live: bool = False,
             with timed(ACCEPT_QUERY, "after_hand_over"):
                 after_hand_over(batch_id)
         insert_tables(config, [("dedup_state", _dedup_state(config, batch_id, results, now)),
-                               ("dedup_partitions", _dedup_partitions(config, batch_id, results, now))], ACCEPT_QUERY)
+                               ("dedup_partitions", _dedup_partitions(config, batch_id, results, now)),
+                               ("device_clocks", device_clocks(batch_id, results, now))], ACCEPT_QUERY)
         with timed(ACCEPT_QUERY, "expire"):
             accepted_log.expire(config, readers, int(now.timestamp() * 1000))
 
@@ -160,6 +161,14 @@ def _note_lines_stored(batch_id: int, results: pa.Table) -> None:
     for partition, stored_at_ms in zip(results["partition"].to_pylist(), results["stored_at_ms"].to_pylist(),
                                        strict=True):
         lines_stored.note((batch_id, partition), stored_at_ms)
+
+
+def device_clocks(batch_id: int, results: pa.Table, now: datetime) -> pa.Table:
+    """The batch's ``device_clocks`` rows: each task's clock offsets per device, stored in one insert."""
+    parts = [pa.ipc.open_stream(found).read_all() for found in results["device_clocks"].to_pylist() if found]
+    if not parts:
+        return pa.table({})
+    return with_constants(pa.concat_tables(parts), batch_id=batch_id, recorded_at=now)
 
 
 def _dedup_state(config: Config, batch_id: int, results: pa.Table, now: datetime) -> pa.Table:

@@ -6,6 +6,7 @@ import json
 import random
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -140,3 +141,46 @@ def test_a_partition_is_checked_against_the_batches_that_accepted_events_from_it
     assert [m.batch_id for m in horizon(config, 4, 0, earliest)] == [2]
     assert [m.batch_id for m in horizon(config, 4, 1, earliest)] == [3]
     assert [m.batch_id for m in horizon(config, 5, 0, earliest)] == [2, 4]
+
+
+# The horizon's hashes (AcceptedIds.first_copies): the same answer as the horizon's keys, whatever the hashes say.
+
+
+def horizon_of(config, rng: random.Random, batches: int) -> tuple[AcceptedIds, list[BatchMeta]]:
+    """A partition's memory after ``batches`` batches of random accepted ids, and their metas."""
+    memory = AcceptedIds(config, 0)
+    metas = []
+    for batch_id in range(batches):
+        ids = sorted({f"id-{rng.randrange(600)}" for _ in range(rng.randrange(0, 150))})
+        memory.remember(batch_id, app_copies(*[("shop", i, 0.0, 0, n) for n, i in enumerate(ids)]))
+        metas.append(BatchMeta(batch_id, {"t": {"0": 0}}, {"t": {"0": len(ids)}}, 0, 0))
+    return memory, metas
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_first_copies_through_the_horizons_hashes_match_those_through_its_keys(seed: int, tmp_path):
+    """Batches leave the horizon as it moves on: their hashes stay behind until rebuilt, and say only 'maybe'."""
+    config = load_config(environ={}, root=str(tmp_path), paths={"data_dir": str(tmp_path / "var")})
+    rng = random.Random(seed)
+    memory, metas = horizon_of(config, rng, 12)
+    for horizon_start in range(0, 10, 3):   # the horizon moves on: batches before it are dropped
+        within = metas[horizon_start:]
+        records = [("shop", f"id-{rng.randrange(900)}", float(rng.randrange(50)), 0, offset)
+                   for offset in range(rng.randrange(1, 300))]
+        batch = app_copies(*records)
+        assert memory.first_copies(batch, within).to_pylist() == first_copies(batch, memory.of(within)).to_pylist()
+
+
+def test_a_key_whose_hash_collides_with_an_accepted_keys_still_counts(tmp_path, monkeypatch):
+    """Every key hashed alike: each one is a 'maybe', and the exact check of the horizon's keys decides."""
+    from analytics.accept import dedup
+
+    monkeypatch.setattr(dedup, "hashes", lambda some_keys: np.zeros(len(some_keys), np.int64))
+    config = load_config(environ={}, root=str(tmp_path), paths={"data_dir": str(tmp_path / "var")})
+    memory, metas = horizon_of(config, random.Random(7), 3)
+    accepted_before = set(memory.of(metas).to_pylist())
+    new_id = next(f"id-{n}" for n in range(600) if keys(app_copies(("shop", f"id-{n}", 0.0, 0, 0)))[0].as_py()
+                  not in accepted_before)
+    old_id = next(iter(accepted_before)).split(":", 2)[2]
+    batch = app_copies(("shop", new_id, 1.0, 0, 1), ("shop", old_id, 2.0, 0, 2))
+    assert memory.first_copies(batch, metas).to_pylist() == [True, False]
