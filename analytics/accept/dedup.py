@@ -20,11 +20,11 @@ not seen the partition, or was restarted, reads them back from the partition's f
 operators cost a shuffle of whole events and a re-read of the horizon's files in every batch.
 
 A key is one string, ``<length of app>:<app>:<id>`` (the length makes it unambiguous whatever the app or id holds).
-The memory also holds a sorted array of the horizon keys' 64-bit hashes (``HorizonHashes``), so a batch's keys are
-looked up in it (a binary search each) instead of probing every horizon key: at a real-time pace a batch holds a
-second of events and the horizon minutes of them, and probing the whole horizon in every batch cost more than all the
-rest of the dedup. A hash says only "maybe": a batch key whose hash is there is checked exactly against the horizon's
-keys, the horizon probed against those few keys (as every batch once did), so a hash collision never drops an event.
+The memory also holds the horizon keys' 64-bit hashes, sorted, each with its place (``HorizonHashes``), so a
+batch's keys are looked up there (a binary search each) instead of every horizon key being probed: at a real-time
+pace a batch holds a second of events and the horizon minutes of them, and probing the whole horizon in every batch
+cost more than the rest of the dedup. A hash says only where to look: a batch key whose hash is held is compared with
+the key at that place, so a hash collision never drops an event.
 """
 
 from __future__ import annotations
