@@ -1,9 +1,11 @@
 """The ``accept`` query's writer, in the driver: it runs each batch's per-partition work in Spark tasks
 (``analytics.accept.task``: first copies, the staged events and partials files, log lines, duplicates, rejected
-records, clock offsets), then publishes the staged files to the accepted-events log and records the dedup state.
+records, clock offsets), then publishes the staged files to the accepted-events log and records the dedup state
+and the batch's clock offsets (one insert for all partitions).
 
-What the driver handles per batch is one row per Kafka partition (the tasks' results), whatever the number of
-events, so adding executors adds throughput: the per-event work spreads over the events topic's partitions."""
+What the driver handles per batch is one row per Kafka partition (the tasks' results, with a clock row per device
+they heard from), whatever the number of events, so adding executors adds throughput: the per-event work spreads
+over the events topic's partitions."""
 
 from __future__ import annotations
 
