@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import threading
 import uuid
@@ -290,24 +291,35 @@ def meta(config: Config, batch_id: int) -> BatchMeta:
     return BatchMeta(**json.loads(_meta_file(config, batch_id).read_text()))
 
 
-_known: dict[Path, BatchMeta] = {}   # metadata never changes once published: read each file once per process
+# Metadata never changes once published: each file is read once per process. Per ``_meta`` directory: file name →
+# its metadata, and the same oldest first, kept until a name comes or goes (several listings a second at a real-time
+# pace: tasks' dedup horizons, the provisional rounds, the writer).
+_known: dict[Path, dict[str, BatchMeta]] = {}
+_ordered: dict[Path, list[BatchMeta]] = {}
 _known_lock = threading.Lock()       # the driver lists from several threads (accept's writer, its helper threads)
 
 
 def metas(config: Config) -> list[BatchMeta]:
     """Metadata of every published batch still kept, oldest first."""
-    found = []
-    listed = set((config.accepted_events_dir / _META).glob("*.json"))
+    directory = config.accepted_events_dir / _META
+    try:
+        listed = {name for name in os.listdir(directory) if name.endswith(".json")}
+    except FileNotFoundError:
+        listed = set()
     with _known_lock:
-        for gone in [p for p in _known if p.parent == config.accepted_events_dir / _META and p not in listed]:
-            del _known[gone]   # expired (by this process or, for a Spark task's process, by the driver)
-        for path in listed:
-            if path not in _known:
-                if not published(config, int(path.stem)):
-                    continue   # metadata of a batch whose file is still being renamed into place (or was deleted)
-                _known[path] = BatchMeta(**json.loads(path.read_text()))
-            found.append(_known[path])
-    return sorted(found, key=lambda m: m.batch_id)
+        known = _known.setdefault(directory, {})
+        changed = directory not in _ordered
+        for gone in known.keys() - listed:
+            del known[gone]   # expired (by this process or, for a Spark task's process, by the driver)
+            changed = True
+        for name in listed - known.keys():
+            if not published(config, int(name.removesuffix(".json"))):
+                continue   # metadata of a batch whose file is still being renamed into place (or was deleted)
+            known[name] = BatchMeta(**json.loads((directory / name).read_text()))
+            changed = True
+        if changed:
+            _ordered[directory] = sorted(known.values(), key=lambda m: m.batch_id)
+        return list(_ordered[directory])
 
 
 def read_stream(spark: SparkSession, config: Config, schema: StructType) -> DataFrame:
@@ -388,6 +400,7 @@ def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
                 _single_file(root, meta.batch_id).unlink(missing_ok=True)
             _meta_file(config, meta.batch_id).unlink(missing_ok=True)
             with _known_lock:
-                _known.pop(_meta_file(config, meta.batch_id), None)
+                _known.get(_meta_file(config, meta.batch_id).parent, {}).pop(f"{meta.batch_id}.json", None)
+                _ordered.pop(_meta_file(config, meta.batch_id).parent, None)
             deleted.append(meta.batch_id)
     return deleted

@@ -192,3 +192,21 @@ def test_a_backlog_older_than_the_retention_keeps_the_files_a_later_batch_s_dedu
     assert accepted_log.expire(config, [windows, keyed], now) == [0, 1]
     assert [m.batch_id for m in accepted_log.metas(config)] == [2, 3, 4, 5, 6]
     assert not events_file(config, 1).exists() and events_file(config, 2).exists()
+
+
+def test_the_listing_follows_batches_published_and_metadata_deleted_by_another_process(tmp_path):
+    """metas() keeps what it read between listings: a batch published since appears, one whose metadata is gone
+    (expired by the driver, seen from a task's process) disappears, and metadata whose batch is not yet renamed into
+    place waits."""
+    config = config_in(tmp_path)
+    for batch in (3, 1, 2):
+        publish_fake(config, batch, HOUR_MS, 100 * batch)
+    assert [m.batch_id for m in accepted_log.metas(config)] == [1, 2, 3]
+    (config.accepted_events_dir / "_meta" / "2.json").unlink()
+    publish_fake(config, 4, HOUR_MS, 400)
+    meta = BatchMeta(5, {"t": {"0": 490}}, {"t": {"0": 500}}, HOUR_MS - 1000, HOUR_MS, 10, 100)
+    (config.accepted_events_dir / "_meta" / "5.json").write_text(json.dumps(meta.__dict__))   # not yet in place
+    assert [m.batch_id for m in accepted_log.metas(config)] == [1, 3, 4]
+    accepted_log.batch_dir(config.accepted_events_dir, 5).mkdir(parents=True)
+    assert [m.batch_id for m in accepted_log.metas(config)] == [1, 3, 4, 5]
+    assert accepted_log.metas(config) == accepted_log.metas(config)
