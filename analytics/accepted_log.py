@@ -398,9 +398,6 @@ def expire(config: Config, readers: list[Path], now_ms: int) -> list[int]:
             for root in (config.accepted_events_dir, config.window_partials_dir):
                 shutil.rmtree(batch_dir(root, meta.batch_id), ignore_errors=True)
                 _single_file(root, meta.batch_id).unlink(missing_ok=True)
-            _meta_file(config, meta.batch_id).unlink(missing_ok=True)
-            with _known_lock:
-                _known.get(_meta_file(config, meta.batch_id).parent, {}).pop(f"{meta.batch_id}.json", None)
-                _ordered.pop(_meta_file(config, meta.batch_id).parent, None)
+            _meta_file(config, meta.batch_id).unlink(missing_ok=True)   # metas() forgets it at its next listing
             deleted.append(meta.batch_id)
     return deleted

@@ -88,19 +88,13 @@ class AcceptedIds:
 
     def of(self, batches: list[BatchMeta]) -> pa.ChunkedArray:
         """The keys accepted from the partition by ``batches``; keys of batches not among them are forgotten."""
-        wanted = {m.batch_id for m in batches}
-        for batch_id in set(self._ids) - wanted:
-            del self._ids[batch_id]
-            self._hashes.drop(batch_id)
-        for batch_id in wanted - set(self._ids):
-            self._keep(batch_id, keys(accepted_log.partition_events(self._config, batch_id, self._partition,
-                                                                    KEY_COLUMNS)))
+        wanted = self._hold(batches)
         return pa.chunked_array([self._ids[b] for b in sorted(wanted)], type=pa.string())
 
     def first_copies(self, batch: pa.Table, batches: list[BatchMeta]) -> pa.BooleanArray:
         """:func:`first_copies` of ``batch`` against the keys ``batches`` accepted (the horizon): each of the batch's
         keys looked up by its hash, and compared with the keys held where its hash is."""
-        self.of(batches)
+        self._hold(batches)
 
         def accepted_before(distinct: pa.Array) -> np.ndarray:
             asked, batch_ids, rows = self._hashes.where(hashes(distinct))
@@ -109,9 +103,8 @@ class AcceptedIds:
                 held = self._ids.get(batch_id)
                 if held is None:     # a batch dropped, its hashes not yet: a stale place
                     continue
-                at = batch_ids == batch_id
+                at = (batch_ids == batch_id) & (rows < len(held))   # a row past the keys: a stale place too
                 ask, row = asked[at], rows[at]
-                ask, row = ask[row < len(held)], row[row < len(held)]
                 same = pc.equal(distinct.take(pa.array(ask)), held.take(pa.array(row)))
                 found[ask[same.to_numpy(zero_copy_only=False)]] = True
             return found
@@ -121,6 +114,17 @@ class AcceptedIds:
     def nbytes(self, batches: list[BatchMeta]) -> int:
         """Memory held by the keys of ``batches`` (and the hashes of all it holds)."""
         return sum(self._ids[m.batch_id].nbytes for m in batches if m.batch_id in self._ids) + self._hashes.nbytes
+
+    def _hold(self, batches: list[BatchMeta]) -> set[int]:
+        """Hold the keys of ``batches`` (read back from their files if not in memory), and only those; their ids."""
+        wanted = {m.batch_id for m in batches}
+        for batch_id in set(self._ids) - wanted:
+            del self._ids[batch_id]
+            self._hashes.drop(batch_id)
+        for batch_id in wanted - set(self._ids):
+            self._keep(batch_id, keys(accepted_log.partition_events(self._config, batch_id, self._partition,
+                                                                    KEY_COLUMNS)))
+        return wanted
 
     def _keep(self, batch_id: int, accepted_keys: pa.Array) -> None:
         self._ids[batch_id] = accepted_keys
