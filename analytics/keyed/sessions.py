@@ -254,19 +254,25 @@ def open_changes(bucket: SessionBucket, before: dict[str, np.ndarray | None], wa
     changed = [(name, old) for name, old in before.items()
                if name in bucket and bucket[name].open_first is not old]
     states = [bucket[name] for name, _ in changed]
-    still_open = [state.open_last + gap_ms > watermark for state in states]
     names = np.array([name for name, _ in changed], dtype=object)
-    gone = [(name, old[~np.isin(old, state.open_first)])
-            for (name, old), state in zip(changed, states, strict=True) if old is not None and len(old)]
-
     width = len(COUNT_COLUMNS)
+    # Every changed key's sessions in one set of arrays (``owner``: the key's index in ``changed``): a key holds a
+    # session or two, and numpy's cost per call on arrays that small outweighed the work.
+    owner = np.repeat(np.arange(len(states)), [len(state.open_first) for state in states])
+    first = _stacked([state.open_first for state in states], np.int64)
+    last = _stacked([state.open_last for state in states], np.int64)
+    counts = _stacked([state.open_counts for state in states], np.int64, width).reshape(-1, width)
+    still_open = last + gap_ms > watermark
+    # A start the key held before the batch and holds no more: (key, start) pairs compared as Python values.
+    held_old = [(i, old) for i, (_, old) in enumerate(changed) if old is not None and len(old)]
+    old_owner = np.repeat([i for i, _ in held_old], [len(old) for _, old in held_old]).astype(np.int64)
+    old_first = _stacked([old for _, old in held_old], np.int64)
+    held_now = set(zip(owner.tolist(), first.tolist(), strict=True))
+    gone = np.fromiter((pair not in held_now for pair in zip(old_owner.tolist(), old_first.tolist(), strict=True)),
+                       dtype=bool, count=len(old_first))
     return OpenSessions(
-        keys=np.repeat(names, [int(m.sum()) for m in still_open]).astype(object),
-        first=_stacked([s.open_first[m] for s, m in zip(states, still_open, strict=True)], np.int64),
-        last=_stacked([s.open_last[m] for s, m in zip(states, still_open, strict=True)], np.int64),
-        counts=_stacked([s.open_counts[m] for s, m in zip(states, still_open, strict=True)], np.int64, width),
-        gone_keys=np.array([name for name, starts in gone for _ in range(len(starts))], dtype=object),
-        gone_first=_stacked([starts for _, starts in gone], np.int64))
+        keys=names[owner[still_open]], first=first[still_open], last=last[still_open], counts=counts[still_open],
+        gone_keys=names[old_owner[gone]], gone_first=old_first[gone])
 
 
 def emit_due(state: SessionState, watermark: int, gap_ms: int, memory_ms: int) -> dict[str, np.ndarray]:
