@@ -654,6 +654,12 @@ def _freshness_lines(at: AppTest) -> list[str]:
     return [c.value for c in at.caption if c.value.startswith("data as of")]
 
 
+def _as_shown(stored: datetime) -> str:
+    """``stored`` as a page rendered just now shows it: the time alone on the day it renders, else with its date
+    (a test that runs across midnight)."""
+    return f"{stored:%H:%M:%S}" if stored.date() == datetime.now(UTC).date() else f"{stored:%Y-%m-%d %H:%M:%S}"
+
+
 def test_every_page_says_its_data_is_as_of_the_stored_batch_and_how_far_behind(store):
     now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
     stored = now - timedelta(seconds=4)
@@ -665,7 +671,7 @@ def test_every_page_says_its_data_is_as_of_the_stored_batch_and_how_far_behind(s
         at = AppTest.from_file(str(VIEWS / f"{name}.py"), default_timeout=30).run()
         assert not at.exception, name
         [line] = _freshness_lines(at)
-        assert line.startswith(f"data as of {stored:%H:%M:%S} UTC · "), (name, line)
+        assert line.startswith(f"data as of {_as_shown(stored)} UTC · "), (name, line)
         behind = int(line.split(" · ")[1].removesuffix(" s behind"))
         assert 4 <= behind < 60, (name, line)
         assert line.endswith(" · refreshes every 2 s"), (name, line)
@@ -702,7 +708,7 @@ def test_a_last_batch_older_than_three_trigger_intervals_is_a_stale_warning(stor
     at = AppTest.from_file(SESSIONS_PAGE, default_timeout=30).run()
     assert not at.exception and not _freshness_lines(at)
     [warning] = [w.value for w in at.warning]
-    assert warning.startswith(f"Stale: data as of {stored:%H:%M:%S} UTC · 10 min behind")
+    assert warning.startswith(f"Stale: data as of {_as_shown(stored)} UTC · 10 min behind")
     assert f"no newer batch for over {3 * store.stream.trigger_interval_s:g} s" in warning
 
 
