@@ -7,6 +7,7 @@ Each service runs in its own session (so ``stack down`` can signal its whole pro
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from eventide.config import Config
 
@@ -126,12 +128,32 @@ def service_ports(ephemeral_range: str | None) -> range:
     return range(LOWEST_SERVICE_PORT, max(LOWEST_SERVICE_PORT, low))
 
 
+@functools.cache
+def default_ports() -> frozenset[int]:
+    """Every port the configuration's defaults name (each field called ``port`` or ``…_port(s)``, in every section):
+    a configuration that sets some of its ports to free ones keeps the others, and refuses two equal ones."""
+    found: set[int] = set()
+
+    def walk(values: dict[str, Any]) -> None:
+        for name, value in values.items():
+            if isinstance(value, dict):
+                walk(value)
+            elif name == "port" or name.endswith(("_port", "_ports")):
+                found.update(value if isinstance(value, list) else [value])
+
+    walk(Config().model_dump())
+    return frozenset(p for p in found if isinstance(p, int))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now, outside the ephemeral range (:func:`service_ports`), for a service
-    of a test, a benchmark or a second stack; any free port when that range leaves none."""
+    """A TCP port nothing listens on right now, outside the ephemeral range (:func:`service_ports`) and none of the
+    configuration's default ports (:func:`default_ports`), for a service of a test, a benchmark or a second stack;
+    any free port when that range leaves none."""
     ports = service_ports(EPHEMERAL_PORTS.read_text() if EPHEMERAL_PORTS.exists() else None)
     # The system's randomness: a test seeding `random` must not make two test processes pick the same ports.
     for port in _PICKER.sample(ports, min(100, len(ports))):
+        if port in default_ports():
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))

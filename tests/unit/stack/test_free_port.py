@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import socket
 
-from stack.services import EPHEMERAL_PORTS, LOWEST_SERVICE_PORT, free_port, service_ports
+import pytest
+
+from stack import services
+from stack.services import EPHEMERAL_PORTS, LOWEST_SERVICE_PORT, default_ports, free_port, service_ports
 
 
 def test_ports_are_picked_below_the_ephemeral_range():
@@ -24,3 +27,12 @@ def test_a_free_port_is_bindable_and_outside_this_machines_ephemeral_range():
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_a_free_port_is_never_one_the_default_configuration_names(monkeypatch: pytest.MonkeyPatch):
+    # Given the defaults' ports (the gateway's 8088, the cluster brokers' 19192…), a test that sets some ports to free
+    # ones keeps the others: a free port equal to one of them would make the configuration refuse to load.
+    assert {8088, 19192, 19193, 19194} <= default_ports()
+    # When the only ports to pick from are the brokers' 19192–19197 and two more, one of the two more is picked.
+    monkeypatch.setattr(services, "service_ports", lambda _: range(19192, 19200))
+    assert {free_port() for _ in range(20)} <= {19198, 19199}
