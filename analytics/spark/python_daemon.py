@@ -11,9 +11,10 @@ and its forked workers import the installed copy. Otherwise (e.g. a Spark distri
 path is left as Spark set it.
 
 It also puts ``analytics.spark.tws_input``'s vectorised loader in place of PySpark's row-by-row one for
-``transformWithStateInPandas`` (the query ``keyed_windows``), and Arrow's jemalloc allocator in place of its default
-(``analytics.spark.settings.use_jemalloc_for_arrow``), and imports the modules the job's tasks run (``TASK_MODULES``),
-before any worker is forked.
+``transformWithStateInPandas`` (the query ``keyed_windows``), and ``analytics.spark.tws_output``'s writer, which joins
+many keys' frames into one record batch, in place of its frame-by-frame one; Arrow's jemalloc allocator in place of
+its default (``analytics.spark.settings.use_jemalloc_for_arrow``); and imports the modules the job's tasks run
+(``TASK_MODULES``), before any worker is forked.
 """
 
 from __future__ import annotations
@@ -80,9 +81,10 @@ def main() -> None:
     from pyspark import daemon
 
     from analytics.spark import settings as spark_settings
-    from analytics.spark import tws_input
+    from analytics.spark import tws_input, tws_output
 
     tws_input.install()
+    tws_output.install()
     spark_settings.use_jemalloc_for_arrow()
     # The modules the job's tasks run (accept's per-partition work, the readers' writers, with the store client,
     # the Kafka producer and DataSketches): imported once here, not again in every new worker.

@@ -52,15 +52,17 @@ def test_the_zips_stay_when_the_installed_copy_is_another_version(tmp_path: Path
     assert spark_python_daemon.installed_copy_matches([str(zipped)], path)
 
 
-def test_workers_load_transform_with_state_input_with_the_vectorised_loader(spark):
+def test_workers_load_and_write_transform_with_state_rows_with_the_projects_serializer(spark):
     def loader(frames):
         from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
         for _ in frames:
-            yield pd.DataFrame({"module": [TransformWithStateInPandasSerializer.load_stream.__module__]})
+            yield pd.DataFrame({"load": [TransformWithStateInPandasSerializer.load_stream.__module__],
+                                "dump": [TransformWithStateInPandasSerializer.dump_stream.__module__]})
 
-    found = spark.range(4).repartition(2).mapInPandas(loader, "module string").toPandas()
-    assert set(found["module"]) == {"analytics.spark.tws_input"}
+    found = spark.range(4).repartition(2).mapInPandas(loader, "load string, dump string").toPandas()
+    assert set(found["load"]) == {"analytics.spark.tws_input"}
+    assert set(found["dump"]) == {"analytics.spark.tws_output"}
 
 
 def test_workers_leave_what_the_daemon_imported_out_of_every_collection(spark):

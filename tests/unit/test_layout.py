@@ -137,11 +137,11 @@ def test_the_private_api_check_recognises_every_marker():
 
 def test_every_engine_patch_is_behind_the_spark_fence():
     """A PySpark upgrade touches one folder: the modules that reach into Spark's internals (its Python worker
-    daemon, the transformWithState input reader, the checkpoint files, the listener bridge, the launcher and
-    logging) live in ``analytics/spark/``, and nothing else in the product uses Spark's private API."""
+    daemon, the transformWithState input reader and output writer, the checkpoint files, the listener bridge, the
+    launcher and logging) live in ``analytics/spark/``, and nothing else in the product uses Spark's private API."""
     names = {p.name for p in (ANALYTICS / "spark").iterdir()}
-    assert {"settings.py", "python_daemon.py", "python.sh", "tws_input.py", "log4j2.properties", "checkpoint.py",
-            "listener.py"} <= names
+    assert {"settings.py", "python_daemon.py", "python.sh", "tws_input.py", "tws_output.py", "log4j2.properties",
+            "checkpoint.py", "listener.py"} <= names
     fence = ANALYTICS / "spark"
     outside = {str(p.relative_to(ROOT)): uses for package in ("eventide", *COMPONENTS, LAUNCHER)
                for p in (ROOT / package).rglob("*.py")
