@@ -386,6 +386,15 @@ class JvmCpu:
         """The part a reading's key (a thread id, or ``p<pid>`` for a Python worker) counts in."""
         return "python_workers" if key.startswith("p") else self._thread[key][0]
 
+    def measuring_s(self) -> float:
+        """The poller's own CPU seconds so far (the bench's, not the job's: it runs in the driver's Python process)."""
+        if self._poller.ident is None or not self._poller.is_alive():
+            return self.own_cpu_s
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(self._poller.ident))
+        except OSError:   # it ended meanwhile
+            return self.own_cpu_s
+
     def jit_s(self) -> float:
         """The compiler threads' CPU seconds since creation, as of the poller's last reading (while it runs)."""
         last = dict(self._last)   # one C-level copy: the poller updates it meanwhile
@@ -428,6 +437,10 @@ class Spent:
         """The JIT's CPU seconds so far (:meth:`JvmCpu.jit_s`)."""
         return self._jvm.jit_s()
 
+    def measuring_s(self) -> float:
+        """The bench's own CPU seconds so far, reading the JVM's threads (:meth:`JvmCpu.measuring_s`)."""
+        return self._jvm.measuring_s()
+
     def per(self, events: int) -> dict[str, Any]:
         """What was spent so far, and the rates for ``events`` events."""
         seconds, cpu = time.perf_counter() - self._t, cpu_seconds() - self._cpu
@@ -441,7 +454,9 @@ class Spent:
         python = (usage.ru_utime + usage.ru_stime - self._python.ru_utime - self._python.ru_stime
                   - self._jvm.own_cpu_s)
         return {"seconds": round(seconds, 2), "events_per_s": round(events / seconds), "cpu_s": round(cpu, 1),
-                "cpu_us_per_event": round(cpu * 1e6 / events, 1), "jit_cpu_s": round(jvm["jit"], 1),
+                "cpu_us_per_event": round(cpu * 1e6 / events, 1),
+                "job_cpu_us_per_event": round((cpu - self._jvm.own_cpu_s) * 1e6 / events, 1),
+                "jit_cpu_s": round(jvm["jit"], 1),
                 "driver": {**driver_figures(python, jvm, cpu, events, self._jvm.own_cpu_s,
                                             _rss_mb("self"), _rss_mb(self._jvm.pid), self._peaks_reset),
                            **self._rss_start, "driver_python_collector": collector}}
@@ -449,8 +464,9 @@ class Spent:
 
 class CpuByMinute:
     """The machine's CPU per event in each minute of a live load (and what a last, shorter stretch took), also
-    without the load generator's own CPU and with the JIT's share: a run's average hides a young JVM's compiling,
-    which fades as the job runs on. Reads every ``every_s`` in a thread of its own until :meth:`stop`."""
+    without the load generator's own CPU, the job's alone (neither the load generator's nor the bench's reading of
+    the JVM's threads), and with the JIT's share: a run's average hides a young JVM's compiling, which fades as the
+    job runs on. Reads every ``every_s`` in a thread of its own until :meth:`stop`."""
 
     def __init__(self, spent: Spent, loader_pid: int, events: Callable[[], int], every_s: float = 60.0) -> None:
         self._spent, self._loader, self._events, self._every = spent, Path(f"/proc/{loader_pid}"), events, every_s
@@ -459,9 +475,10 @@ class CpuByMinute:
         self._thread = threading.Thread(target=self._run, name="cpu-by-minute", daemon=True)
         self._thread.start()
 
-    def _read(self) -> tuple[float, float, float, float, int]:
+    def _read(self) -> tuple[float, float, float, float, float, int]:
         loader = _stat(self._loader)
-        return (time.perf_counter(), cpu_seconds(), loader[2] if loader else 0.0, self._spent.jit_s(), self._events())
+        return (time.perf_counter(), cpu_seconds(), loader[2] if loader else 0.0, self._spent.measuring_s(),
+                self._spent.jit_s(), self._events())
 
     def _run(self) -> None:
         while not self._stopped.wait(self._every):
@@ -469,18 +486,19 @@ class CpuByMinute:
 
     def stop(self) -> list[dict[str, Any]]:
         """One entry per stretch read: its seconds, events produced, and CPU µs per event (the machine's, without
-        the load generator's, the JIT's)."""
+        the load generator's, the job's alone, the JIT's)."""
         self._stopped.set()
         self._thread.join()
         last = self._read()
         if last[0] - self._readings[-1][0] >= 1.0:
             self._readings.append(last)
         out = []
-        for (t0, cpu0, load0, jit0, n0), (t1, cpu1, load1, jit1, n1) in itertools.pairwise(self._readings):
+        for (t0, cpu0, load0, own0, jit0, n0), (t1, cpu1, load1, own1, jit1, n1) in itertools.pairwise(self._readings):
             events = max(n1 - n0, 1)
             out.append({"seconds": round(t1 - t0, 1), "events": n1 - n0,
                         "machine_cpu_us_per_event": round((cpu1 - cpu0) * 1e6 / events, 1),
                         "without_load": round((cpu1 - cpu0 - (load1 - load0)) * 1e6 / events, 1),
+                        "job": round((cpu1 - cpu0 - (load1 - load0) - (own1 - own0)) * 1e6 / events, 1),
                         "jit_us_per_event": round((jit1 - jit0) * 1e6 / events, 1)})
         return out
 
