@@ -2,7 +2,7 @@
 keys' before they become Arrow.
 
 PySpark 4.2 turns every frame a stateful processor yields into an Arrow record batch of its own, column by column
-through pandas (``PandasToArrowConversion``): ~2 ms per frame of ``keyed_windows``' 28 output columns, whatever its
+through pandas (``PandasToArrowConversion``): ~1.5 ms per frame of ``keyed_windows``' 28 output columns, whatever its
 rows, while that query yields one to three frames of a few rows for each key a batch touched
 (docs/performance.md#the-python-stateful-operator; ``bench/probes/tws_output.py`` times both). :func:`dump_stream`
 writes the same rows in the same order, but joins consecutive frames of the same columns and dtypes into one frame
@@ -52,9 +52,9 @@ def dump_stream(self: TransformWithStateInPandasSerializer, iterator: Iterable[A
 
 
 def joined_frames(iterator: Iterable[Any], limit: int) -> Iterator[tuple[pd.DataFrame, Any]]:
-    """(frame, spark type) to convert: the frames of ``iterator``'s entries in order, consecutive ones with the same
-    columns, numpy dtypes and Spark type joined while they hold fewer than ``limit`` rows together; any other frame
-    (of another pandas extension dtype, say) alone, as it came."""
+    """(frame, spark type) to convert: the frames of ``iterator``'s entries in order, consecutive ones of the same
+    shape (:func:`_shape`) and Spark type joined while they hold at most ``limit`` rows together (a larger frame
+    alone); any other frame (of another pandas extension dtype, say) alone, as it came."""
     held: list[pd.DataFrame] = []
     held_type: Any = None
     held_shape: tuple[Any, ...] | None = None
