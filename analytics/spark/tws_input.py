@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -41,11 +41,18 @@ _pyspark_load_stream = TransformWithStateInPandasSerializer.load_stream
 def install() -> bool:
     """Use :func:`load_stream` for ``transformWithStateInPandas`` in this process and the workers it forks.
     Returns False (and changes nothing) for a PySpark version it was not checked against."""
+    return replace_serializer_method("load_stream", load_stream, "row-by-row input loader")
+
+
+def replace_serializer_method(name: str, function: Callable[..., Any], pyspark_keeps: str) -> bool:
+    """Put ``function`` in place of ``TransformWithStateInPandasSerializer``'s method ``name``, for the PySpark
+    versions of :data:`CHECKED_VERSIONS` only; with another, log that PySpark keeps its own (``pyspark_keeps``) and
+    return False."""
     if not pyspark.__version__.startswith(CHECKED_VERSIONS):
-        _log.warning("pyspark %s: transformWithStateInPandas keeps PySpark's row-by-row input loader "
-                     "(analytics.spark.tws_input is checked against %s)", pyspark.__version__, CHECKED_VERSIONS)
+        _log.warning("pyspark %s: transformWithStateInPandas keeps PySpark's %s (%s is checked against %s)",
+                     pyspark.__version__, pyspark_keeps, function.__module__, CHECKED_VERSIONS)
         return False
-    TransformWithStateInPandasSerializer.load_stream = load_stream
+    setattr(TransformWithStateInPandasSerializer, name, function)
     return True
 
 

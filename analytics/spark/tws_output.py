@@ -16,30 +16,23 @@ it was checked against (``tests/unit/analytics/spark/test_tws_output.py``); anot
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyspark
 from pyspark.sql.pandas.serializers import ArrowStreamPandasUDFSerializer, TransformWithStateInPandasSerializer
 
-CHECKED_VERSIONS = ("4.2.",)
-_TEXT = "text"   # the kind of object and string columns (:func:`_shape`)
+from analytics.spark.tws_input import replace_serializer_method
 
-_log = logging.getLogger(__name__)
+_TEXT = "text"   # the kind of object and string columns (:func:`_shape`)
 
 
 def install() -> bool:
     """Use :func:`dump_stream` for ``transformWithStateInPandas`` in this process and the workers it forks.
-    Returns False (and changes nothing) for a PySpark version it was not checked against."""
-    if not pyspark.__version__.startswith(CHECKED_VERSIONS):
-        _log.warning("pyspark %s: transformWithStateInPandas keeps PySpark's frame-by-frame output "
-                     "(analytics.spark.tws_output is checked against %s)", pyspark.__version__, CHECKED_VERSIONS)
-        return False
-    TransformWithStateInPandasSerializer.dump_stream = dump_stream
-    return True
+    Returns False (and changes nothing) for a PySpark version it was not checked against (the loader's,
+    ``analytics.spark.tws_input.CHECKED_VERSIONS``)."""
+    return replace_serializer_method("dump_stream", dump_stream, "frame-by-frame output writer")
 
 
 def dump_stream(self: TransformWithStateInPandasSerializer, iterator: Iterable[Any], stream: Any) -> None:

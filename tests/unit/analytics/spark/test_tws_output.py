@@ -18,7 +18,7 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, Str
 
 from analytics.keyed.logic import _output
 from analytics.keyed.schema import OUTPUT_SCHEMA
-from analytics.spark import tws_output
+from analytics.spark import tws_input, tws_output
 
 _SPARK_TYPES = {"string": StringType(), "long": LongType(), "int": IntegerType(), "double": DoubleType()}
 KEYED_OUTPUT = StructType([StructField(c.split()[0], _SPARK_TYPES[c.split()[1]]) for c in OUTPUT_SCHEMA.split(", ")])
@@ -148,3 +148,13 @@ def test_random_outputs_write_the_same_rows(seed: int):
     per_key = [[makers[int(rng.integers(0, 2))](k, int(rng.integers(0, 6))) for _ in range(int(rng.integers(0, 4)))]
                for k in range(int(rng.integers(1, 60)))]
     assert_same_as_pyspark(per_key, max_records=int(rng.integers(1, 40)))
+
+
+def test_install_is_limited_to_the_pyspark_versions_the_loader_was_checked_against(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(TransformWithStateInPandasSerializer, "dump_stream", PYSPARK_DUMP)
+    monkeypatch.setattr(tws_input.pyspark, "__version__", "9.0.0")
+    assert not tws_output.install()
+    assert TransformWithStateInPandasSerializer.dump_stream is PYSPARK_DUMP
+    monkeypatch.setattr(tws_input.pyspark, "__version__", "4.2.1")
+    assert tws_output.install()
+    assert TransformWithStateInPandasSerializer.dump_stream is tws_output.dump_stream
