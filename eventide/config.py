@@ -267,6 +267,15 @@ class StreamConfig(_Section):
     counted. Default: ``trigger_interval_s`` (every accept batch is a reader batch of its own). Shorter makes log
     lines fresher at the cost of ``accept``'s fixed cost per batch. Never longer than ``trigger_interval_s`` (a
     longer value is taken as ``trigger_interval_s``)."""
+    accept_busy_interval_s: float = Field(2.0, gt=0)
+    """How often a live ``accept`` reads Kafka while the stream carries ``accept_busy_rate`` events a second or
+    more (``analytics.accept.pacing``): each batch's fixed cost is paid less often where it competes with the
+    events' own work, for log lines and window rows that move this often instead of every ``accept_interval_s``.
+    Rounded up to a whole number of ``accept_interval_s``; at most ``trigger_interval_s``; equal to
+    ``accept_interval_s``: every batch at ``accept_interval_s`` whatever the rate."""
+    accept_busy_rate: float = Field(5_000, gt=0)
+    """Events a second (a batch's records ÷ the time since the previous batch began) from which ``accept`` takes its
+    batches every ``accept_busy_interval_s``."""
     provisional_windows: bool = True
     """While ``accept`` runs more often than the trigger (a live job), the tumbling and hopping rows each accept
     batch's events changed are written too, merged from its window partials into the stored rows
@@ -321,6 +330,12 @@ class StreamConfig(_Section):
         if self.accept_interval_s is None:
             return self.trigger_interval_s
         return min(self.accept_interval_s, self.trigger_interval_s)
+
+    @property
+    def accept_busy_interval(self) -> float:
+        """Seconds between a busy stream's ``accept`` batches: ``accept_busy_interval_s``, at least
+        ``accept_interval`` and at most ``trigger_interval_s``."""
+        return min(max(self.accept_busy_interval_s, self.accept_interval), self.trigger_interval_s)
 
     @property
     def dedup_horizon_ms(self) -> int:

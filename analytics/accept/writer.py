@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from analytics import accepted_log, reader_batches
 from analytics.accept import validation
+from analytics.accept.pacing import AcceptPacing
 from analytics.accept.task import KAFKA_COORDINATES, RESULT, AcceptPartition
 from analytics.sinks import BatchWriter, Newest, insert_tables, sink_seconds, timed, with_constants
 from analytics.spark.checkpoint import batch_info
@@ -41,7 +43,8 @@ def accept_writer(config: Config, live: bool = False,
     the readers when their reader batch is due (``analytics.reader_batches``; ``live``: the job runs on its
     processing-time trigger, so accept batches are grouped), ``after_hand_over`` called with the id of a batch that
     published events (the job's provisional window rows, ``analytics.windows.provisional``), the dedup state stored,
-    and expired files deleted.
+    and expired files deleted; on a live job, a busy stream's batch then waits until the next is due
+    (``analytics.accept.pacing``).
 
     Every Spark job costs a fixed overhead per micro-batch (at a few thousand events per batch, most of the batch),
     so the batch runs one, and its tasks do all the per-event work."""
@@ -49,8 +52,11 @@ def accept_writer(config: Config, live: bool = False,
     readers = [config.checkpoint_dir / q for q in (WINDOWS_QUERY, KEYED_WINDOWS_QUERY)]
     result_schema = from_arrow_schema(RESULT)
     due = reader_batches.due_after(config, live)
+    pacing = AcceptPacing(config.stream.accept_interval, config.stream.accept_busy_interval,
+                          config.stream.accept_busy_rate) if live else None
 
     def write(records: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         spark = records.sparkSession
         # A pool of its own: its tasks take the next free slot before a reader's pending ones (spark.settings).
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", ACCEPT_QUERY)
@@ -93,6 +99,12 @@ def accept_writer(config: Config, live: bool = False,
                                ("device_clocks", device_clocks(batch_id, results, now))], ACCEPT_QUERY)
         with timed(ACCEPT_QUERY, "expire"):
             accepted_log.expire(config, readers, int(now.timestamp() * 1000))
+        if pacing is not None:
+            read = sum(pc.sum(results[column]).as_py() or 0 for column in ("candidates", "dead_letters"))
+            hold = pacing.hold_s(started, read, time.monotonic())
+            if hold:
+                with timed(ACCEPT_QUERY, "paced"):
+                    time.sleep(hold)
 
     return write
 

@@ -24,6 +24,7 @@ ROOT = ANALYTICS.parent
 STAGES = ("accept", "windows", "keyed")
 RULES = (
     "analytics.vocabulary", "analytics.spark.checkpoint", "analytics.accepted_log", "analytics.accept.dedup",
+    "analytics.accept.pacing",
     "analytics.windows.stragglers", "analytics.windows.partials", "analytics.keyed.events", "analytics.keyed.sliding",
     "analytics.keyed.sessions", "analytics.keyed.runs", "analytics.keyed.schema", "analytics.keyed.logic",
 )
