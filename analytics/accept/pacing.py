@@ -7,10 +7,10 @@ second, and log lines and window rows move every second; on a busy one the same 
 own work, so ``accept`` takes a batch less often and each holds more events (docs/performance.md, "Accept paced by
 the rate"). Spark cannot change a running query's trigger, so a batch of a busy stream returns from its writer
 only when the next one is due: everything the batch publishes (files, log lines, provisional rows) is published
-before that wait; Spark's bookkeeping of the batch (its commit and progress report) comes after it.
-
-Spark starts a processing-time batch at the first multiple of the trigger interval after the previous returned, so
-a busy interval that is not a multiple of ``accept_interval_s`` is rounded up to one."""
+before that wait; Spark's bookkeeping of the batch (its commit and progress report) comes after it. A batch that
+returns past its trigger's next tick is followed at once by the next (Spark logs it as "falling behind", which
+``analytics/spark/log4j2.properties`` keeps out of the log), so a busy stream's batches begin about
+``accept_busy_interval_s`` apart, plus Spark's planning of each."""
 
 from __future__ import annotations
 
@@ -39,10 +39,8 @@ class AcceptPacing:
 
     def hold_s(self, started: float, records: int, now: float) -> float:
         """Seconds the batch that started at ``started`` and read ``records`` should still wait at ``now`` before its
-        writer returns: 0 on a light stream or once it has run long enough, else until ``busy_interval_s`` −
-        ``interval_s`` after it started, past the tick before the one ``busy_interval_s`` after its own, so Spark
-        starts the next batch at that one."""
+        writer returns: 0 on a light stream or once it has run ``busy_interval_s``, else the rest of that."""
         rate = self.rate(started, records)
         if rate is None or rate < self.busy_rate or self.busy_interval_s <= self.interval_s:
             return 0.0
-        return max(0.0, started + self.busy_interval_s - self.interval_s - now)
+        return max(0.0, started + self.busy_interval_s - now)

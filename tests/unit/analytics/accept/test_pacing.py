@@ -25,19 +25,19 @@ def test_a_light_stream_takes_a_batch_every_interval():
     assert paced.hold_s(102.0, 4_999, 102.3) == 0.0     # just under the busy rate
 
 
-def test_a_busy_stream_waits_until_the_tick_before_the_busy_interval():
+def test_a_busy_stream_waits_until_the_busy_interval_has_passed_since_the_batch_began():
     paced = pacing()
-    paced.hold_s(100.05, 10_000, 100.4)
-    # 10,000 events/s: the batch began 0.05 s after its tick at 101; it returns 1 s after it began, past the tick
-    # at 102, so Spark starts the next at 103, two seconds after this one's tick.
-    assert paced.hold_s(101.05, 10_000, 101.45) == pytest.approx(0.6)
+    paced.hold_s(100.0, 10_000, 100.4)
+    # 10,000 events/s: the batch began at 101 and its work ended at 101.4; it returns at 103, and Spark, past the
+    # trigger's tick, starts the next at once.
+    assert paced.hold_s(101.0, 10_000, 101.4) == pytest.approx(1.6)
 
 
 def test_the_rate_is_the_records_over_the_time_since_the_previous_batch_began():
     paced = pacing()
     paced.hold_s(100.0, 0, 100.1)
     # 10,000 records after 2 s: 5,000 a second, busy.
-    assert paced.hold_s(102.0, 10_000, 102.5) == pytest.approx(0.5)
+    assert paced.hold_s(102.0, 10_000, 102.5) == pytest.approx(1.5)
     # 10,000 records after 4 s (a pause): 2,500 a second, light.
     assert paced.hold_s(106.0, 10_000, 106.5) == 0.0
 
@@ -45,7 +45,7 @@ def test_the_rate_is_the_records_over_the_time_since_the_previous_batch_began():
 def test_a_busy_batch_that_ran_past_the_busy_interval_does_not_wait():
     paced = pacing()
     paced.hold_s(100.0, 10_000, 100.5)
-    assert paced.hold_s(101.0, 50_000, 102.2) == 0.0
+    assert paced.hold_s(101.0, 50_000, 103.2) == 0.0
 
 
 def test_a_busy_interval_equal_to_the_interval_never_waits():
@@ -57,7 +57,7 @@ def test_a_busy_interval_equal_to_the_interval_never_waits():
 def test_a_longer_busy_interval_waits_longer():
     paced = pacing(busy_interval_s=4.0)
     paced.hold_s(100.0, 10_000, 100.5)
-    assert paced.hold_s(101.0, 10_000, 101.2) == pytest.approx(2.8)
+    assert paced.hold_s(101.0, 10_000, 101.2) == pytest.approx(3.8)
 
 
 def test_the_busy_interval_is_at_least_the_accept_interval_and_at_most_the_trigger(tmp_path):
