@@ -271,8 +271,8 @@ class StreamConfig(_Section):
     """How often a live ``accept`` reads Kafka while the stream carries ``accept_busy_rate`` events a second or
     more (``analytics.accept.pacing``): each batch's fixed cost is paid less often where it competes with the
     events' own work, for log lines and window rows that move this often instead of every ``accept_interval_s``.
-    Rounded up to a whole number of ``accept_interval_s``; at most ``trigger_interval_s``; equal to
-    ``accept_interval_s``: every batch at ``accept_interval_s`` whatever the rate."""
+    At least ``accept_interval_s`` and at most ``trigger_interval_s``; equal to ``accept_interval_s``: every batch
+    at ``accept_interval_s`` whatever the rate."""
     accept_busy_rate: float = Field(5_000, gt=0)
     """Events a second (a batch's records ÷ the time since the previous batch began) from which ``accept`` takes its
     batches every ``accept_busy_interval_s``."""
